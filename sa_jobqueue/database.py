@@ -1,0 +1,92 @@
+"""Engines for the worker and the CLI, and the schema check workers run before they start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Engine, inspect
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from .errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
+from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
+
+#: Where a revision of ours may be recorded: our own table (``sa-jobqueue migrate``), or the
+#: application's when our revisions joined its Alembic history.
+VERSION_TABLES = ("sa_jobqueue_alembic_version", "alembic_version")
+MIGRATE_HINT = "run `sa-jobqueue migrate` (or `alembic upgrade heads` in your Alembic setup)"
+
+
+def normalise_url(url: str | URL) -> URL:
+    """Parse a database URL and make sure it uses psycopg 3 (plain postgresql:// would not)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseUnavailableError(f"not a database URL: {url!r}") from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise DatabaseUnavailableError(
+            f"sa_jobqueue needs PostgreSQL, not {parsed.get_backend_name()!r}"
+        )
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """A SQLAlchemy engine on psycopg 3, with a connect timeout so a dead host cannot hang us."""
+    connect_args = {"connect_timeout": 10, "application_name": "sa_jobqueue"}
+    connect_args.update(kwargs.pop("connect_args", {}))
+    kwargs.setdefault("pool_pre_ping", True)
+    return sa.create_engine(normalise_url(url), connect_args=connect_args, **kwargs)
+
+
+def describe(url: URL) -> str:
+    """The URL without its password, for messages."""
+    return url.render_as_string(hide_password=True)
+
+
+def ping(engine: Engine) -> None:
+    """Connect once; DatabaseUnavailableError with a one-line reason if that fails."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise DatabaseUnavailableError(
+            f"cannot connect to {describe(engine.url)}: {reason}"
+        ) from exc
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise SchemaMissingError or SchemaOutdatedError unless the schema is at our head.
+
+    Alembic's version table is consulted when it has a row of our branch; a schema created some
+    other way (``metadata.create_all``) is checked by its columns instead.
+    """
+    with engine.connect() as conn:
+        table = jobs_table.name
+        if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+            raise SchemaMissingError(f"table {table} does not exist: {MIGRATE_HINT}")
+        ours: list[str] = []
+        for version_table in VERSION_TABLES:
+            if conn.execute(sa.select(sa.func.to_regclass(version_table))).scalar() is None:
+                continue
+            versions = sa.table(version_table, sa.column("version_num", sa.Text))
+            ours += conn.execute(
+                sa.select(versions.c.version_num).where(versions.c.version_num.like("sajq_%"))
+            ).scalars()
+        if ours and SCHEMA_REVISION not in ours:
+            raise SchemaOutdatedError(
+                f"the database's {BRANCH_LABEL} schema is at revision {ours[0]}, this version"
+                f" needs {SCHEMA_REVISION}: {MIGRATE_HINT}"
+                if ours[0] < SCHEMA_REVISION
+                else f"the database's {BRANCH_LABEL} schema (revision {ours[0]}) is newer than"
+                f" this version of sa_jobqueue knows ({SCHEMA_REVISION}): upgrade the package"
+            )
+        present = {c["name"] for c in inspect(conn).get_columns(table)}
+        missing = sorted(set(jobs_table.c.keys()) - present)
+        if missing:
+            raise SchemaOutdatedError(
+                f"table {table} lacks columns {', '.join(missing)}: {MIGRATE_HINT}"
+            )

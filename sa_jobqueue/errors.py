@@ -1,0 +1,77 @@
+"""The exceptions sa_jobqueue raises.
+
+Every exception derives from :class:`JobQueueError`; catching it catches all of ours, and
+nothing else. A database driver's error, when it is the cause, stays in ``__cause__``::
+
+    JobQueueError
+     ├── InvalidJobError (ValueError)        bad input to enqueue; nothing was sent
+     │    ├── PayloadError                     the payload is not plain JSON, or is too large
+     │    ├── InvalidNameError                 a queue or task name breaks the naming rules
+     │    └── InvalidScheduleError             run_at is naive, or an option is out of range
+     ├── UnknownTaskError (LookupError)      no task of that name is registered
+     ├── TaskDefinitionError (ValueError)    a task is declared twice, or with bad options
+     ├── SchemaError                         the database lacks the schema this version needs
+     │    ├── SchemaMissingError
+     │    └── SchemaOutdatedError
+     ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
+     └── AppImportError                      the worker's ``module:attribute`` could not be loaded
+
+Inside a transaction that belongs to the caller (``enqueue`` on the caller's Session), a database
+error is not wrapped: it propagates unchanged, as SQLAlchemy raised it.
+"""
+
+from __future__ import annotations
+
+
+class JobQueueError(Exception):
+    """Something went wrong in sa_jobqueue."""
+
+    def __init__(self, message: str | None = None) -> None:
+        # The class docstring's first line is the default message, so a bare ``raise X()``
+        # still says something useful.
+        doc = (type(self).__doc__ or "").strip().splitlines()
+        super().__init__(message or (doc[0] if doc else type(self).__name__))
+
+
+class InvalidJobError(JobQueueError, ValueError):
+    """The job was rejected before anything was sent to the database."""
+
+
+class PayloadError(InvalidJobError):
+    """The payload is not plain JSON (dict, list, str, int, float, bool, None) or is too large."""
+
+
+class InvalidNameError(InvalidJobError):
+    """A queue or task name breaks the naming rules."""
+
+
+class InvalidScheduleError(InvalidJobError):
+    """A scheduling option (run_at, priority, max_attempts, lease) is not valid."""
+
+
+class UnknownTaskError(JobQueueError, LookupError):
+    """No task of that name is registered with this JobQueue."""
+
+
+class TaskDefinitionError(JobQueueError, ValueError):
+    """A task is declared twice or with invalid options."""
+
+
+class SchemaError(JobQueueError):
+    """The database does not have the schema this version of sa_jobqueue needs."""
+
+
+class SchemaMissingError(SchemaError):
+    """The sa_jobqueue tables are missing: run `sa-jobqueue migrate` or `alembic upgrade heads`."""
+
+
+class SchemaOutdatedError(SchemaError):
+    """The sa_jobqueue schema is older than this version needs: run `sa-jobqueue migrate`."""
+
+
+class DatabaseUnavailableError(JobQueueError):
+    """The database cannot be reached."""
+
+
+class AppImportError(JobQueueError):
+    """The application given as `module:attribute` could not be loaded."""

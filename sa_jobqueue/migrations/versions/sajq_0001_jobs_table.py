@@ -1,0 +1,83 @@
+"""sa_jobqueue: the jobs table and its claim index.
+
+Revision ID: sajq_0001
+Revises:
+Create Date: 2026-11-21
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from alembic import op
+
+revision = "sajq_0001"
+down_revision = None
+branch_labels = ("sa_jobqueue",)
+depends_on = None
+
+# Revisions spell the schema out instead of importing the models: the models will move on,
+# and a revision must keep creating what it created on the day it was written.
+
+
+def upgrade() -> None:
+    op.create_table(
+        "sa_jobqueue_jobs",
+        sa.Column("id", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
+        sa.Column("queue", sa.Text(), server_default=sa.text("'default'"), nullable=False),
+        sa.Column("task", sa.Text(), nullable=False),
+        sa.Column("payload", postgresql.JSONB(), nullable=False),
+        sa.Column("status", sa.Text(), server_default=sa.text("'queued'"), nullable=False),
+        sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("max_attempts", sa.Integer(), server_default=sa.text("5"), nullable=False),
+        sa.Column("lease", sa.Interval(), server_default=sa.text("'00:00:30'"), nullable=False),
+        sa.Column(
+            "visible_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("worker", sa.Text(), nullable=True),
+        sa.Column("last_error", postgresql.JSONB(), nullable=True),
+        sa.PrimaryKeyConstraint("id", name="sa_jobqueue_jobs_pkey"),
+        sa.CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')",
+            name="sa_jobqueue_jobs_status_check",
+        ),
+        sa.CheckConstraint(
+            "char_length(queue) BETWEEN 1 AND 64", name="sa_jobqueue_jobs_queue_check"
+        ),
+        sa.CheckConstraint(
+            "char_length(task) BETWEEN 1 AND 200", name="sa_jobqueue_jobs_task_check"
+        ),
+        sa.CheckConstraint("max_attempts >= 1", name="sa_jobqueue_jobs_max_attempts_check"),
+        sa.CheckConstraint(
+            "attempts BETWEEN 0 AND max_attempts", name="sa_jobqueue_jobs_attempts_check"
+        ),
+        sa.CheckConstraint("lease > interval '0'", name="sa_jobqueue_jobs_lease_check"),
+        sa.CheckConstraint(
+            "(finished_at IS NOT NULL) = (status IN ('succeeded', 'dead', 'cancelled'))",
+            name="sa_jobqueue_jobs_finished_check",
+        ),
+    )
+    op.create_index(
+        "sa_jobqueue_jobs_claim_idx",
+        "sa_jobqueue_jobs",
+        ["queue", "priority", "visible_at", "id"],
+        postgresql_where=sa.text("status IN ('queued', 'running')"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("sa_jobqueue_jobs_claim_idx", table_name="sa_jobqueue_jobs")
+    op.drop_table("sa_jobqueue_jobs")

@@ -1,0 +1,124 @@
+"""The one definition of sa_jobqueue's table: a declarative model with its constraints and indexes.
+
+The Alembic revisions under ``sa_jobqueue/migrations/versions`` create exactly this; a test
+compares a migrated database with :data:`metadata` and expects an empty autogenerate diff.
+
+To let your own Alembic autogenerate see the table (and not propose to drop it), pass
+``[YourBase.metadata, sa_jobqueue.models.metadata]`` as ``target_metadata``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Final, cast
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ColumnElement,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    Interval,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    literal_column,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: The newest revision of our Alembic branch; workers refuse to run against an older one.
+SCHEMA_REVISION: Final = "sajq_0001"
+#: The Alembic branch label our revisions carry.
+BRANCH_LABEL: Final = "sa_jobqueue"
+
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+SUCCEEDED: Final = "succeeded"
+DEAD: Final = "dead"
+CANCELLED: Final = "cancelled"
+STATUSES: Final = (QUEUED, RUNNING, SUCCEEDED, DEAD, CANCELLED)
+FINISHED_STATUSES: Final = (SUCCEEDED, DEAD, CANCELLED)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+        "ck": "%(table_name)s_%(constraint_name)s_check",
+        "pk": "%(table_name)s_pkey",
+    }
+)
+
+
+class Base(DeclarativeBase):
+    """Declarative base for sa_jobqueue's own tables (kept apart from the application's)."""
+
+    metadata = metadata
+    # Timestamps are timezone-aware everywhere: the database clock is the only clock we trust.
+    type_annotation_map = {datetime: DateTime(timezone=True)}
+
+
+def _status_in(statuses: tuple[str, ...]) -> str:
+    return "status IN (" + ", ".join(f"'{s}'" for s in statuses) + ")"
+
+
+class Job(Base):
+    """A job: one row per enqueued call of a task.
+
+    ``visible_at`` is the moment the row next becomes claimable: the scheduled time while the
+    job is ``queued``, the lease expiry while it is ``running``. One column for both lets one
+    partial index serve the claim of fresh jobs and the reclaim of jobs whose worker was lost.
+    """
+
+    __tablename__ = "sa_jobqueue_jobs"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    queue: Mapped[str] = mapped_column(Text, server_default=text("'default'"))
+    task: Mapped[str] = mapped_column(Text)
+    payload: Mapped[Any] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("5"))
+    lease: Mapped[timedelta] = mapped_column(Interval, server_default=text("'00:00:30'"))
+    visible_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+    created_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    worker: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[Any | None] = mapped_column(JSONB)
+
+    __table_args__ = (
+        CheckConstraint(_status_in(STATUSES), name="status"),
+        CheckConstraint("char_length(queue) BETWEEN 1 AND 64", name="queue"),
+        CheckConstraint("char_length(task) BETWEEN 1 AND 200", name="task"),
+        CheckConstraint("max_attempts >= 1", name="max_attempts"),
+        CheckConstraint("attempts BETWEEN 0 AND max_attempts", name="attempts"),
+        CheckConstraint("lease > interval '0'", name="lease"),
+        # finished_at is set exactly when the job has reached a terminal state.
+        CheckConstraint(
+            f"(finished_at IS NOT NULL) = ({_status_in(FINISHED_STATUSES)})", name="finished"
+        ),
+        # The claim index covers only claimable rows, so finished history costs the claim
+        # nothing. Its column order is the claim's ORDER BY behind the queue equality.
+        Index(
+            "sa_jobqueue_jobs_claim_idx",
+            "queue",
+            "priority",
+            "visible_at",
+            "id",
+            postgresql_where=text(_status_in((QUEUED, RUNNING))),
+        ),
+    )
+
+
+jobs_table: Final = cast(Table, Job.__table__)
+
+
+def claimable() -> ColumnElement[bool]:
+    """The claim index's predicate, as a literal so the planner can match it to the index."""
+    return literal_column(_status_in((QUEUED, RUNNING)), type_=Boolean)

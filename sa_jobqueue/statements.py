@@ -1,0 +1,256 @@
+"""Every SQL statement sa_jobqueue runs, built with SQLAlchemy Core in one reviewable place.
+
+Each function returns a statement with named bind parameters; callers execute it with values.
+Nothing here does I/O. Rules that hold for all of them:
+
+* Time comes from the database (``now()``); Python passes durations only. Workers' clocks
+  may be wrong, and two workers' clocks always disagree a little.
+* Every transition of a running job is fenced: ``WHERE id = :job_id AND status = 'running' AND
+  attempts = :attempt``. ``attempts`` is counted at claim time, so it names one attempt; a
+  worker whose lease expired (and whose job was reclaimed, making ``attempts`` larger) matches
+  zero rows and must roll back instead of overwriting the newer attempt's outcome.
+* Queue and task names are always bound parameters, never spliced into SQL text.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cache
+from typing import Final
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Insert,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from .models import DEAD, QUEUED, RUNNING, SUCCEEDED, claimable, jobs_table
+
+#: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
+CHANNEL: Final = "sa_jobqueue"
+#: What the claim records when it takes a job back from a worker that stopped renewing it.
+LEASE_EXPIRED: Final = "lease expired (worker lost)"
+
+j = jobs_table.c
+
+
+def _visible_at(schedule: str) -> ColumnElement[datetime]:
+    """When a new job becomes due: now, at ``:run_at``, or ``:delay`` after now (DB clock)."""
+    if schedule == "at":
+        return bindparam("run_at", type_=DateTime(timezone=True))
+    if schedule == "after":
+        return func.now() + bindparam("delay", type_=Interval)
+    return func.now()
+
+
+@cache
+def insert_job(schedule: str, wake: bool) -> Insert:
+    """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
+
+    With ``wake`` the same round trip also sends the queue's NOTIFY (see :func:`notify`).
+    """
+    return (
+        insert(jobs_table)
+        .values(
+            queue=bindparam("queue"),
+            task=bindparam("task"),
+            payload=cast(bindparam("payload", type_=Text), JSONB),
+            priority=bindparam("priority"),
+            max_attempts=bindparam("max_attempts"),
+            lease=bindparam("lease", type_=Interval),
+            visible_at=_visible_at(schedule),
+        )
+        .returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
+    )
+
+
+@cache
+def insert_jobs(schedule: str) -> Insert:
+    """Insert many jobs of one task in one statement, from an array of JSON texts.
+
+    Parameters are those of :func:`insert_job` prefixed ``b_`` (``run_at`` and ``delay``
+    excepted), plus ``payloads``.
+    """
+    payloads = (
+        func.unnest(bindparam("payloads", type_=ARRAY(Text)))
+        .table_valued(column("payload", Text))
+        .render_derived(name="p")
+    )
+    # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
+    rows = select(
+        bindparam("b_queue", type_=Text),
+        bindparam("b_task", type_=Text),
+        cast(payloads.c.payload, JSONB),
+        bindparam("b_priority", type_=Integer),
+        bindparam("b_max_attempts", type_=Integer),
+        bindparam("b_lease", type_=Interval),
+        _visible_at(schedule),
+    ).select_from(payloads)
+    return (
+        insert(jobs_table)
+        .from_select(
+            ["queue", "task", "payload", "priority", "max_attempts", "lease", "visible_at"], rows
+        )
+        .returning(j.id)
+    )
+
+
+@cache
+def notify() -> Select[object]:
+    """Wake idle workers of ``:queue``. Delivered at commit, dropped on rollback.
+
+    PostgreSQL folds identical notifications of one transaction into one; the enqueue side also
+    sends at most one per queue per transaction, so bulk and repeated enqueues cost one each.
+    """
+    return select(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))
+
+
+@cache
+def claim() -> Update:
+    """Claim up to ``:limit`` jobs from ``:from_queue`` for ``:worker``, in one statement.
+
+    Eligible rows are queued jobs whose time has come and running jobs whose lease has expired
+    (their worker died or stalled): reclaim rides in the claim, so no reaper process is needed
+    and a lost job is picked up by whoever polls next. A reclaimed job with no attempts left
+    is not run again but moved to ``dead``; the caller skips rows that come back dead.
+    """
+    # The SELECT ... FOR UPDATE SKIP LOCKED sits in a MATERIALIZED CTE and the UPDATE joins it.
+    # Written as ``WHERE id IN (SELECT ... LIMIT ... FOR UPDATE)`` the planner may run the
+    # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
+    # run exactly once. One queue per claim keeps the scan in index order (an ``= ANY(array)``
+    # on the leading column would return rows unordered and force a sort of the backlog).
+    # ``claimable()`` repeats the partial index's predicate word for word so
+    # the planner can use that index even for a generic (prepared) plan.
+    picked = (
+        select(j.id)
+        .where(
+            claimable(),
+            j.queue == bindparam("from_queue", type_=Text),
+            j.visible_at <= func.now(),
+        )
+        .order_by(j.priority, j.visible_at, j.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    exhausted = and_(j.status == RUNNING, j.attempts >= j.max_attempts)
+    lease_lost = func.jsonb_build_object(
+        literal("type"), literal("LeaseExpired"), literal("message"), literal(LEASE_EXPIRED)
+    )
+    return (
+        update(jobs_table)
+        .where(j.id == picked.c.id)
+        .values(
+            status=case((exhausted, DEAD), else_=RUNNING),
+            attempts=case((exhausted, j.attempts), else_=j.attempts + 1),
+            visible_at=func.now() + j.lease,
+            started_at=case((exhausted, j.started_at), else_=func.now()),
+            finished_at=case((exhausted, func.now()), else_=None),
+            worker=bindparam("worker", type_=Text),
+            # A reclaimed job keeps a note of why its previous attempt ended.
+            last_error=case((j.status == RUNNING, lease_lost), else_=j.last_error),
+        )
+        .returning(j.id, j.queue, j.task, j.payload, j.status, j.attempts, j.max_attempts, j.lease)
+    )
+
+
+def _fenced(stmt: Update) -> Update:
+    return stmt.where(
+        j.id == bindparam("job_id", type_=BigInteger),
+        j.status == RUNNING,
+        j.attempts == bindparam("attempt", type_=Integer),
+    )
+
+
+@cache
+def complete() -> Update:
+    """Mark one attempt succeeded; zero rows means the attempt is stale (lease lost)."""
+    return _fenced(
+        update(jobs_table).values(status=SUCCEEDED, finished_at=func.now(), visible_at=func.now())
+    )
+
+
+@cache
+def fail() -> Update:
+    """Record a failed attempt: back to ``queued`` after ``:delay``, or ``dead`` if exhausted.
+
+    ``:error`` is the error as JSON text. Returns the new status, or no row if stale.
+    """
+    exhausted = j.attempts >= j.max_attempts
+    return _fenced(
+        update(jobs_table)
+        .values(
+            status=case((exhausted, DEAD), else_=QUEUED),
+            visible_at=func.now() + bindparam("delay", type_=Interval),
+            finished_at=case((exhausted, func.now()), else_=None),
+            last_error=cast(bindparam("error", type_=Text), JSONB),
+            worker=None,
+        )
+        .returning(j.status, j.visible_at)
+    )
+
+
+@cache
+def bury() -> Update:
+    """Move one attempt's job straight to ``dead`` (unknown task, undecodable job)."""
+    return _fenced(
+        update(jobs_table)
+        .values(
+            status=DEAD,
+            finished_at=func.now(),
+            last_error=cast(bindparam("error", type_=Text), JSONB),
+            worker=None,
+        )
+        .returning(j.status)
+    )
+
+
+@cache
+def extend_leases() -> Update:
+    """Renew the leases of many running attempts at once (the worker's heartbeat).
+
+    Fenced per row like every transition: an attempt that was already reclaimed is not
+    renewed, and its id is missing from the returned rows, which tells the worker it lost it.
+    """
+    held = (
+        func.unnest(
+            bindparam("ids", type_=ARRAY(BigInteger)), bindparam("attempts", type_=ARRAY(Integer))
+        )
+        .table_valued(column("id", BigInteger), column("attempt", Integer))
+        .render_derived(name="held")
+    )
+    return (
+        update(jobs_table)
+        .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .values(visible_at=func.now() + j.lease)
+        .returning(j.id)
+    )
+
+
+@cache
+def counts() -> Select[str, str, int]:
+    """Jobs per queue and status."""
+    return (
+        select(j.queue, j.status, func.count())
+        .group_by(j.queue, j.status)
+        .order_by(j.queue, j.status)
+    )

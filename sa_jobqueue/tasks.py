@@ -1,0 +1,106 @@
+"""Task declarations, retry policy, and the context a handler receives."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .errors import TaskDefinitionError
+from .validation import (
+    check_lease,
+    check_max_attempts,
+    check_priority,
+    check_queue_name,
+    check_task_name,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff between attempts: ``base * 2**(attempt-1)``, capped, with jitter.
+
+    ``jitter`` is a fraction: the delay is drawn uniformly from ``delay * (1 ± jitter)`` (and
+    never above ``cap``), so jobs that failed together do not all come back together. Set
+    ``jitter=0`` for an exact schedule.
+
+    The delay is counted from the database's ``now()`` when the failure is recorded; it is the
+    earliest moment of the next attempt, not a promise that it starts then.
+    """
+
+    base: timedelta = timedelta(seconds=1)
+    cap: timedelta = timedelta(minutes=10)
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.base <= timedelta(0) or self.cap < self.base:
+            raise TaskDefinitionError("Backoff needs 0 < base <= cap")
+        if not 0 <= self.jitter <= 1:
+            raise TaskDefinitionError("Backoff.jitter is a fraction from 0 to 1")
+
+    def delay(self, attempt: int) -> timedelta:
+        """The wait before the attempt after ``attempt`` (1-based), jitter included."""
+        # Cap the exponent first: 2**attempt for a large attempt count is a huge int, and
+        # 2**40 seconds is already far beyond any sensible cap.
+        exponent = min(max(attempt - 1, 0), 40)
+        seconds = min(self.cap.total_seconds(), self.base.total_seconds() * 2**exponent)
+        if self.jitter:
+            seconds *= random.uniform(1 - self.jitter, 1 + self.jitter)
+        return timedelta(seconds=min(seconds, self.cap.total_seconds()))
+
+
+Handler = Callable[["JobContext", Any], object]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task: a handler and its defaults. Calling it calls the handler directly."""
+
+    name: str
+    handler: Handler
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 5
+    lease: timedelta = timedelta(seconds=30)
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        check_task_name(self.name)
+        check_queue_name(self.queue)
+        check_priority(self.priority)
+        check_max_attempts(self.max_attempts)
+        check_lease(self.lease)
+
+    def __call__(self, ctx: JobContext, payload: Any) -> object:
+        return self.handler(ctx, payload)
+
+
+@dataclass
+class JobContext:
+    """What a handler receives besides its payload.
+
+    ``session`` is a Session whose transaction the worker commits together with the job's
+    completion: write through it and your writes happen exactly once, or not at all (a retry
+    starts from a clean slate, and an attempt that lost its lease has its writes rolled back).
+    Do not commit it yourself. Work done outside it (HTTP calls, e-mails, other connections)
+    may happen more than once: execution is at-least-once.
+    """
+
+    job_id: int
+    task: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    session: Session
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the worker wants this job to stop early (its lease was lost)."""
+        return self._stop.is_set()

@@ -1,0 +1,430 @@
+"""The worker: a claim loop, a thread pool of handlers, a lease-renewing heartbeat, a listener.
+
+One worker process serves a list of queues with ``concurrency`` handler threads::
+
+    claim loop ──claims up to the free slots──► thread pool ──► fenced completion (handler's tx)
+        ▲   ▲                                       │
+        │   └──── slot freed (when saturated) ◄─────┘
+        └──────── NOTIFY from enqueue, or the jittered poll as the safety net
+
+What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
+lease or loses its connection while completing runs again elsewhere. Writes through
+``ctx.session`` commit together with the completion, so they happen exactly once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from . import statements
+from .database import check_schema
+from .errors import UnknownTaskError
+from .models import DEAD
+from .queue import JobQueue
+from .tasks import JobContext, Task
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: Longest error message and traceback kept in ``last_error`` (characters). Enough for any
+#: useful traceback, small enough that a handler raising a megabyte string cannot bloat rows.
+MAX_ERROR_MESSAGE = 2_000
+MAX_ERROR_TRACEBACK = 20_000
+#: How often the heartbeat thread looks for leases due for renewal (seconds). It only talks to
+#: the database when one is due.
+HEARTBEAT_TICK = 0.1
+
+
+@dataclass
+class _Held:
+    """What the heartbeat needs to know about one job this worker is running."""
+
+    attempt: int
+    lease: timedelta
+    renew_at: float  # time.monotonic() of the next renewal
+    ctx: JobContext | None = None
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    status: str
+    attempts: int
+    max_attempts: int
+    lease: timedelta
+
+
+class Worker:
+    """Runs the tasks of a :class:`JobQueue` against a database until stopped.
+
+    ``queues`` defaults to every queue the registered tasks declare plus the default queue.
+    ``poll_interval`` is the safety-net poll (jittered ±20%); with ``listen`` on, new jobs wake
+    idle workers through LISTEN/NOTIFY long before it. ``shutdown_grace`` is how long
+    :meth:`stop` lets running handlers finish; jobs still running after it are left to be
+    reclaimed when their leases expire.
+    """
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        engine: Engine,
+        *,
+        concurrency: int = 10,
+        queues: Iterable[str] | None = None,
+        poll_interval: timedelta = timedelta(seconds=1),
+        shutdown_grace: timedelta = timedelta(seconds=30),
+        listen: bool = True,
+        name: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.queue = queue
+        self.engine = engine
+        self.concurrency = concurrency
+        self.queues = list(queues) if queues else _default_queues(queue)
+        self.poll_interval = poll_interval
+        self.shutdown_grace = shutdown_grace
+        self.listen = listen
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._halt = threading.Event()  # run() is over: stop renewing leases
+        self._active: dict[int, _Held] = {}
+        self._futures: set[Future[None]] = set()
+        self._saturated = False
+        self._rotation = 0
+
+    # -- public -----------------------------------------------------------------------------
+
+    def run(self, *, burst: bool = False) -> bool:
+        """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
+
+        Returns True if every started job finished, False if some were still running when the
+        shutdown grace ran out (they will be reclaimed after their leases expire).
+        """
+        check_schema(self.engine)
+        log.info(
+            "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
+        )
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_jobqueue-job")
+        helpers = [
+            threading.Thread(target=self._heartbeat_loop, name="sa_jobqueue-heartbeat", daemon=True)
+        ]
+        if self.listen:
+            helpers.append(
+                threading.Thread(target=self._listen_loop, name="sa_jobqueue-listener", daemon=True)
+            )
+        for thread in helpers:
+            thread.start()
+        try:
+            self._claim_loop(pool, burst)
+        finally:
+            self._stopping.set()
+            with self._lock:
+                pending = set(self._futures)
+            _, not_done = wait_futures(pending, timeout=self.shutdown_grace.total_seconds())
+            # Jobs still running past the grace keep their threads (Python cannot kill them),
+            # but their leases are no longer renewed, so another worker will take them over.
+            self._halt.set()
+            pool.shutdown(wait=not not_done, cancel_futures=True)
+            if not_done:
+                log.warning(
+                    "worker %s stopped with %d job(s) still running; they will be"
+                    " reclaimed when their leases expire",
+                    self.name,
+                    len(not_done),
+                )
+        return not not_done
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends)."""
+        self._stopping.set()
+        self._wake.set()
+
+    # -- claim loop -------------------------------------------------------------------------
+
+    def _claim_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
+        while not self._stopping.is_set():
+            # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
+            # event again and the wait below returns at once, so no wake-up is lost.
+            self._wake.clear()
+            try:
+                found_all = self._claim_round(pool)
+            except DBAPIError as exc:
+                log.warning("claim failed, retrying after the poll interval: %s", _one_line(exc))
+                found_all = False
+            if found_all:
+                continue
+            if burst:
+                with self._lock:
+                    if not self._futures:
+                        return
+            # Jitter the poll so many idle workers do not poll in lockstep.
+            self._wake.wait(self.poll_interval.total_seconds() * random.uniform(0.8, 1.2))
+
+    def _claim_round(self, pool: ThreadPoolExecutor) -> bool:
+        """Claim into the free slots, queue by queue. True if every slot could be filled."""
+        n = len(self.queues)
+        start, self._rotation = self._rotation, (self._rotation + 1) % n
+        for queue in (self.queues[(start + i) % n] for i in range(n)):
+            free = self.concurrency - len(self._futures)
+            if free <= 0:
+                break
+            with self.engine.begin() as conn:
+                rows = conn.execute(
+                    statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
+                ).all()
+            for row in rows:
+                job = _Claimed(**row._asdict())
+                if job.status == DEAD:
+                    log.error(
+                        "job %d (%s) lost its worker on its last attempt; moved to dead",
+                        job.id,
+                        job.task,
+                    )
+                    continue
+                self._submit(pool, job)
+        with self._lock:
+            self._saturated = len(self._futures) >= self.concurrency
+            return self._saturated
+
+    def _submit(self, pool: ThreadPoolExecutor, job: _Claimed) -> None:
+        with self._lock:
+            self._active[job.id] = _Held(
+                job.attempts, job.lease, time.monotonic() + job.lease.total_seconds() / 3
+            )
+            future = pool.submit(self._execute, job)
+            self._futures.add(future)
+        future.add_done_callback(functools.partial(self._finished, job_id=job.id))
+
+    def _finished(self, future: Future[None], job_id: int) -> None:
+        with self._lock:
+            self._futures.discard(future)
+            self._active.pop(job_id, None)
+            wake = self._saturated
+            self._saturated = False
+        if wake:
+            self._wake.set()
+
+    # -- running one job --------------------------------------------------------------------
+
+    def _execute(self, job: _Claimed) -> None:
+        try:
+            self._execute_fenced(job)
+        except DBAPIError as exc:
+            # The outcome could not be recorded (connection lost, server gone). The job stays
+            # running in the database and is reclaimed when its lease runs out.
+            log.error(
+                "job %d: could not record the outcome of attempt %d (%s); it will be"
+                " retried after its lease expires",
+                job.id,
+                job.attempts,
+                _one_line(exc),
+            )
+        except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
+            log.exception("job %d: internal error while running it", job.id)
+
+    def _execute_fenced(self, job: _Claimed) -> None:
+        fence = {"job_id": job.id, "attempt": job.attempts}
+        try:
+            task = self.queue.get_task(job.task)
+        except UnknownTaskError as exc:
+            with self.engine.begin() as conn:
+                conn.execute(statements.bury(), {**fence, "error": _error_json(exc)})
+            log.error("job %d: %s; moved to dead", job.id, exc)
+            return
+        # The handler's session joins a transaction we own ("rollback_only"): if the handler
+        # calls commit() itself nothing is committed early, so its writes still commit only
+        # together with the fenced completion below.
+        with self.engine.connect() as conn:
+            conn.begin()
+            with Session(bind=conn, join_transaction_mode="rollback_only") as session:
+                ctx = JobContext(
+                    job_id=job.id,
+                    task=job.task,
+                    queue=job.queue,
+                    attempt=job.attempts,
+                    max_attempts=job.max_attempts,
+                    session=session,
+                )
+                with self._lock:
+                    if job.id in self._active:
+                        self._active[job.id].ctx = ctx
+                try:
+                    task.handler(ctx, job.payload)
+                    session.flush()
+                except Exception as exc:
+                    session.rollback()
+                    if conn.in_transaction():
+                        conn.rollback()
+                    self._record_failure(conn, task, job, exc)
+                    return
+            done = conn.execute(statements.complete(), fence).rowcount == 1
+            if done:
+                conn.commit()
+                log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+            else:
+                conn.rollback()
+                log.warning(
+                    "job %d: attempt %d lost its lease before completing; its writes"
+                    " were rolled back",
+                    job.id,
+                    job.attempts,
+                )
+
+    def _record_failure(self, conn: Any, task: Task, job: _Claimed, exc: BaseException) -> None:
+        delay = task.backoff.delay(job.attempts)
+        with conn.begin():
+            row = conn.execute(
+                statements.fail(),
+                {
+                    "job_id": job.id,
+                    "attempt": job.attempts,
+                    "delay": delay,
+                    "error": _error_json(exc),
+                },
+            ).one_or_none()
+        if row is None:
+            log.warning(
+                "job %d: attempt %d failed after losing its lease; ignored", job.id, job.attempts
+            )
+        elif row.status == DEAD:
+            log.error(
+                "job %d (%s) failed on its last attempt (%d/%d), moved to dead: %s",
+                job.id,
+                job.task,
+                job.attempts,
+                job.max_attempts,
+                _one_line(exc),
+            )
+        else:
+            log.info(
+                "job %d (%s) attempt %d failed, retrying at %s: %s",
+                job.id,
+                job.task,
+                job.attempts,
+                row.visible_at.isoformat(),
+                _one_line(exc),
+            )
+
+    # -- heartbeat --------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        """Renew the leases of all running jobs in one statement when the first one is due.
+
+        Each job is renewed a third of its lease after its last renewal, so two renewals in a
+        row can fail (a slow statement, a brief network blip) before its lease runs out.
+        """
+        while not self._halt.wait(HEARTBEAT_TICK):
+            with self._lock:
+                held = dict(self._active)
+            now = time.monotonic()
+            if not any(h.renew_at <= now for h in held.values()):
+                continue
+            try:
+                self._renew(held)
+            except DBAPIError as exc:
+                log.warning("lease renewal failed: %s", _one_line(exc))
+                continue
+            for h in held.values():
+                h.renew_at = now + h.lease.total_seconds() / 3
+
+    def _renew(self, held: Mapping[int, _Held]) -> None:
+        ids = list(held)
+        with self.engine.begin() as conn:
+            kept = set(
+                conn.execute(
+                    statements.extend_leases(),
+                    {"ids": ids, "attempts": [held[i].attempt for i in ids]},
+                ).scalars()
+            )
+        for job_id in set(ids) - kept:
+            ctx = held[job_id].ctx
+            if ctx is not None and not ctx.stop_requested:
+                log.warning("job %d lost its lease; asking its handler to stop", job_id)
+                ctx._stop.set()
+
+    # -- listener ---------------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        """Hold one LISTEN connection; reconnect after any failure and poll straight away."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+                cparams.setdefault("connect_timeout", 10)
+                with psycopg.connect(*cargs, **cparams, autocommit=True) as raw:
+                    raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(statements.CHANNEL)))
+                    if failures:
+                        log.info("listener reconnected")
+                    failures = 0
+                    # Jobs enqueued while we were not listening sent their NOTIFY to nobody.
+                    self._wake.set()
+                    while not self._stopping.is_set():
+                        for note in raw.notifies(timeout=0.5):
+                            if note.payload in self.queues:
+                                self._wake.set()
+            except Exception as exc:
+                if failures == 0:
+                    log.warning("listener connection lost (%s); reconnecting", _one_line(exc))
+                failures += 1
+                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+
+
+def _default_queues(queue: JobQueue) -> list[str]:
+    names = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
+    return sorted(names)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _clean(text: str, limit: int) -> str:
+    # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded as UTF-8.
+    text = text.replace("\x00", "\N{REPLACEMENT CHARACTER}")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit} more characters]"
+    return text
+
+
+def _error_json(exc: BaseException) -> str:
+    kind = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not stop us recording the failure
+        message = f"<unprintable {kind.__name__}>"
+    return json.dumps(
+        {
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "message": _clean(message, MAX_ERROR_MESSAGE),
+            "traceback": _clean("".join(traceback.format_exception(exc)), MAX_ERROR_TRACEBACK),
+        }
+    )
