@@ -233,7 +233,8 @@ def extend_leases() -> Update:
     """
     held = (
         func.unnest(
-            bindparam("ids", type_=ARRAY(BigInteger)), bindparam("attempts", type_=ARRAY(Integer))
+            bindparam("job_ids", type_=ARRAY(BigInteger)),
+            bindparam("attempt_list", type_=ARRAY(Integer)),
         )
         .table_valued(column("id", BigInteger), column("attempt", Integer))
         .render_derived(name="held")

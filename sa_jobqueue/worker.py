@@ -117,6 +117,7 @@ class Worker:
         self._active: dict[int, _Held] = {}
         self._futures: set[Future[None]] = set()
         self._saturated = False
+        self._burst = False
         self._rotation = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -169,26 +170,27 @@ class Worker:
     # -- claim loop -------------------------------------------------------------------------
 
     def _claim_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
+        self._burst = burst
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
             try:
-                found_all = self._claim_round(pool)
+                saturated = self._claim_round(pool)
             except DBAPIError as exc:
                 log.warning("claim failed, retrying after the poll interval: %s", _one_line(exc))
-                found_all = False
-            if found_all:
-                continue
-            if burst:
+                saturated = False
+            if burst and not saturated:
                 with self._lock:
                     if not self._futures:
                         return
+            # Saturated: a finishing job sets the event. Not saturated: there was less work
+            # than free slots, so only a NOTIFY (or the poll) can bring more.
             # Jitter the poll so many idle workers do not poll in lockstep.
             self._wake.wait(self.poll_interval.total_seconds() * random.uniform(0.8, 1.2))
 
     def _claim_round(self, pool: ThreadPoolExecutor) -> bool:
-        """Claim into the free slots, queue by queue. True if every slot could be filled."""
+        """Claim into the free slots, queue by queue. True if no slot is left free."""
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
         for queue in (self.queues[(start + i) % n] for i in range(n)):
@@ -226,7 +228,9 @@ class Worker:
         with self._lock:
             self._futures.discard(future)
             self._active.pop(job_id, None)
-            wake = self._saturated
+            # A freed slot only matters if the last claim left work behind (saturated); in
+            # burst mode the loop also needs to notice when the last job is done.
+            wake = self._saturated or self._burst
             self._saturated = False
         if wake:
             self._wake.set()
@@ -348,7 +352,7 @@ class Worker:
                 continue
             try:
                 self._renew(held)
-            except DBAPIError as exc:
+            except Exception as exc:  # keep the heartbeat alive whatever happens
                 log.warning("lease renewal failed: %s", _one_line(exc))
                 continue
             for h in held.values():
@@ -360,7 +364,7 @@ class Worker:
             kept = set(
                 conn.execute(
                     statements.extend_leases(),
-                    {"ids": ids, "attempts": [held[i].attempt for i in ids]},
+                    {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]},
                 ).scalars()
             )
         for job_id in set(ids) - kept:
