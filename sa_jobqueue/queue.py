@@ -10,7 +10,7 @@ from typing import Any, Final, overload
 
 from sqlalchemy import Connection, select
 from sqlalchemy.engine.base import Transaction
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from . import statements
 from .errors import TaskDefinitionError, UnknownTaskError
@@ -161,7 +161,7 @@ class JobQueue:
 
     def enqueue(
         self,
-        session: Session | Connection,
+        session: Session | scoped_session[Session] | Connection,
         task: str | Task,
         payload: Any = None,
         *,
@@ -190,7 +190,7 @@ class JobQueue:
 
     def enqueue_many(
         self,
-        session: Session | Connection,
+        session: Session | scoped_session[Session] | Connection,
         task: str | Task,
         payloads: Iterable[Any],
         *,
@@ -238,19 +238,21 @@ class JobQueue:
             "max_attempts": check_max_attempts(
                 max_attempts if max_attempts is not None else definition.max_attempts
             ),
-            "lease": check_lease(lease if lease is not None else definition.lease),
+            "lease": check_lease(lease if lease is not None else definition.lease).total_seconds(),
         }
         if isinstance(run_at, datetime):
             params["run_at"] = run_at
             return params, "at"
         if isinstance(run_at, timedelta):
-            params["delay"] = run_at
+            params["delay"] = run_at.total_seconds()
             return params, "after"
         return params, "now"
 
     # -- inspection -------------------------------------------------------------------------
 
-    def get_job(self, session: Session | Connection, job_id: int) -> JobInfo | None:
+    def get_job(
+        self, session: Session | scoped_session[Session] | Connection, job_id: int
+    ) -> JobInfo | None:
         """Read one job as it is in the caller's transaction, or None if there is no such id."""
         row = (
             _connection(session)
@@ -263,7 +265,9 @@ class JobQueue:
         )
         return JobInfo(**row._asdict()) if row is not None else None
 
-    def counts(self, session: Session | Connection) -> dict[str, dict[str, int]]:
+    def counts(
+        self, session: Session | scoped_session[Session] | Connection
+    ) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""
         result: dict[str, dict[str, int]] = {}
         for queue, status, n in _connection(session).execute(statements.counts()):
@@ -275,15 +279,16 @@ _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
 assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
 
 
-def _connection(session: Session | Connection) -> Connection:
+def _connection(session: Session | scoped_session[Session] | Connection) -> Connection:
     # Session.connection() joins the session's transaction (beginning it if needed) without
     # flushing pending objects: we add the job row and touch nothing else of the caller's.
-    if isinstance(session, Session):
+    if isinstance(session, Session | scoped_session):
         return session.connection()
     if isinstance(session, Connection):
         return session
     raise TypeError(
-        f"enqueue needs a SQLAlchemy Session or Connection, not {type(session).__name__}"
+        "enqueue needs a SQLAlchemy Session, scoped_session or Connection,"
+        f" not {type(session).__name__}"
     )
 
 

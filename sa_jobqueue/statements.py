@@ -14,7 +14,7 @@ Nothing here does I/O. Rules that hold for all of them:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Final
 
@@ -23,9 +23,9 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     DateTime,
+    Float,
     Insert,
     Integer,
-    Interval,
     Select,
     Text,
     Update,
@@ -52,18 +52,30 @@ LEASE_EXPIRED: Final = "lease expired (worker lost)"
 j = jobs_table.c
 
 
+def seconds(param: str) -> ColumnElement[timedelta]:
+    """An interval from a bind parameter holding a number of seconds.
+
+    Durations travel as seconds, not as Python timedeltas: psycopg sends ``timedelta(days=n)``
+    as an interval of n calendar days, and ``now() + '1 day'`` across a daylight-saving change
+    in the session's time zone is 23 or 25 hours, not 24.
+    """
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(param, type_=Float))
+
+
 def _visible_at(schedule: str) -> ColumnElement[datetime]:
-    """When a new job becomes due: now, at ``:run_at``, or ``:delay`` after now (DB clock)."""
+    """When a new job becomes due: now, at ``:run_at``, or ``:delay`` seconds after now."""
     if schedule == "at":
         return bindparam("run_at", type_=DateTime(timezone=True))
     if schedule == "after":
-        return func.now() + bindparam("delay", type_=Interval)
+        return func.now() + seconds("delay")
     return func.now()
 
 
 @cache
 def insert_job(schedule: str, wake: bool) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
+
+    ``:lease`` and ``:delay`` are seconds (see :func:`seconds`).
 
     With ``wake`` the same round trip also sends the queue's NOTIFY (see :func:`notify`).
     """
@@ -75,7 +87,7 @@ def insert_job(schedule: str, wake: bool) -> Insert:
             payload=cast(bindparam("payload", type_=Text), JSONB),
             priority=bindparam("priority"),
             max_attempts=bindparam("max_attempts"),
-            lease=bindparam("lease", type_=Interval),
+            lease=seconds("lease"),
             visible_at=_visible_at(schedule),
         )
         .returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
@@ -101,7 +113,7 @@ def insert_jobs(schedule: str) -> Insert:
         cast(payloads.c.payload, JSONB),
         bindparam("b_priority", type_=Integer),
         bindparam("b_max_attempts", type_=Integer),
-        bindparam("b_lease", type_=Interval),
+        seconds("b_lease"),
         _visible_at(schedule),
     ).select_from(payloads)
     return (
@@ -191,7 +203,7 @@ def complete() -> Update:
 
 @cache
 def fail() -> Update:
-    """Record a failed attempt: back to ``queued`` after ``:delay``, or ``dead`` if exhausted.
+    """Record a failed attempt: ``queued`` again ``:delay`` seconds on, or ``dead`` if exhausted.
 
     ``:error`` is the error as JSON text. Returns the new status, or no row if stale.
     """
@@ -200,7 +212,7 @@ def fail() -> Update:
         update(jobs_table)
         .values(
             status=case((exhausted, DEAD), else_=QUEUED),
-            visible_at=func.now() + bindparam("delay", type_=Interval),
+            visible_at=func.now() + seconds("delay"),
             finished_at=case((exhausted, func.now()), else_=None),
             last_error=cast(bindparam("error", type_=Text), JSONB),
             worker=None,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import TaskDefinitionError
+from .errors import InvalidJobError, TaskDefinitionError
 from .validation import (
     check_lease,
     check_max_attempts,
@@ -71,11 +71,14 @@ class Task:
     backoff: Backoff = field(default_factory=Backoff)
 
     def __post_init__(self) -> None:
-        check_task_name(self.name)
-        check_queue_name(self.queue)
-        check_priority(self.priority)
-        check_max_attempts(self.max_attempts)
-        check_lease(self.lease)
+        try:
+            check_task_name(self.name)
+            check_queue_name(self.queue)
+            check_priority(self.priority)
+            check_max_attempts(self.max_attempts)
+            check_lease(self.lease)
+        except InvalidJobError as exc:
+            raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
 
     def __call__(self, ctx: JobContext, payload: Any) -> object:
         return self.handler(ctx, payload)

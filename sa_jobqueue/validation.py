@@ -20,6 +20,13 @@ TASK_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 #: large inputs belong in a table of their own, referenced by id.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_000_000
 PRIORITY_RANGE: Final = range(-32768, 32768)  # the column is a smallint
+MAX_ATTEMPTS: Final = 2**31 - 1  # the column is an integer
+#: Longest delay a job may be scheduled ahead by (a thousand years is "never" in practice and
+#: stays far inside PostgreSQL's timestamp range).
+MAX_DELAY: Final = timedelta(days=365_000)
+#: Longest lease. A worker renews leases while the handler runs, so the lease only bounds how
+#: long a lost job waits to be reclaimed; a day is already far more than that needs.
+MAX_LEASE: Final = timedelta(days=1)
 
 _JSON_SCALARS: Final = (str, int, float, bool, type(None))
 
@@ -58,7 +65,10 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     # PostgreSQL's jsonb refuses it. One walk checks both, only when the cheap test hints at them.
     if "\\u0000" in encoded or not _plain(payload):
         _walk(payload)
-    size = len(encoded.encode())
+    try:
+        size = len(encoded.encode())
+    except UnicodeEncodeError:  # a lone surrogate, e.g. from a badly decoded byte string
+        raise PayloadError("payload contains a string that is not valid Unicode") from None
     if size > max_bytes:
         raise PayloadError(f"payload is {size} bytes of JSON, over the limit of {max_bytes}")
     return encoded
@@ -101,8 +111,10 @@ def check_run_at(run_at: datetime | timedelta | None) -> datetime | timedelta | 
                 " datetime is ambiguous"
             )
     elif isinstance(run_at, timedelta):
-        if run_at < timedelta(0):
-            raise InvalidScheduleError("run_at as a delay must not be negative")
+        if not timedelta(0) <= run_at <= MAX_DELAY:
+            raise InvalidScheduleError(
+                f"run_at as a delay must be from 0 to {MAX_DELAY.days} days, not {run_at}"
+            )
     elif run_at is not None:
         raise InvalidScheduleError(
             f"run_at must be a timezone-aware datetime or a timedelta, not {type(run_at).__name__}"
@@ -123,12 +135,20 @@ def check_priority(priority: object) -> int:
 
 
 def check_max_attempts(max_attempts: object) -> int:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidScheduleError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
+    ):
+        raise InvalidScheduleError(
+            f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, not {max_attempts!r}"
+        )
     return max_attempts
 
 
 def check_lease(lease: object) -> timedelta:
-    if not isinstance(lease, timedelta) or lease <= timedelta(0):
-        raise InvalidScheduleError(f"lease must be a positive timedelta, not {lease!r}")
+    if not isinstance(lease, timedelta) or not timedelta(0) < lease <= MAX_LEASE:
+        raise InvalidScheduleError(
+            f"lease must be a timedelta above 0 and at most {MAX_LEASE}, not {lease!r}"
+        )
     return lease

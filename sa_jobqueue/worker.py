@@ -309,7 +309,7 @@ class Worker:
                 {
                     "job_id": job.id,
                     "attempt": job.attempts,
-                    "delay": delay,
+                    "delay": delay.total_seconds(),
                     "error": _error_json(exc),
                 },
             ).one_or_none()
