@@ -153,6 +153,8 @@ class Worker:
             # but their leases are no longer renewed, so another worker will take them over.
             self._halt.set()
             pool.shutdown(wait=not not_done, cancel_futures=True)
+            for thread in helpers:
+                thread.join(timeout=5)
             if not_done:
                 log.warning(
                     "worker %s stopped with %d job(s) still running; they will be"
@@ -171,6 +173,7 @@ class Worker:
 
     def _claim_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
         self._burst = burst
+        outage = False
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
@@ -178,8 +181,15 @@ class Worker:
             try:
                 saturated = self._claim_round(pool)
             except DBAPIError as exc:
-                log.warning("claim failed, retrying after the poll interval: %s", _one_line(exc))
+                # Said once per outage, not once per poll; the poll keeps retrying.
+                if not outage:
+                    log.warning("cannot claim (%s); retrying every poll interval", _one_line(exc))
+                outage = True
                 saturated = False
+            else:
+                if outage:
+                    log.info("claiming again: the database is back")
+                outage = False
             if burst and not saturated:
                 with self._lock:
                     if not self._futures:

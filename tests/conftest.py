@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 
@@ -46,7 +48,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[URL]:
+def server_url() -> Iterator[URL]:
     """An administrative URL for a PostgreSQL server the tests may create databases on."""
     configured = os.environ.get("SA_JOBQUEUE_TEST_DATABASE_URL")
     if configured:
@@ -60,11 +62,16 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[URL]:
         return
     import pgserver
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    # Not under pytest's temporary root: as root, pgserver runs the server as another user and
+    # opens the data directory's parents to it, and every later pytest run locks that root
+    # down again, which would cut a concurrently running server off from its files.
+    datadir = tempfile.mkdtemp(prefix="sajq-pgdata-")
+    server = pgserver.get_server(datadir, cleanup_mode="stop")
     try:
         yield normalise_url(server.get_uri())
     finally:
         server.cleanup()
+        shutil.rmtree(datadir, ignore_errors=True)
 
 
 def _admin(url: URL) -> sa.Engine:
