@@ -179,38 +179,46 @@ class Worker:
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
             try:
-                saturated = self._claim_round(pool)
+                more = self._claim_round(pool)
             except DBAPIError as exc:
                 # Said once per outage, not once per poll; the poll keeps retrying.
                 if not outage:
                     log.warning("cannot claim (%s); retrying every poll interval", _one_line(exc))
                 outage = True
-                saturated = False
+                more = False
             else:
                 if outage:
                     log.info("claiming again: the database is back")
                 outage = False
-            if burst and not saturated:
-                with self._lock:
-                    if not self._futures:
-                        return
-            # Saturated: a finishing job sets the event. Not saturated: there was less work
-            # than free slots, so only a NOTIFY (or the poll) can bring more.
-            # Jitter the poll so many idle workers do not poll in lockstep.
+            with self._lock:
+                running = len(self._futures)
+            if more and running < self.concurrency:
+                continue  # work is waiting and slots are free (fast jobs already finished)
+            if burst and not more and not running:
+                return
+            # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
+            # the poll, jittered so idle workers do not poll in lockstep) can bring more.
             self._wake.wait(self.poll_interval.total_seconds() * random.uniform(0.8, 1.2))
 
     def _claim_round(self, pool: ThreadPoolExecutor) -> bool:
-        """Claim into the free slots, queue by queue. True if no slot is left free."""
+        """Claim into the free slots, queue by queue. True if more work is probably waiting.
+
+        "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
+        not asked at all because the slots ran out first.
+        """
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
+        more = False
         for queue in (self.queues[(start + i) % n] for i in range(n)):
             free = self.concurrency - len(self._futures)
             if free <= 0:
+                more = True
                 break
             with self.engine.begin() as conn:
                 rows = conn.execute(
                     statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
                 ).all()
+            more = more or len(rows) == free
             for row in rows:
                 job = _Claimed(**row._asdict())
                 if job.status == DEAD:
@@ -222,8 +230,9 @@ class Worker:
                     continue
                 self._submit(pool, job)
         with self._lock:
-            self._saturated = len(self._futures) >= self.concurrency
-            return self._saturated
+            # Tell _finished whether a freed slot is worth waking the claim loop for.
+            self._saturated = more
+        return more
 
     def _submit(self, pool: ThreadPoolExecutor, job: _Claimed) -> None:
         with self._lock:
@@ -238,8 +247,8 @@ class Worker:
         with self._lock:
             self._futures.discard(future)
             self._active.pop(job_id, None)
-            # A freed slot only matters if the last claim left work behind (saturated); in
-            # burst mode the loop also needs to notice when the last job is done.
+            # A freed slot only matters if the last claim left work behind; in burst mode the
+            # loop also needs to notice when the last job is done.
             wake = self._saturated or self._burst
             self._saturated = False
         if wake:
