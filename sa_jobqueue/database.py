@@ -19,18 +19,35 @@ MIGRATE_HINT = "run `sa-jobqueue migrate` (or `alembic upgrade heads` in your Al
 
 
 def normalise_url(url: str | URL) -> URL:
-    """Parse a database URL and make sure it uses psycopg 3 (plain postgresql:// would not)."""
+    """Parse a database URL and make it use psycopg 3, the driver sa_jobqueue runs on.
+
+    Plain ``postgresql://`` (SQLAlchemy would pick psycopg2) and the URLs of the other common
+    PostgreSQL drivers are switched to ``postgresql+psycopg://``; anything else is refused.
+    """
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise DatabaseUnavailableError(f"not a database URL: {url!r}") from None
+        parsed.port  # noqa: B018 - a non-numeric port only fails when read
+    except (ArgumentError, ValueError):
+        raise DatabaseUnavailableError(f"not a database URL: {_redact(url)!r}") from None
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
         raise DatabaseUnavailableError(
             f"sa_jobqueue needs PostgreSQL, not {parsed.get_backend_name()!r}"
         )
-    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed
+    driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
+    if driver not in ("", "psycopg", "psycopg2", "asyncpg", "psycopg_async"):
+        raise DatabaseUnavailableError(
+            f"unsupported driver {parsed.drivername!r}: sa_jobqueue uses psycopg 3"
+            " (postgresql+psycopg://...)"
+        )
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+def _redact(url: str | URL) -> str:
+    if isinstance(url, URL):
+        return describe(url)
+    # A string that would not parse may still hold a password: drop what sits before the @.
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}...@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:

@@ -996,3 +996,19 @@ def test_task_object_can_be_passed_to_enqueue(engine: sa.Engine) -> None:
         ("by_object", "objects", 4, 3)
     }
     assert [r.payload for r in rows] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@h/db",
+        "postgres://u@h/db",
+        "postgresql+psycopg2://u@h/db",
+        "postgresql+asyncpg://u@h/db",
+        "postgresql+psycopg://u@h/db",
+    ],
+)
+def test_postgres_urls_of_common_drivers_run_on_psycopg3(url: str) -> None:
+    from sa_jobqueue.database import normalise_url
+
+    assert normalise_url(url).drivername == "postgresql+psycopg"

@@ -1,0 +1,1 @@
+"""Task modules that the acceptance tests' worker subprocesses load as ``module:attribute``."""
