@@ -7,6 +7,7 @@ installed wheel carries them; alembic.ini points ``version_locations`` there.
 from logging.config import fileConfig
 
 from alembic import context
+
 from sa_jobqueue.migrations import run_env
 
 if context.config.config_file_name is not None:

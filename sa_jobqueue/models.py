@@ -33,7 +33,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0001"
+SCHEMA_REVISION: Final = "sajq_0002"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -91,6 +91,8 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
     worker: Mapped[str | None] = mapped_column(Text)
     last_error: Mapped[Any | None] = mapped_column(JSONB)
+    #: Set by ``JobQueue.cancel`` on a running job; its worker stops it as ``cancelled``.
+    cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

@@ -52,6 +52,7 @@ class JobInfo:
     started_at: datetime | None
     finished_at: datetime | None
     last_error: Any
+    cancel_requested: bool
 
 
 class JobQueue:
@@ -105,6 +106,7 @@ class JobQueue:
         max_attempts: int = 5,
         lease: timedelta = timedelta(seconds=30),
         backoff: Backoff | None = None,
+        timeout: timedelta | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -117,11 +119,13 @@ class JobQueue:
         max_attempts: int = 5,
         lease: timedelta = timedelta(seconds=30),
         backoff: Backoff | None = None,
+        timeout: timedelta | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
         The task's name defaults to the function's ``__name__``; names are unique per queue
-        object. ``lease`` is how long a worker may go without renewing its claim before the
+        object. ``timeout`` bounds one attempt's run time (see :class:`Task`). ``lease`` is
+        how long a worker may go without renewing its claim before the
         job is taken from it and run elsewhere; the worker renews it while the handler runs.
         """
 
@@ -134,6 +138,7 @@ class JobQueue:
                 max_attempts=max_attempts,
                 lease=lease,
                 backoff=backoff or Backoff(),
+                timeout=timeout,
             )
             if task.name in self._tasks:
                 raise TaskDefinitionError(f"a task named {task.name!r} is already registered")
@@ -247,6 +252,22 @@ class JobQueue:
             params["delay"] = run_at.total_seconds()
             return params, "after"
         return params, "now"
+
+    def cancel(self, session: Session | scoped_session[Session] | Connection, job_id: int) -> bool:
+        """Cancel a job in the caller's transaction; True if it was queued or running.
+
+        A queued job becomes ``cancelled`` and never runs. For a running job, cancellation is
+        requested: its handler sees ``ctx.cancel_requested`` (and ``ctx.stop_requested``)
+        within one lease-renewal interval, and when the attempt ends, whether it returns or
+        raises, its ``ctx.session`` writes roll back and the job ends ``cancelled``, never
+        retried. Python cannot interrupt a running thread, so a sync handler that does not
+        look at the flag runs to its end first. A finished job is left as it is (False).
+        """
+        conn = _connection(session)
+        params = {"job_id": job_id}
+        if conn.execute(statements.cancel_queued(), params).first() is not None:
+            return True
+        return conn.execute(statements.request_cancel(), params).first() is not None
 
     # -- inspection -------------------------------------------------------------------------
 

@@ -37,12 +37,13 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from .models import DEAD, QUEUED, RUNNING, SUCCEEDED, claimable, jobs_table
+from .models import CANCELLED, DEAD, QUEUED, RUNNING, SUCCEEDED, claimable, jobs_table
 
 #: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
 CHANNEL: Final = "sa_jobqueue"
@@ -142,7 +143,8 @@ def claim() -> Update:
     Eligible rows are queued jobs whose time has come and running jobs whose lease has expired
     (their worker died or stalled): reclaim rides in the claim, so no reaper process is needed
     and a lost job is picked up by whoever polls next. A reclaimed job with no attempts left
-    is not run again but moved to ``dead``; the caller skips rows that come back dead.
+    is not run again but moved to ``dead``, and one whose cancellation was requested is moved
+    to ``cancelled``; the caller skips rows that come back in a finished state.
     """
     # The SELECT ... FOR UPDATE SKIP LOCKED sits in a MATERIALIZED CTE and the UPDATE joins it.
     # Written as ``WHERE id IN (SELECT ... LIMIT ... FOR UPDATE)`` the planner may run the
@@ -164,7 +166,9 @@ def claim() -> Update:
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
+    cancelled = and_(j.status == RUNNING, j.cancel_requested)
     exhausted = and_(j.status == RUNNING, j.attempts >= j.max_attempts)
+    ends = or_(cancelled, exhausted)  # a lost attempt that is not to be run again
     lease_lost = func.jsonb_build_object(
         literal("type"), literal("LeaseExpired"), literal("message"), literal(LEASE_EXPIRED)
     )
@@ -172,11 +176,11 @@ def claim() -> Update:
         update(jobs_table)
         .where(j.id == picked.c.id)
         .values(
-            status=case((exhausted, DEAD), else_=RUNNING),
-            attempts=case((exhausted, j.attempts), else_=j.attempts + 1),
+            status=case((cancelled, CANCELLED), (exhausted, DEAD), else_=RUNNING),
+            attempts=case((ends, j.attempts), else_=j.attempts + 1),
             visible_at=func.now() + j.lease,
-            started_at=case((exhausted, j.started_at), else_=func.now()),
-            finished_at=case((exhausted, func.now()), else_=None),
+            started_at=case((ends, j.started_at), else_=func.now()),
+            finished_at=case((ends, func.now()), else_=None),
             worker=bindparam("worker", type_=Text),
             # A reclaimed job keeps a note of why its previous attempt ended.
             last_error=case((j.status == RUNNING, lease_lost), else_=j.last_error),
@@ -195,9 +199,47 @@ def _fenced(stmt: Update) -> Update:
 
 @cache
 def complete() -> Update:
-    """Mark one attempt succeeded; zero rows means the attempt is stale (lease lost)."""
+    """Mark one attempt succeeded; zero rows means it is stale or its job is being cancelled.
+
+    A job whose cancellation was requested while it ran does not complete: its handler's
+    writes roll back and :func:`finish_cancelled` ends it instead.
+    """
     return _fenced(
-        update(jobs_table).values(status=SUCCEEDED, finished_at=func.now(), visible_at=func.now())
+        update(jobs_table)
+        .where(j.cancel_requested.is_(False))
+        .values(status=SUCCEEDED, finished_at=func.now(), visible_at=func.now())
+    )
+
+
+@cache
+def finish_cancelled() -> Update:
+    """End one attempt whose job's cancellation was requested as ``cancelled``."""
+    return _fenced(
+        update(jobs_table)
+        .where(j.cancel_requested.is_(True))
+        .values(status=CANCELLED, finished_at=func.now(), worker=None)
+    )
+
+
+@cache
+def cancel_queued() -> Update:
+    """Cancel ``:job_id`` if it is still waiting; it will never run."""
+    return (
+        update(jobs_table)
+        .where(j.id == bindparam("job_id", type_=BigInteger), j.status == QUEUED)
+        .values(status=CANCELLED, finished_at=func.now())
+        .returning(j.id)
+    )
+
+
+@cache
+def request_cancel() -> Update:
+    """Ask the worker running ``:job_id`` to stop it; it ends ``cancelled``, not retried."""
+    return (
+        update(jobs_table)
+        .where(j.id == bindparam("job_id", type_=BigInteger), j.status == RUNNING)
+        .values(cancel_requested=True)
+        .returning(j.id)
     )
 
 
@@ -205,13 +247,15 @@ def complete() -> Update:
 def fail() -> Update:
     """Record a failed attempt: ``queued`` again ``:delay`` seconds on, or ``dead`` if exhausted.
 
+    A job whose cancellation was requested ends ``cancelled`` instead of being retried.
+
     ``:error`` is the error as JSON text. Returns the new status, or no row if stale.
     """
-    exhausted = j.attempts >= j.max_attempts
+    exhausted = or_(j.attempts >= j.max_attempts, j.cancel_requested)
     return _fenced(
         update(jobs_table)
         .values(
-            status=case((exhausted, DEAD), else_=QUEUED),
+            status=case((j.cancel_requested, CANCELLED), (exhausted, DEAD), else_=QUEUED),
             visible_at=func.now() + seconds("delay"),
             finished_at=case((exhausted, func.now()), else_=None),
             last_error=cast(bindparam("error", type_=Text), JSONB),
@@ -242,6 +286,7 @@ def extend_leases() -> Update:
 
     Fenced per row like every transition: an attempt that was already reclaimed is not
     renewed, and its id is missing from the returned rows, which tells the worker it lost it.
+    Each returned row also says whether the job's cancellation has been requested.
     """
     held = (
         func.unnest(
@@ -255,7 +300,7 @@ def extend_leases() -> Update:
         update(jobs_table)
         .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
         .values(visible_at=func.now() + j.lease)
-        .returning(j.id)
+        .returning(j.id, j.cancel_requested)
     )
 
 

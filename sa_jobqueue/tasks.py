@@ -60,7 +60,15 @@ Handler = Callable[["JobContext", Any], object]
 
 @dataclass(frozen=True)
 class Task:
-    """A registered task: a handler and its defaults. Calling it calls the handler directly."""
+    """A registered task: a handler and its defaults. Calling it calls the handler directly.
+
+    ``timeout`` bounds one attempt: once it has run that long, the attempt is recorded as
+    failed (``TimeoutError``; retried after its backoff, or dead when out of attempts), its
+    lease is no longer renewed, and ``ctx.stop_requested`` turns True. Python cannot stop a
+    running thread, so a sync handler must look at ``ctx.stop_requested`` between steps of
+    long work and return (or raise); whatever it does after the timeout cannot complete the
+    job, and its ``ctx.session`` writes roll back.
+    """
 
     name: str
     handler: Handler
@@ -69,8 +77,11 @@ class Task:
     max_attempts: int = 5
     lease: timedelta = timedelta(seconds=30)
     backoff: Backoff = field(default_factory=Backoff)
+    timeout: timedelta | None = None
 
     def __post_init__(self) -> None:
+        if self.timeout is not None and self.timeout <= timedelta(0):
+            raise TaskDefinitionError(f"task {self.name!r}: timeout must be above 0")
         try:
             check_task_name(self.name)
             check_queue_name(self.queue)
@@ -102,8 +113,15 @@ class JobContext:
     max_attempts: int
     session: Session
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def stop_requested(self) -> bool:
-        """True once the worker wants this job to stop early (its lease was lost)."""
+        """True once this attempt should stop early: its lease was lost, it ran past its
+        timeout, or the job was cancelled. Nothing it does afterwards can complete the job."""
         return self._stop.is_set()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once ``JobQueue.cancel`` was called for this job (seen at a lease renewal)."""
+        return self._cancel.is_set()

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from . import statements
 from .database import check_schema
 from .errors import UnknownTaskError
-from .models import DEAD
+from .models import CANCELLED, DEAD, RUNNING
 from .queue import JobQueue
 from .tasks import JobContext, Task
 
@@ -63,6 +63,8 @@ class _Held:
     lease: timedelta
     renew_at: float  # time.monotonic() of the next renewal
     ctx: JobContext | None = None
+    task: Task | None = None
+    deadline: float | None = None  # time.monotonic() when the task's timeout runs out
 
 
 @dataclass(frozen=True)
@@ -221,11 +223,12 @@ class Worker:
             more = more or len(rows) == free
             for row in rows:
                 job = _Claimed(**row._asdict())
-                if job.status == DEAD:
+                if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
                     log.error(
-                        "job %d (%s) lost its worker on its last attempt; moved to dead",
+                        "job %d (%s) lost its worker; not run again, now %s",
                         job.id,
                         job.task,
+                        job.status,
                     )
                     continue
                 self._submit(pool, job)
@@ -296,8 +299,11 @@ class Worker:
                     session=session,
                 )
                 with self._lock:
-                    if job.id in self._active:
-                        self._active[job.id].ctx = ctx
+                    held = self._active.get(job.id)
+                    if held is not None:
+                        held.ctx, held.task = ctx, task
+                        if task.timeout is not None:
+                            held.deadline = time.monotonic() + task.timeout.total_seconds()
                 try:
                     task.handler(ctx, job.payload)
                     session.flush()
@@ -307,15 +313,19 @@ class Worker:
                         conn.rollback()
                     self._record_failure(conn, task, job, exc)
                     return
-            done = conn.execute(statements.complete(), fence).rowcount == 1
-            if done:
+            if conn.execute(statements.complete(), fence).rowcount == 1:
                 conn.commit()
                 log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+                return
+            conn.rollback()
+            with conn.begin():
+                cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
+            if cancelled:
+                log.info("job %d (%s) was cancelled; its writes were rolled back", job.id, job.task)
             else:
-                conn.rollback()
                 log.warning(
-                    "job %d: attempt %d lost its lease before completing; its writes"
-                    " were rolled back",
+                    "job %d: attempt %d lost its lease (or timed out) before completing; its"
+                    " writes were rolled back",
                     job.id,
                     job.attempts,
                 )
@@ -334,8 +344,12 @@ class Worker:
             ).one_or_none()
         if row is None:
             log.warning(
-                "job %d: attempt %d failed after losing its lease; ignored", job.id, job.attempts
+                "job %d: attempt %d failed after losing its lease (or timing out); ignored",
+                job.id,
+                job.attempts,
             )
+        elif row.status == CANCELLED:
+            log.info("job %d (%s) was cancelled", job.id, job.task)
         elif row.status == DEAD:
             log.error(
                 "job %d (%s) failed on its last attempt (%d/%d), moved to dead: %s",
@@ -367,6 +381,9 @@ class Worker:
             with self._lock:
                 held = dict(self._active)
             now = time.monotonic()
+            overdue = [i for i, h in held.items() if h.deadline is not None and h.deadline <= now]
+            for job_id in overdue:
+                self._time_out(job_id, held.pop(job_id))  # and its lease is renewed no more
             if not any(h.renew_at <= now for h in held.values()):
                 continue
             try:
@@ -380,17 +397,48 @@ class Worker:
     def _renew(self, held: Mapping[int, _Held]) -> None:
         ids = list(held)
         with self.engine.begin() as conn:
-            kept = set(
-                conn.execute(
-                    statements.extend_leases(),
-                    {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]},
-                ).scalars()
+            rows = conn.execute(
+                statements.extend_leases(),
+                {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]},
             )
-        for job_id in set(ids) - kept:
+            kept = {row.id: row.cancel_requested for row in rows}
+        for job_id in set(ids) - set(kept):
             ctx = held[job_id].ctx
             if ctx is not None and not ctx.stop_requested:
                 log.warning("job %d lost its lease; asking its handler to stop", job_id)
                 ctx._stop.set()
+        for job_id, cancel in kept.items():
+            ctx = held[job_id].ctx
+            if cancel and ctx is not None and not ctx.cancel_requested:
+                log.info("job %d: cancellation requested; asking its handler to stop", job_id)
+                ctx._cancel.set()
+                ctx._stop.set()
+
+    def _time_out(self, job_id: int, held: _Held) -> None:
+        """Record an attempt that ran past its task's timeout as failed, and stop renewing it."""
+        with self._lock:
+            self._active.pop(job_id, None)
+        assert held.task is not None
+        assert held.task.timeout is not None
+        if held.ctx is not None:
+            held.ctx._stop.set()
+        error = TimeoutError(f"the attempt ran longer than its timeout of {held.task.timeout}")
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(
+                    statements.fail(),
+                    {
+                        "job_id": job_id,
+                        "attempt": held.attempt,
+                        "delay": held.task.backoff.delay(held.attempt).total_seconds(),
+                        "error": _error_json(error),
+                    },
+                ).one_or_none()
+        except Exception as exc:  # the lease then simply runs out and the claim takes over
+            log.warning("job %d: could not record its timeout: %s", job_id, _one_line(exc))
+            return
+        if row is not None:
+            log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
 
     # -- listener ---------------------------------------------------------------------------
 

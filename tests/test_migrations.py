@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
-from alembic import command
 from sa_jobqueue import statements
 from sa_jobqueue.database import VERSION_TABLES, check_schema, create_engine
 from sa_jobqueue.errors import SchemaMissingError, SchemaOutdatedError
@@ -536,7 +536,7 @@ def test_head_is_the_schema_revision(ini: str) -> None:
     head = script.get_revision(SCHEMA_REVISION)
     assert head is not None
     assert head.branch_labels == {BRANCH_LABEL}
-    assert script.get_revision(BRANCH_LABEL) is head
+    assert script.get_revision(f"{BRANCH_LABEL}@head") is head
     # Every revision of ours is named so it cannot collide with an application's ids.
     assert all(rev.revision.startswith("sajq_") for rev in script.walk_revisions())
 
@@ -706,3 +706,17 @@ def test_claim_uses_the_partial_index_in_a_generic_plan(big_history: sa.Engine) 
         tx.rollback()
     _assert_uses_claim_index(plan)
     _nothing_claimed(big_history)
+
+
+def test_a_worker_refuses_a_database_one_revision_behind(empty_database_url: URL) -> None:
+    from sa_jobqueue.migrations import upgrade
+
+    engine = create_engine(empty_database_url, poolclass=sa.pool.NullPool)
+    try:
+        upgrade(engine, "sajq_0001")
+        with pytest.raises(SchemaOutdatedError, match="sa-jobqueue migrate"):
+            check_schema(engine)
+        upgrade(engine)
+        check_schema(engine)
+    finally:
+        engine.dispose()

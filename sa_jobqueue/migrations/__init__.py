@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine
-
-from alembic import command
 
 from ..models import metadata
 

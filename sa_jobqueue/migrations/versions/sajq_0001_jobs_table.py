@@ -8,9 +8,8 @@ Create Date: 2026-11-21
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision = "sajq_0001"
 down_revision = None

@@ -1,0 +1,159 @@
+"""Job timeouts and cancellation, in-process against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
+from sa_jobqueue import statements as st
+from tests.support import wait_for
+from tests.test_worker import EFFECTS, db, effects, job, make_due, run_burst
+
+__all__ = ["db"]  # the fixture, re-used from test_worker
+
+NO_RETRY_SOON = Backoff(base=timedelta(seconds=30), cap=timedelta(seconds=30), jitter=0)
+
+
+def wait_until_stopped(ctx: JobContext, limit: float = 20) -> None:
+    """What a well-behaved sync handler does: work in steps, checking the stop flag."""
+    deadline = time.monotonic() + limit
+    while not ctx.stop_requested:
+        assert time.monotonic() < deadline, "the worker never asked this handler to stop"
+        time.sleep(0.02)
+
+
+def test_an_attempt_past_its_timeout_fails_and_cannot_complete(db: sa.Engine) -> None:
+    queue = JobQueue()
+    observed: list[bool] = []
+
+    @queue.task(timeout=timedelta(seconds=0.5), max_attempts=2, backoff=NO_RETRY_SOON)
+    def overrun(ctx: JobContext, payload: None) -> None:
+        wait_until_stopped(ctx)
+        observed.append(ctx.cancel_requested)
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))  # too late
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "overrun")
+    run_burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("queued", 1)  # a failed attempt, retried later
+    assert row.last_error["type"] == "builtins.TimeoutError"
+    assert observed == [False]
+    assert effects(db) == []
+    make_due(db, job_id)
+    run_burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("dead", 2)
+    assert row.last_error["type"] == "builtins.TimeoutError"
+
+
+def test_a_queued_job_can_be_cancelled_and_never_runs(db: sa.Engine) -> None:
+    queue = JobQueue()
+    ran: list[int] = []
+
+    @queue.task
+    def never(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "never")
+        kept = queue.enqueue(session, "never")
+    with Session(db) as session, session.begin():
+        assert queue.cancel(session, job_id) is True
+    with Session(db) as session, session.begin():
+        assert queue.cancel(session, job_id) is False  # already finished
+        assert queue.cancel(session, 10_000) is False  # no such job
+    run_burst(queue, db)
+    assert ran == [kept]
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("cancelled", 0)
+    assert row.finished_at is not None
+
+
+def test_cancel_rolls_back_with_the_callers_transaction(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def noop(ctx: JobContext, payload: None) -> None:
+        pass
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "noop")
+    with Session(db) as session:
+        assert queue.cancel(session, job_id) is True
+        session.rollback()
+    assert job(db, job_id).status == "queued"
+
+
+def _run_and_cancel(db: sa.Engine, queue: JobQueue, task: str) -> int:
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, task)
+    worker = Worker(queue, db, concurrency=1, listen=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: job(db, job_id).status == "running", timeout=10)
+        with Session(db) as session, session.begin():
+            assert queue.cancel(session, job_id) is True
+        wait_for(lambda: job(db, job_id).status != "running", timeout=15)
+    finally:
+        worker.stop()
+        thread.join(30)
+    return job_id
+
+
+def test_a_running_job_sees_the_cancel_and_ends_cancelled(db: sa.Engine) -> None:
+    queue = JobQueue()
+    seen: list[bool] = []
+
+    @queue.task(lease=timedelta(seconds=1.5))
+    def patient(ctx: JobContext, payload: None) -> None:
+        wait_until_stopped(ctx)
+        seen.append(ctx.cancel_requested)
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))
+
+    job_id = _run_and_cancel(db, queue, "patient")
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("cancelled", 1)
+    assert seen == [True]
+    assert effects(db) == []  # the cancelled attempt's writes rolled back
+
+
+def test_a_cancelled_job_that_raises_is_not_retried(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(lease=timedelta(seconds=1.5), max_attempts=5)
+    def bails(ctx: JobContext, payload: None) -> None:
+        wait_until_stopped(ctx)
+        raise RuntimeError("stopping as asked")
+
+    job_id = _run_and_cancel(db, queue, "bails")
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("cancelled", 1)
+    assert row.last_error["message"] == "stopping as asked"
+
+
+def test_a_cancelled_job_whose_worker_died_is_not_run_again(db: sa.Engine) -> None:
+    queue = JobQueue()
+    ran: list[int] = []
+
+    @queue.task
+    def orphan(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "orphan")
+    with db.begin() as conn:
+        conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+    with Session(db) as session, session.begin():
+        assert queue.cancel(session, job_id) is True
+    make_due(db, job_id)
+    run_burst(queue, db)
+    assert ran == []
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("cancelled", 1)
