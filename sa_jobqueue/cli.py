@@ -15,12 +15,15 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from types import FrameType
 
+from sqlalchemy import Engine
+
 from .database import create_engine, ping
-from .errors import AppImportError, JobQueueError
+from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .queue import JobQueue
 from .validation import check_queue_name
 
@@ -105,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         help="poll only, no LISTEN (for PgBouncer in transaction mode)",
     )
     worker.add_argument(
+        "--wait-for-database",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="keep retrying an unreachable database at start for up to this long (default 0)",
+    )
+    worker.add_argument(
         "--burst", action="store_true", help="exit once no job is due instead of waiting for more"
     )
 
@@ -140,6 +150,23 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_for_database(engine: Engine, patience: float) -> None:
+    """Ping until the database answers; give up with the last error after ``patience`` s."""
+    deadline = time.monotonic() + patience
+    delay = 0.5
+    while True:
+        try:
+            ping(engine)
+            return
+        except DatabaseUnavailableError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            if delay == 0.5:
+                print(f"sa-jobqueue: {exc}; retrying for up to {patience:g}s", file=sys.stderr)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from .worker import Worker
 
@@ -149,7 +176,7 @@ def _worker(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     # One connection per handler thread, plus the claim loop's and the heartbeat's.
     engine = create_engine(args.database_url, pool_size=args.concurrency + 2, max_overflow=2)
-    ping(engine)
+    _wait_for_database(engine, args.wait_for_database)
     worker = Worker(
         app,
         engine,

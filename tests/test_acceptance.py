@@ -424,3 +424,21 @@ def test_worker_with_a_bad_app(database_url: URL, app: str, expected: str) -> No
 def test_worker_on_a_database_without_the_schema(empty_database_url: URL) -> None:
     result = run_cli("worker", APP, "--database-url", _url(empty_database_url))
     assert_one_line_error(result, "sa-jobqueue migrate")
+
+
+@pytest.mark.slow
+def test_worker_can_wait_for_an_unreachable_database_then_gives_up() -> None:
+    result = run_cli(
+        "worker",
+        APP,
+        "--database-url",
+        "postgresql://postgres@127.0.0.1:1/postgres",
+        "--wait-for-database",
+        "1.5",
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr  # "retrying for up to ...", then the final error
+    assert all(line.startswith("sa-jobqueue: cannot connect") for line in lines)
+    assert "retrying" in lines[0]
