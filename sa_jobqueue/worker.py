@@ -112,6 +112,10 @@ class Worker:
         self.listen = listen
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
+        # The worker's own statements (claim, lease renewal, failure, timeout) each run on their
+        # own in autocommit: no row lock can outlive its statement, so a worker frozen between
+        # statement and COMMIT (SIGSTOP, a paused VM) cannot keep jobs hidden from SKIP LOCKED.
+        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -216,7 +220,7 @@ class Worker:
             if free <= 0:
                 more = True
                 break
-            with self.engine.begin() as conn:
+            with self._single.connect() as conn:
                 rows = conn.execute(
                     statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
                 ).all()
@@ -280,7 +284,7 @@ class Worker:
         try:
             task = self.queue.get_task(job.task)
         except UnknownTaskError as exc:
-            with self.engine.begin() as conn:
+            with self._single.connect() as conn:
                 conn.execute(statements.bury(), {**fence, "error": _error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
             return
@@ -304,35 +308,39 @@ class Worker:
                         held.ctx, held.task = ctx, task
                         if task.timeout is not None:
                             held.deadline = time.monotonic() + task.timeout.total_seconds()
+                failure: Exception | None = None
                 try:
                     task.handler(ctx, job.payload)
                     session.flush()
                 except Exception as exc:
+                    failure = exc
                     session.rollback()
-                    if conn.in_transaction():
-                        conn.rollback()
-                    self._record_failure(conn, task, job, exc)
-                    return
-            if conn.execute(statements.complete(), fence).rowcount == 1:
+            if failure is None and conn.execute(statements.complete(), fence).rowcount == 1:
                 conn.commit()
                 log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
                 return
-            conn.rollback()
-            with conn.begin():
-                cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
-            if cancelled:
-                log.info("job %d (%s) was cancelled; its writes were rolled back", job.id, job.task)
-            else:
-                log.warning(
-                    "job %d: attempt %d lost its lease (or timed out) before completing; its"
-                    " writes were rolled back",
-                    job.id,
-                    job.attempts,
-                )
+            if conn.in_transaction():
+                conn.rollback()
+        # The handler's connection is back in the pool before the outcome is recorded, so a
+        # job never holds two connections at once.
+        if failure is not None:
+            self._record_failure(task, job, failure)
+            return
+        with self._single.connect() as single:
+            cancelled = single.execute(statements.finish_cancelled(), fence).rowcount == 1
+        if cancelled:
+            log.info("job %d (%s) was cancelled; its writes were rolled back", job.id, job.task)
+        else:
+            log.warning(
+                "job %d: attempt %d lost its lease (or timed out) before completing; its"
+                " writes were rolled back",
+                job.id,
+                job.attempts,
+            )
 
-    def _record_failure(self, conn: Any, task: Task, job: _Claimed, exc: BaseException) -> None:
+    def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
         delay = task.backoff.delay(job.attempts)
-        with conn.begin():
+        with self._single.connect() as conn:
             row = conn.execute(
                 statements.fail(),
                 {
@@ -396,7 +404,7 @@ class Worker:
 
     def _renew(self, held: Mapping[int, _Held]) -> None:
         ids = list(held)
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(
                 statements.extend_leases(),
                 {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]},
@@ -424,7 +432,7 @@ class Worker:
             held.ctx._stop.set()
         error = TimeoutError(f"the attempt ran longer than its timeout of {held.task.timeout}")
         try:
-            with self.engine.begin() as conn:
+            with self._single.connect() as conn:
                 row = conn.execute(
                     statements.fail(),
                     {
