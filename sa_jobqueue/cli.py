@@ -22,7 +22,7 @@ from types import FrameType
 
 from sqlalchemy import Engine
 
-from .database import create_engine, ping
+from .database import create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .queue import JobQueue
 from .validation import check_queue_name
@@ -174,9 +174,10 @@ def _worker(args: argparse.Namespace) -> int:
         print("sa-jobqueue: --concurrency must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     app = load_app(args.app)
-    # One connection per handler thread, plus the claim loop's and the heartbeat's.
-    engine = create_engine(args.database_url, pool_size=args.concurrency + 2, max_overflow=2)
-    _wait_for_database(engine, args.wait_for_database)
+    # One connection per handler thread; the worker's own statements use a second engine.
+    engine = create_engine(args.database_url, pool_size=args.concurrency, max_overflow=2)
+    control = create_control_engine(args.database_url, args.concurrency)
+    _wait_for_database(control, args.wait_for_database)
     worker = Worker(
         app,
         engine,
@@ -185,6 +186,7 @@ def _worker(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         listen=args.listen,
+        control_engine=control,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -203,6 +205,7 @@ def _worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     clean = worker.run(burst=args.burst)
     engine.dispose()
+    control.dispose()
     if not clean:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait

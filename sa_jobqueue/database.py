@@ -50,21 +50,46 @@ def _redact(url: str | URL) -> str:
     return f"{scheme}{sep}...@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
+#: Connection settings for every connection sa_jobqueue opens.
+CONNECT_ARGS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "application_name": "sa_jobqueue",
+    # TCP keepalives find a half-open connection (a server or network that vanished without a
+    # FIN) after about 30 + 3 * 10 = 60 s instead of the kernel's default of two hours.
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+#: Server-side limits for the worker's own statements (claim, lease renewal, outcomes). Each
+#: is a single indexed statement that takes milliseconds; anything near these limits is a
+#: stuck lock or server, and failing lets the worker retry instead of hanging.
+CONTROL_OPTIONS = (
+    "-c statement_timeout=30s -c lock_timeout=10s -c idle_in_transaction_session_timeout=30s"
+)
+
+
 def create_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """A SQLAlchemy engine on psycopg 3, with a connect timeout so a dead host cannot hang us."""
-    connect_args: dict[str, Any] = {
-        "connect_timeout": 10,
-        "application_name": "sa_jobqueue",
-        # TCP keepalives find a half-open connection (a server or network that vanished
-        # without a FIN) after about 30 + 3 * 10 = 60 s, instead of the kernel's two hours.
-        "keepalives": 1,
-        "keepalives_idle": 30,
-        "keepalives_interval": 10,
-        "keepalives_count": 3,
-    }
-    connect_args.update(kwargs.pop("connect_args", {}))
+    """A SQLAlchemy engine on psycopg 3 with timeouts on connecting and TCP keepalives."""
+    connect_args = {**CONNECT_ARGS, **kwargs.pop("connect_args", {})}
     kwargs.setdefault("pool_pre_ping", True)
     return sa.create_engine(normalise_url(url), connect_args=connect_args, **kwargs)
+
+
+def create_control_engine(url: str | URL, concurrency: int) -> Engine:
+    """The engine for a worker's own statements: autocommit, with statement timeouts.
+
+    Handlers get an engine without these limits: how long their queries may run is the
+    application's business.
+    """
+    return create_engine(
+        url,
+        connect_args={"options": CONTROL_OPTIONS},
+        isolation_level="AUTOCOMMIT",
+        # The claim loop and the heartbeat, plus one per job recording a failure at once.
+        pool_size=2,
+        max_overflow=concurrency,
+    )
 
 
 def describe(url: URL) -> str:

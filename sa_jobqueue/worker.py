@@ -38,7 +38,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import statements
-from .database import check_schema
+from .database import CONNECT_ARGS, check_schema
 from .errors import UnknownTaskError
 from .models import CANCELLED, DEAD, RUNNING
 from .queue import JobQueue
@@ -87,6 +87,11 @@ class Worker:
     idle workers through LISTEN/NOTIFY long before it. ``shutdown_grace`` is how long
     :meth:`stop` lets running handlers finish; jobs still running after it are left to be
     reclaimed when their leases expire.
+
+    Handlers' sessions use ``engine``: give it a pool of at least ``concurrency`` connections.
+    The worker's own statements use ``control_engine`` (default: ``engine``); the CLI passes
+    one from :func:`sa_jobqueue.database.create_control_engine`, whose statement and lock
+    timeouts keep a stuck lock or server from hanging the claim loop or the heartbeat.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Worker:
         shutdown_grace: timedelta = timedelta(seconds=30),
         listen: bool = True,
         name: str | None = None,
+        control_engine: Engine | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -115,7 +121,7 @@ class Worker:
         # The worker's own statements (claim, lease renewal, failure, timeout) each run on their
         # own in autocommit: no row lock can outlive its statement, so a worker frozen between
         # statement and COMMIT (SIGSTOP, a paused VM) cannot keep jobs hidden from SKIP LOCKED.
-        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._single = (control_engine or engine).execution_options(isolation_level="AUTOCOMMIT")
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -456,7 +462,7 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
-                cparams.setdefault("connect_timeout", 10)
+                cparams = {**CONNECT_ARGS, **cparams}
                 with psycopg.connect(*cargs, **cparams, autocommit=True) as raw:
                     raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(statements.CHANNEL)))
                     if failures:

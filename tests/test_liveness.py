@@ -7,10 +7,12 @@ import time
 from datetime import timedelta
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue import statements as st
+from sa_jobqueue.database import create_control_engine
 from tests.support import wait_for
 from tests.test_worker import EFFECTS, db, effects, job, make_due, run_burst
 
@@ -157,3 +159,26 @@ def test_a_cancelled_job_whose_worker_died_is_not_run_again(db: sa.Engine) -> No
     assert ran == []
     row = job(db, job_id)
     assert (row.status, row.attempts) == ("cancelled", 1)
+
+
+def test_the_workers_own_connections_carry_statement_and_lock_timeouts(
+    database_url: URL,
+) -> None:
+    control = create_control_engine(database_url, concurrency=4)
+    try:
+        with control.connect() as conn:
+            settings = {
+                name: conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                for name in (
+                    "statement_timeout",
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                )
+            }
+    finally:
+        control.dispose()
+    assert settings == {
+        "statement_timeout": "30s",
+        "lock_timeout": "10s",
+        "idle_in_transaction_session_timeout": "30s",
+    }
