@@ -53,6 +53,8 @@ MAX_ERROR_TRACEBACK = 20_000
 #: How often the heartbeat thread looks for leases due for renewal (seconds). It only talks to
 #: the database when one is due.
 HEARTBEAT_TICK = 0.1
+#: Longest wait between claim attempts while the database is unreachable (seconds).
+OUTAGE_RETRY_CAP = 5.0
 
 
 @dataclass
@@ -185,7 +187,7 @@ class Worker:
 
     def _claim_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
         self._burst = burst
-        outage = False
+        outage = 0  # claims failed in a row
         while not self._stopping.is_set():
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
@@ -193,15 +195,15 @@ class Worker:
             try:
                 more = self._claim_round(pool)
             except DBAPIError as exc:
-                # Said once per outage, not once per poll; the poll keeps retrying.
+                # Said once per outage, not once per try.
                 if not outage:
-                    log.warning("cannot claim (%s); retrying every poll interval", _one_line(exc))
-                outage = True
+                    log.warning("cannot claim (%s); retrying", _one_line(exc))
+                outage += 1
                 more = False
             else:
                 if outage:
                     log.info("claiming again: the database is back")
-                outage = False
+                outage = 0
             with self._lock:
                 running = len(self._futures)
             if more and running < self.concurrency:
@@ -210,7 +212,11 @@ class Worker:
                 return
             # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
             # the poll, jittered so idle workers do not poll in lockstep) can bring more.
-            self._wake.wait(self.poll_interval.total_seconds() * random.uniform(0.8, 1.2))
+            # During an outage the retries back off, up to OUTAGE_RETRY_CAP.
+            interval = self.poll_interval.total_seconds()
+            if outage:
+                interval = min(interval * 2 ** min(outage - 1, 10), OUTAGE_RETRY_CAP)
+            self._wake.wait(interval * random.uniform(0.8, 1.2))
 
     def _claim_round(self, pool: ThreadPoolExecutor) -> bool:
         """Claim into the free slots, queue by queue. True if more work is probably waiting.
@@ -391,6 +397,7 @@ class Worker:
         Each job is renewed a third of its lease after its last renewal, so two renewals in a
         row can fail (a slow statement, a brief network blip) before its lease runs out.
         """
+        failing = False
         while not self._halt.wait(HEARTBEAT_TICK):
             with self._lock:
                 held = dict(self._active)
@@ -403,8 +410,16 @@ class Worker:
             try:
                 self._renew(held)
             except Exception as exc:  # keep the heartbeat alive whatever happens
-                log.warning("lease renewal failed: %s", _one_line(exc))
+                if not failing:
+                    log.warning("lease renewal failed (%s); retrying", _one_line(exc))
+                failing = True
+                # Try again soon, but not on every tick: a tenth of the lease, at least 0.5 s.
+                for h in held.values():
+                    h.renew_at = now + max(h.lease.total_seconds() / 10, 0.5)
                 continue
+            if failing:
+                log.info("lease renewal works again")
+            failing = False
             for h in held.values():
                 h.renew_at = now + h.lease.total_seconds() / 3
 
