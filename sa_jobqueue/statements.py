@@ -207,7 +207,13 @@ def complete() -> Update:
     return _fenced(
         update(jobs_table)
         .where(j.cancel_requested.is_(False))
-        .values(status=SUCCEEDED, finished_at=func.now(), visible_at=func.now())
+        # statement_timestamp(), not now(): this runs in the handler's transaction, whose
+        # now() is the moment the handler first touched the database.
+        .values(
+            status=SUCCEEDED,
+            finished_at=func.statement_timestamp(),
+            visible_at=func.statement_timestamp(),
+        )
     )
 
 

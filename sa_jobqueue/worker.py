@@ -260,12 +260,18 @@ class Worker:
             )
             future = pool.submit(self._execute, job)
             self._futures.add(future)
-        future.add_done_callback(functools.partial(self._finished, job_id=job.id))
+        future.add_done_callback(
+            functools.partial(self._finished, job_id=job.id, attempt=job.attempts)
+        )
 
-    def _finished(self, future: Future[None], job_id: int) -> None:
+    def _finished(self, future: Future[None], job_id: int, attempt: int) -> None:
         with self._lock:
             self._futures.discard(future)
-            self._active.pop(job_id, None)
+            # A timed-out attempt that ran on can finish after this worker claimed the job's
+            # next attempt: leave that one registered, or it would never be renewed.
+            held = self._active.get(job_id)
+            if held is not None and held.attempt == attempt:
+                del self._active[job_id]
             # A freed slot only matters if the last claim left work behind; in burst mode the
             # loop also needs to notice when the last job is done.
             wake = self._saturated or self._burst
@@ -316,7 +322,7 @@ class Worker:
                 )
                 with self._lock:
                     held = self._active.get(job.id)
-                    if held is not None:
+                    if held is not None and held.attempt == job.attempts:
                         held.ctx, held.task = ctx, task
                         if task.timeout is not None:
                             held.deadline = time.monotonic() + task.timeout.total_seconds()
@@ -446,12 +452,13 @@ class Worker:
     def _time_out(self, job_id: int, held: _Held) -> None:
         """Record an attempt that ran past its task's timeout as failed, and stop renewing it."""
         with self._lock:
-            self._active.pop(job_id, None)
+            if self._active.get(job_id) is held:
+                del self._active[job_id]
         assert held.task is not None
         assert held.task.timeout is not None
-        if held.ctx is not None:
-            held.ctx._stop.set()
         error = TimeoutError(f"the attempt ran longer than its timeout of {held.task.timeout}")
+        # Record the failure before telling the handler: a handler that stops at once would
+        # otherwise race to its completion, which would still match the fence and commit.
         try:
             with self._single.connect() as conn:
                 row = conn.execute(
@@ -466,6 +473,9 @@ class Worker:
         except Exception as exc:  # the lease then simply runs out and the claim takes over
             log.warning("job %d: could not record its timeout: %s", job_id, _one_line(exc))
             return
+        finally:
+            if held.ctx is not None:
+                held.ctx._stop.set()
         if row is not None:
             log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
 

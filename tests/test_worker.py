@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -426,3 +427,22 @@ def test_stop_lets_the_running_job_finish(db: sa.Engine) -> None:
     assert result == [True]
     assert job(db, job_id).status == "succeeded"
     assert job(db, later).status == "queued"  # nothing was claimed after stop()
+
+
+def test_finished_at_is_when_the_job_completed_not_when_its_transaction_began(
+    db: sa.Engine,
+) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def early_writer(ctx: JobContext, payload: None) -> None:
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))  # begins the txn
+        time.sleep(0.3)  # simulated work after the first write
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "early_writer")
+    run_burst(queue, db)
+    row = job(db, job_id)
+    assert row.started_at is not None
+    assert row.finished_at is not None
+    assert row.finished_at - row.started_at >= timedelta(seconds=0.3)
