@@ -185,7 +185,19 @@ def claim() -> Update:
             # A reclaimed job keeps a note of why its previous attempt ended.
             last_error=case((j.status == RUNNING, lease_lost), else_=j.last_error),
         )
-        .returning(j.id, j.queue, j.task, j.payload, j.status, j.attempts, j.max_attempts, j.lease)
+        # The payload comes back as text and each job decodes its own: a payload Python cannot
+        # decode (nested deeper than its recursion limit) then fails that one job, not the
+        # whole claimed batch, whose rows would all be stuck running until their leases expire.
+        .returning(
+            j.id,
+            j.queue,
+            j.task,
+            cast(j.payload, Text).label("payload"),
+            j.status,
+            j.attempts,
+            j.max_attempts,
+            j.lease,
+        )
     )
 
 

@@ -55,6 +55,8 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except TypeError as exc:  # sets, bytes, datetimes, arbitrary objects
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply") from None
     except ValueError as exc:  # circular references, NaN and infinities
         message = str(exc)
         if "Circular" in message:

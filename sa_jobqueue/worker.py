@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from . import statements
 from .database import CONNECT_ARGS, check_schema
-from .errors import UnknownTaskError
+from .errors import PayloadError, UnknownTaskError
 from .models import CANCELLED, DEAD, RUNNING
 from .queue import JobQueue
 from .tasks import JobContext, Task
@@ -74,7 +74,7 @@ class _Claimed:
     id: int
     queue: str
     task: str
-    payload: Any
+    payload: str  # JSON text, decoded per job
     status: str
     attempts: int
     max_attempts: int
@@ -301,7 +301,9 @@ class Worker:
         fence = {"job_id": job.id, "attempt": job.attempts}
         try:
             task = self.queue.get_task(job.task)
-        except UnknownTaskError as exc:
+            payload = _decode(job.payload)
+        except (UnknownTaskError, PayloadError) as exc:
+            # No later attempt could do better: straight to dead, with the reason.
             with self._single.connect() as conn:
                 conn.execute(statements.bury(), {**fence, "error": _error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
@@ -328,7 +330,7 @@ class Worker:
                             held.deadline = time.monotonic() + task.timeout.total_seconds()
                 failure: Exception | None = None
                 try:
-                    task.handler(ctx, job.payload)
+                    task.handler(ctx, payload)
                     session.flush()
                 except Exception as exc:
                     failure = exc
@@ -504,6 +506,13 @@ class Worker:
                     log.warning("listener connection lost (%s); reconnecting", _one_line(exc))
                 failures += 1
                 self._stopping.wait(min(0.1 * 2**failures, 5.0))
+
+
+def _decode(payload: str) -> Any:
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"the payload could not be decoded: {type(exc).__name__}") from exc
 
 
 def _default_queues(queue: JobQueue) -> list[str]:

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
+from sa_jobqueue import Backoff, JobContext, JobQueue, PayloadError, Worker
 from sa_jobqueue import statements as st
 from sa_jobqueue.database import create_control_engine
-from tests.support import wait_for
+from sa_jobqueue.models import Job
+from tests.support import running, wait_for
 from tests.test_worker import EFFECTS, db, effects, job, make_due, run_burst
 
 __all__ = ["db"]  # the fixture, re-used from test_worker
@@ -95,17 +96,11 @@ def test_cancel_rolls_back_with_the_callers_transaction(db: sa.Engine) -> None:
 def _run_and_cancel(db: sa.Engine, queue: JobQueue, task: str) -> int:
     with Session(db) as session, session.begin():
         job_id = queue.enqueue(session, task)
-    worker = Worker(queue, db, concurrency=1, listen=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with running(Worker(queue, db, concurrency=1, listen=False)):
         wait_for(lambda: job(db, job_id).status == "running", timeout=10)
         with Session(db) as session, session.begin():
             assert queue.cancel(session, job_id) is True
         wait_for(lambda: job(db, job_id).status != "running", timeout=15)
-    finally:
-        worker.stop()
-        thread.join(30)
     return job_id
 
 
@@ -182,3 +177,50 @@ def test_the_workers_own_connections_carry_statement_and_lock_timeouts(
         "lock_timeout": "10s",
         "idle_in_transaction_session_timeout": "30s",
     }
+
+
+def test_a_payload_python_cannot_decode_goes_dead_without_hurting_its_batch(
+    db: sa.Engine,
+) -> None:
+    queue = JobQueue()
+    ran: list[int] = []
+
+    @queue.task
+    def ordinary(ctx: JobContext, payload: object) -> None:
+        ran.append(ctx.job_id)
+
+    with Session(db) as session, session.begin():
+        ids = queue.enqueue_many(session, "ordinary", [1, 2, 3])
+    # Valid jsonb, but nested deeper than Python's recursion limit lets json.loads go. Written
+    # with SQL, as another producer (or a hand-made row) could.
+    with db.begin() as conn:
+        poison = conn.execute(
+            sa.text(
+                "INSERT INTO sa_jobqueue_jobs (task, payload)"
+                " VALUES ('ordinary', (repeat('[', 5000) || repeat(']', 5000))::jsonb)"
+                " RETURNING id"
+            )
+        ).scalar_one()
+    run_burst(queue, db, concurrency=8)
+    assert sorted(ran) == ids
+    with db.connect() as conn:  # not the payload: the test's own driver could not decode it
+        row = conn.execute(
+            sa.select(Job.status, Job.attempts, Job.last_error).where(Job.id == poison)
+        ).one()
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error["type"] == "sa_jobqueue.errors.PayloadError"
+    assert "could not be decoded" in row.last_error["message"]
+
+
+def test_enqueue_refuses_a_payload_nested_too_deeply(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def deep(ctx: JobContext, payload: object) -> None:  # pragma: no cover - never runs
+        pass
+
+    nested: list[object] = []
+    for _ in range(5000):
+        nested = [nested]
+    with Session(db) as session, pytest.raises(PayloadError, match="nested too deeply"):
+        queue.enqueue(session, "deep", nested)
