@@ -14,7 +14,9 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import json
 import logging
 import os
@@ -24,12 +26,12 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -42,7 +44,7 @@ from .database import CONNECT_ARGS, check_schema
 from .errors import PayloadError, UnknownTaskError
 from .models import CANCELLED, DEAD, RUNNING
 from .queue import JobQueue
-from .tasks import JobContext, Task
+from .tasks import Handler, JobContext, Task
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -330,7 +332,10 @@ class Worker:
                             held.deadline = time.monotonic() + task.timeout.total_seconds()
                 failure: Exception | None = None
                 try:
-                    task.handler(ctx, payload)
+                    if inspect.iscoroutinefunction(task.handler):
+                        _run_coroutine(task.handler, ctx, payload)
+                    else:
+                        task.handler(ctx, payload)
                     session.flush()
                 except Exception as exc:
                     failure = exc
@@ -506,6 +511,36 @@ class Worker:
                     log.warning("listener connection lost (%s); reconnecting", _one_line(exc))
                 failures += 1
                 self._stopping.wait(min(0.1 * 2**failures, 5.0))
+
+
+class AttemptStopped(Exception):
+    """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
+
+
+#: How often an async handler's stop flag is checked (seconds).
+ASYNC_STOP_CHECK = 0.05
+
+
+def _run_coroutine(handler: Handler, ctx: JobContext, payload: Any) -> None:
+    """Run an ``async def`` handler on an event loop of its own in this job thread.
+
+    Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
+    (timeout, cancellation, lost lease) its task is cancelled at its next ``await``.
+    """
+
+    async def supervise() -> None:
+        job = asyncio.ensure_future(cast(Awaitable[object], handler(ctx, payload)))
+        while not job.done():
+            if ctx.stop_requested:
+                job.cancel()
+                break
+            await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise AttemptStopped("the worker cancelled this attempt") from None
+
+    asyncio.run(supervise())
 
 
 def _decode(payload: str) -> Any:
