@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ from sqlalchemy.engine import URL
 
 from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
+from tests.workers import WorkerApp, Workers
 
 
 def _docker_answers() -> bool:
@@ -133,3 +135,13 @@ def engine(database_url: URL) -> Iterator[sa.Engine]:
 def url_string(url: URL) -> str:
     """A URL as a string a subprocess can take (password included)."""
     return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def workers(worker_app: WorkerApp, database_url: URL, tmp_path: Path) -> Iterator[Workers]:
+    """Worker subprocesses of the test module's ``worker_app`` fixture, killed at the end."""
+    started = Workers(worker_app, database_url, tmp_path)
+    try:
+        yield started
+    finally:
+        started.kill_all()

@@ -9,12 +9,11 @@ deadline (job rows, audit rows, process exit), and kill every process they start
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,98 +26,19 @@ from sa_jobqueue.models import jobs_table
 from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import acceptance
 from tests.apps.acceptance import effects, runs
+from tests.conftest import url_string
 from tests.support import wait_for
+from tests.workers import WorkerApp, Workers, run_cli, statuses
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.acceptance:queue"
 j = jobs_table.c
 
 
-def _url(url: URL) -> str:
-    return url.render_as_string(hide_password=False)
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)  # every command gets its URL explicitly
-    return env
-
-
-class Workers:
-    """Starts ``python -m sa_jobqueue worker`` processes and kills whatever is left at the end."""
-
-    def __init__(self, database_url: URL, logs: Path) -> None:
-        self.url = _url(database_url)
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.log_files: dict[int, Path] = {}
-
-    def start(
-        self, *options: str, concurrency: int = 4, poll: float = 0.2
-    ) -> subprocess.Popen[bytes]:
-        log = self.logs / f"worker-{len(self.procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sa_jobqueue",
-                    "--log-level",
-                    "WARNING",
-                    "worker",
-                    APP,
-                    "--database-url",
-                    self.url,
-                    "--concurrency",
-                    str(concurrency),
-                    "--poll-interval",
-                    str(poll),
-                    *options,
-                ],
-                cwd=REPO_ROOT,
-                env=_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.log_files[proc.pid] = log
-        self.procs.append(proc)
-        return proc
-
-    def output(self, proc: subprocess.Popen[bytes]) -> str:
-        """The end of a worker's log, for assertion messages."""
-        return self.log_files[proc.pid].read_text(errors="replace")[-3000:]
-
-    def wait_exit(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
-        wait_for(lambda: proc.poll() is not None, timeout=timeout)
-        assert proc.returncode is not None
-        return proc.returncode
-
-    def terminate_all(self, timeout: float = 20.0) -> None:
-        """SIGTERM the running workers and check that each exits 0."""
-        alive = [p for p in self.procs if p.poll() is None]
-        for proc in alive:
-            proc.send_signal(signal.SIGTERM)
-        for proc in alive:
-            code = self.wait_exit(proc, timeout)
-            assert code == 0, f"worker {proc.pid} exited {code}:\n{self.output(proc)}"
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture
-def workers(database_url: URL, tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(database_url, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
+def worker_app() -> WorkerApp:
+    return WorkerApp(APP, log_level="WARNING")
 
 
 @pytest.fixture
@@ -152,14 +72,6 @@ def succeeded(engine: sa.Engine) -> int:
         return conn.execute(
             sa.select(sa.func.count()).select_from(jobs_table).where(j.status == "succeeded")
         ).scalar_one()
-
-
-def statuses(engine: sa.Engine, ids: Sequence[int]) -> dict[str, int]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(j.status, sa.func.count()).where(j.id.in_(ids)).group_by(j.status)
-        ).all()
-    return {status: n for status, n in rows}
 
 
 def run_attempts(engine: sa.Engine, job_id: int) -> list[int]:
@@ -344,21 +256,6 @@ def test_sigterm_finishes_running_job_and_claims_nothing_new(
 # -- 5. the command line: help, and one-line errors ----------------------------------------------
 
 
-def run_cli(
-    *args: str, executable: Sequence[str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    command = list(executable or [sys.executable, "-m", "sa_jobqueue"])
-    return subprocess.run(
-        [*command, *args],
-        cwd=REPO_ROOT,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *expected: str) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
@@ -417,12 +314,12 @@ def test_worker_with_a_bad_database_url(url: str, expected: str) -> None:
     ],
 )
 def test_worker_with_a_bad_app(database_url: URL, app: str, expected: str) -> None:
-    result = run_cli("worker", app, "--database-url", _url(database_url))
+    result = run_cli("worker", app, "--database-url", url_string(database_url))
     assert_one_line_error(result, expected)
 
 
 def test_worker_on_a_database_without_the_schema(empty_database_url: URL) -> None:
-    result = run_cli("worker", APP, "--database-url", _url(empty_database_url))
+    result = run_cli("worker", APP, "--database-url", url_string(empty_database_url))
     assert_one_line_error(result, "sa-jobqueue migrate")
 
 

@@ -14,20 +14,18 @@ process and server they start.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue.database import create_engine, normalise_url
@@ -37,112 +35,24 @@ from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import faults
 from tests.apps.faults import effects, runs
 from tests.support import wait_for
+from tests.workers import (
+    WorkerApp,
+    Workers,
+    committed_effects,
+    listen_backends,
+    run_cli,
+    statuses,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.apps.faults:queue"
+APP = WorkerApp("tests.apps.faults:queue", log_level="INFO")
 j = jobs_table.c
-T = TypeVar("T")
-
-
-def _url(url: URL) -> str:
-    return url.render_as_string(hide_password=False)
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)  # every command gets its URL explicitly
-    return env
-
-
-class Workers:
-    """Starts ``python -m sa_jobqueue worker`` processes and kills whatever is left at the end."""
-
-    def __init__(self, database_url: URL, logs: Path) -> None:
-        self.url = _url(database_url)
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.log_files: dict[int, Path] = {}
-
-    def start(
-        self, *options: str, concurrency: int = 4, poll: float = 0.2
-    ) -> subprocess.Popen[bytes]:
-        log = self.logs / f"worker-{len(self.procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sa_jobqueue",
-                    "--log-level",
-                    "INFO",
-                    "worker",
-                    APP,
-                    "--database-url",
-                    self.url,
-                    "--concurrency",
-                    str(concurrency),
-                    "--poll-interval",
-                    str(poll),
-                    *options,
-                ],
-                cwd=REPO_ROOT,
-                env=_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.log_files[proc.pid] = log
-        self.procs.append(proc)
-        return proc
-
-    def output(self, proc: subprocess.Popen[bytes]) -> str:
-        """The end of a worker's log, for assertion messages."""
-        return self.log_files[proc.pid].read_text(errors="replace")[-3000:]
-
-    def all_output(self) -> str:
-        return "\n".join(f"--- worker {p.pid}:\n{self.output(p)}" for p in self.procs)
-
-    def assert_alive(self, *procs: subprocess.Popen[bytes]) -> None:
-        for proc in procs or self.procs:
-            assert proc.poll() is None, f"worker {proc.pid} exited:\n{self.output(proc)}"
-
-    def wait(self, predicate: Callable[[], T], timeout: float, interval: float = 0.02) -> T:
-        """:func:`wait_for`, failing at once (with the logs) if a worker exits meanwhile."""
-
-        def check() -> T:
-            self.assert_alive()
-            return predicate()
-
-        return wait_for(check, timeout=timeout, interval=interval)
-
-    def wait_exit(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
-        wait_for(lambda: proc.poll() is not None, timeout=timeout)
-        assert proc.returncode is not None
-        return proc.returncode
-
-    def terminate_all(self, timeout: float = 20.0) -> None:
-        """SIGTERM the running workers and check that each exits 0."""
-        alive = [p for p in self.procs if p.poll() is None]
-        for proc in alive:
-            proc.send_signal(signal.SIGTERM)
-        for proc in alive:
-            code = self.wait_exit(proc, timeout)
-            assert code == 0, f"worker {proc.pid} exited {code}:\n{self.output(proc)}"
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()  # SIGKILL also ends a process stopped with SIGSTOP
-            proc.wait(timeout=10)
+#: The committed effects of one job: [(attempt, pid)], oldest first.
+effect_rows = partial(committed_effects, effects)
 
 
 @pytest.fixture
-def workers(database_url: URL, tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(database_url, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
+def worker_app() -> WorkerApp:
+    return APP
 
 
 @pytest.fixture
@@ -178,14 +88,6 @@ def job(engine: sa.Engine, job_id: int) -> sa.Row[Any]:
         ).one()
 
 
-def statuses(engine: sa.Engine, ids: Sequence[int] | None = None) -> dict[str, int]:
-    query = sa.select(j.status, sa.func.count()).group_by(j.status)
-    if ids is not None:
-        query = query.where(j.id.in_(ids))
-    with engine.connect() as conn:
-        return {status: n for status, n in conn.execute(query).all()}
-
-
 def succeeded(engine: sa.Engine) -> int:
     return statuses(engine).get("succeeded", 0)
 
@@ -201,30 +103,6 @@ def audit(engine: sa.Engine, job_id: int) -> list[sa.Row[Any]]:
                 .where(runs.c.job_id == job_id)
                 .order_by(runs.c.id)
             ).all()
-        )
-
-
-def effect_rows(engine: sa.Engine, job_id: int) -> list[tuple[int, int]]:
-    """The committed effects of one job: (attempt, pid)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(effects.c.attempt, effects.c.pid)
-            .where(effects.c.job_id == job_id)
-            .order_by(effects.c.id)
-        ).all()
-    return [(r.attempt, r.pid) for r in rows]
-
-
-def listen_backends(engine: sa.Engine) -> set[int]:
-    """Pids of the backends of this test's database whose last statement was a LISTEN."""
-    with engine.connect() as conn:
-        return set(
-            conn.execute(
-                sa.text(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'"
-                )
-            ).scalars()
         )
 
 
@@ -467,7 +345,7 @@ def test_workers_ride_out_a_postgresql_restart(tmp_path: Path) -> None:
         faults.metadata.create_all(engine)
         ids = enqueue_many(engine, "through_restart", [{"n": n} for n in range(total)])
 
-        workers = Workers(url, tmp_path)
+        workers = Workers(APP, url, tmp_path)
         procs = [workers.start(concurrency=8, poll=0.5) for _ in range(2)]
         workers.wait(lambda: succeeded(engine) >= 200, timeout=30, interval=0.05)
         before = succeeded(engine)
@@ -534,22 +412,11 @@ def test_workers_ride_out_a_postgresql_restart(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_worker_exits_quickly_when_the_database_is_unreachable() -> None:
     started = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sa_jobqueue",
-            "worker",
-            "tests.apps.acceptance:queue",
-            "--database-url",
-            "postgresql://postgres@127.0.0.1:1/postgres",
-        ],
-        cwd=REPO_ROOT,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_cli(
+        "worker",
+        "tests.apps.acceptance:queue",
+        "--database-url",
+        "postgresql://postgres@127.0.0.1:1/postgres",
     )
     elapsed = time.monotonic() - started
     assert result.returncode != 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -224,3 +225,42 @@ def test_enqueue_refuses_a_payload_nested_too_deeply(db: sa.Engine) -> None:
         nested = [nested]
     with Session(db) as session, pytest.raises(PayloadError, match="nested too deeply"):
         queue.enqueue(session, "deep", nested)
+
+
+def test_an_async_handler_past_its_timeout_is_cancelled(db: sa.Engine) -> None:
+    queue = JobQueue()
+    outcomes: list[str] = []
+
+    @queue.task(timeout=timedelta(seconds=0.5), max_attempts=1)
+    async def sleepy(ctx: JobContext, payload: None) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            outcomes.append("cancelled")
+            raise
+        outcomes.append("finished")  # pragma: no cover - the test fails if reached
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "sleepy")
+    started = time.monotonic()
+    run_burst(queue, db)
+    assert time.monotonic() - started < 10  # the thread was freed, not held for 30 s
+    assert outcomes == ["cancelled"]
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error["type"] == "builtins.TimeoutError"
+
+
+def test_an_async_handler_runs_and_its_session_writes_commit(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    async def writer(ctx: JobContext, payload: str) -> None:
+        await asyncio.sleep(0)
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id, note=payload))
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "writer", "hi")
+    run_burst(queue, db)
+    assert job(db, job_id).status == "succeeded"
+    assert effects(db) == [job_id]

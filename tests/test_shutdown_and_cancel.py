@@ -13,19 +13,16 @@ tests synchronise only on state they poll with a deadline (job rows, audit rows,
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue.models import jobs_table
@@ -33,122 +30,23 @@ from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import lifecycle
 from tests.apps.lifecycle import effects, runs
 from tests.support import wait_for
+from tests.workers import (
+    WorkerApp,
+    Workers,
+    committed_effects,
+    listen_backends,
+    statuses,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.apps.lifecycle:queue"
 TIMEOUT_ERROR = "builtins.TimeoutError"
 j = jobs_table.c
-T = TypeVar("T")
-
-
-def _url(url: URL) -> str:
-    return url.render_as_string(hide_password=False)
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)  # every command gets its URL explicitly
-    return env
-
-
-class Workers:
-    """Starts ``python -m sa_jobqueue worker`` processes and kills whatever is left at the end."""
-
-    def __init__(self, database_url: URL, logs: Path) -> None:
-        self.url = _url(database_url)
-        self.logs = logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.log_files: dict[int, Path] = {}
-        self.signalled: set[int] = set()  # pids the test told to stop: they may exit
-
-    def start(
-        self, *options: str, concurrency: int = 4, poll: float = 0.2
-    ) -> subprocess.Popen[bytes]:
-        log = self.logs / f"worker-{len(self.procs)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sa_jobqueue",
-                    "--log-level",
-                    "INFO",
-                    "worker",
-                    APP,
-                    "--database-url",
-                    self.url,
-                    "--concurrency",
-                    str(concurrency),
-                    "--poll-interval",
-                    str(poll),
-                    *options,
-                ],
-                cwd=REPO_ROOT,
-                env=_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.log_files[proc.pid] = log
-        self.procs.append(proc)
-        return proc
-
-    def signal(self, proc: subprocess.Popen[bytes], signum: int) -> None:
-        self.signalled.add(proc.pid)
-        proc.send_signal(signum)
-
-    def output(self, proc: subprocess.Popen[bytes]) -> str:
-        """The end of a worker's log, for assertion messages (never asserted on)."""
-        return self.log_files[proc.pid].read_text(errors="replace")[-3000:]
-
-    def all_output(self) -> str:
-        return "\n".join(f"--- worker {p.pid}:\n{self.output(p)}" for p in self.procs)
-
-    def assert_alive(self, *procs: subprocess.Popen[bytes]) -> None:
-        for proc in procs or [p for p in self.procs if p.pid not in self.signalled]:
-            assert proc.poll() is None, f"worker {proc.pid} exited:\n{self.output(proc)}"
-
-    def wait(self, predicate: Callable[[], T], timeout: float, interval: float = 0.02) -> T:
-        """:func:`wait_for`, failing at once (with the logs) if an unsignalled worker exits."""
-
-        def check() -> T:
-            self.assert_alive()
-            return predicate()
-
-        return wait_for(check, timeout=timeout, interval=interval)
-
-    def wait_exit(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
-        wait_for(lambda: proc.poll() is not None, timeout=timeout, interval=0.01)
-        assert proc.returncode is not None
-        return proc.returncode
-
-    def terminate_all(self, timeout: float = 20.0) -> None:
-        """SIGTERM the running workers and check that each exits 0.
-
-        A worker exits 0 only once every handler it started has returned and its outcome has
-        been recorded (or fenced out), so afterwards no attempt of theirs is still open.
-        """
-        alive = [p for p in self.procs if p.poll() is None]
-        for proc in alive:
-            self.signal(proc, signal.SIGTERM)
-        for proc in alive:
-            code = self.wait_exit(proc, timeout)
-            assert code == 0, f"worker {proc.pid} exited {code}:\n{self.output(proc)}"
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
+#: The committed effects of one job: [(attempt, pid)], oldest first.
+effect_rows = partial(committed_effects, effects)
 
 
 @pytest.fixture
-def workers(database_url: URL, tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(database_url, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
+def worker_app() -> WorkerApp:
+    return WorkerApp("tests.apps.lifecycle:queue", log_level="INFO")
 
 
 @pytest.fixture
@@ -206,14 +104,6 @@ def error_type(row: sa.Row[Any]) -> str | None:
     return row.last_error["type"] if row.last_error else None
 
 
-def statuses(engine: sa.Engine, ids: Sequence[int]) -> dict[str, int]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(j.status, sa.func.count()).where(j.id.in_(ids)).group_by(j.status)
-        ).all()
-    return {status: n for status, n in rows}
-
-
 def audit(engine: sa.Engine, job_id: int) -> list[sa.Row[Any]]:
     """The executions of one job, oldest first."""
     with engine.connect() as conn:
@@ -237,34 +127,6 @@ def audit(engine: sa.Engine, job_id: int) -> list[sa.Row[Any]]:
 
 def attempts_run(engine: sa.Engine, job_id: int) -> list[int]:
     return [r.attempt for r in audit(engine, job_id)]
-
-
-def effect_rows(engine: sa.Engine, job_id: int) -> list[tuple[int, int]]:
-    """The committed effects of one job: (attempt, pid)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(effects.c.attempt, effects.c.pid)
-            .where(effects.c.job_id == job_id)
-            .order_by(effects.c.id)
-        ).all()
-    return [(r.attempt, r.pid) for r in rows]
-
-
-def listen_backends(engine: sa.Engine) -> set[int]:
-    """Pids of the backends of this test's database whose last statement was a LISTEN.
-
-    A worker holds its LISTEN connection until it stops claiming: it closes it within half a
-    second of the first SIGTERM, so its disappearance says the signal was handled.
-    """
-    with engine.connect() as conn:
-        return set(
-            conn.execute(
-                sa.text(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'"
-                )
-            ).scalars()
-        )
 
 
 # -- 1. a handler that honours its timeout: every attempt fails, the job dies --------------------

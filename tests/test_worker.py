@@ -18,7 +18,7 @@ from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue import statements as st
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job
-from tests.support import wait_for
+from tests.support import running, wait_for
 
 EFFECTS = sa.table("effects", sa.column("job_id", sa.BigInteger), sa.column("note", sa.Text))
 
@@ -146,26 +146,22 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
 
     with Session(db) as session, session.begin():
         job_id = queue.enqueue(session, "slow")
-    worker = Worker(queue, db, concurrency=1, listen=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        assert started.wait(10)
-        # The worker froze past its lease; another worker reclaims the job as attempt 2.
-        make_due(db, job_id)
-        with db.begin() as conn:
-            reclaimed = conn.execute(
-                st.claim(), {"from_queue": "default", "limit": 10, "worker": "other"}
-            ).all()
-        assert [(r.id, r.attempts, r.status) for r in reclaimed] == [(job_id, 2, "running")]
-        # The first worker's heartbeat finds its lease gone and tells the handler.
-        wait_for(lambda: contexts[0].stop_requested, timeout=10)
-        release.set()
-        wait_for(lambda: not worker._futures, timeout=10)
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
+    with running(Worker(queue, db, concurrency=1, listen=False)) as worker:
+        try:
+            assert started.wait(10)
+            # The worker froze past its lease; another worker reclaims the job as attempt 2.
+            make_due(db, job_id)
+            with db.begin() as conn:
+                reclaimed = conn.execute(
+                    st.claim(), {"from_queue": "default", "limit": 10, "worker": "other"}
+                ).all()
+            assert [(r.id, r.attempts, r.status) for r in reclaimed] == [(job_id, 2, "running")]
+            # The first worker's heartbeat finds its lease gone and tells the handler.
+            wait_for(lambda: contexts[0].stop_requested, timeout=10)
+            release.set()
+            wait_for(lambda: not worker._futures, timeout=10)
+        finally:
+            release.set()  # let the handler return before the worker is stopped and joined
     row = job(db, job_id)
     assert (row.status, row.attempts, row.worker) == ("running", 2, "other")
     assert effects(db) == []
@@ -189,20 +185,16 @@ def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
 
     with Session(db) as session, session.begin():
         job_id = queue.enqueue(session, "doomed")
-    worker = Worker(queue, db, concurrency=1, listen=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        assert started.wait(10)
-        make_due(db, job_id)
-        with db.begin() as conn:
-            conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "other"})
-        release.set()
-        wait_for(lambda: not worker._futures, timeout=10)
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
+    with running(Worker(queue, db, concurrency=1, listen=False)) as worker:
+        try:
+            assert started.wait(10)
+            make_due(db, job_id)
+            with db.begin() as conn:
+                conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "other"})
+            release.set()
+            wait_for(lambda: not worker._futures, timeout=10)
+        finally:
+            release.set()  # let the handler return before the worker is stopped and joined
     row = job(db, job_id)
     assert (row.status, row.attempts) == ("running", 2)
     assert row.last_error["message"] == st.LEASE_EXPIRED  # not overwritten by the stale attempt
@@ -375,18 +367,12 @@ def test_notify_wakes_an_idle_worker_long_before_the_poll(db: sa.Engine) -> None
     def ping(ctx: JobContext, payload: None) -> None:
         done.set()
 
-    worker = Worker(queue, db, poll_interval=timedelta(seconds=60))
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with running(Worker(queue, db, poll_interval=timedelta(seconds=60))):
         # The listener is up once the worker's LISTEN backend shows in pg_stat_activity.
         wait_for(lambda: _listening(db), timeout=10)
         with Session(db) as session, session.begin():
             queue.enqueue(session, "ping")
         assert done.wait(10), "the job was not picked up by NOTIFY"
-    finally:
-        worker.stop()
-        thread.join(30)
 
 
 def _listening(engine: sa.Engine) -> bool:

@@ -5,14 +5,14 @@ connection, so that table counts every execution, including attempts whose trans
 rolled back or whose worker was killed. Writes that must happen exactly once go to
 ``acceptance_effects`` through ``ctx.session`` and commit with the job's completion.
 
-The tests create both tables with :data:`metadata` in their own database.
+The tables and the writes are built with :mod:`tests.apps.common`; the tests create both
+tables with :data:`metadata` in their own database.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,26 +21,18 @@ from typing import Any
 import sqlalchemy as sa
 
 from sa_jobqueue import JobContext, JobQueue
-from sa_jobqueue.database import create_engine
+from tests.apps import common
 
 metadata = sa.MetaData()
 
-effects = sa.Table(
-    "acceptance_effects",
-    metadata,
-    sa.Column("job_id", sa.BigInteger, primary_key=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-)
+#: One effect per job at most, enforced by the primary key on ``job_id``.
+effects = common.effects_table("acceptance_effects", metadata, one_per_job=True)
 
-runs = sa.Table(
+runs = common.runs_table(
     "acceptance_runs",
     metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-    sa.Column("job_id", sa.BigInteger, nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+    index_job_id=False,
 )
 
 queue = JobQueue()
@@ -51,38 +43,12 @@ not_a_queue = {"this": "is a dict"}
 #: Longest a handler waits for something the test controls before giving up (seconds).
 HANDLER_WAIT = 60.0
 
-_audit_lock = threading.Lock()
-_audit_engine: sa.Engine | None = None
-
-
-def _audit(ctx: JobContext) -> sa.Engine:
-    """This process's autocommit engine, on the same database the worker uses."""
-    global _audit_engine
-    with _audit_lock:
-        if _audit_engine is None:
-            url = ctx.session.get_bind().engine.url
-            # Two connections per worker process at most: the handlers only insert one row.
-            _audit_engine = create_engine(
-                url,
-                isolation_level="AUTOCOMMIT",
-                pool_size=2,
-                max_overflow=0,
-                pool_pre_ping=False,
-            )
-        return _audit_engine
-
-
-def record_run(ctx: JobContext) -> None:
-    """Count this execution outside the job's transaction (it survives rollbacks and kills)."""
-    with _audit(ctx).connect() as conn:
-        conn.execute(runs.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid()))
-
-
-def write_effect(ctx: JobContext) -> None:
-    """The exactly-once effect: committed together with the job's completion, or not at all."""
-    ctx.session.execute(
-        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
-    )
+# Two connections per worker process at most: the handlers only insert one row.
+recorder = common.Recorder(runs, effects, pool_size=2, max_overflow=0, pool_pre_ping=False)
+#: Count this execution outside the job's transaction (it survives rollbacks and kills).
+record_run = recorder.record_run
+#: The exactly-once effect: committed together with the job's completion, or not at all.
+write_effect = recorder.write_effect
 
 
 @queue.task
@@ -112,11 +78,6 @@ def poison(ctx: JobContext, payload: Any) -> None:
 def gated(ctx: JobContext, payload: Any) -> None:
     """Work that lasts until the test creates the file ``payload["gate"]``, then a little more."""
     record_run(ctx)
-    gate = Path(payload["gate"])
-    deadline = time.monotonic() + HANDLER_WAIT
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{gate} never appeared")
-        time.sleep(0.02)
+    common.wait_for_file(Path(payload["gate"]), HANDLER_WAIT)
     time.sleep(0.5)  # the rest of the work
     write_effect(ctx)

@@ -13,13 +13,12 @@ and which flags it had seen by then. Writes that must happen at most once go to
 ``lifecycle_effects`` has no unique constraint on ``job_id``: only the worker's fenced
 completion (or the rollback of a stopped attempt) keeps an attempt's effect out.
 
-The tests create both tables with :data:`metadata` in their own database.
+The tables and the writes are built with :mod:`tests.apps.common`; the tests create both
+tables with :data:`metadata` in their own database.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -28,29 +27,18 @@ from typing import Any
 import sqlalchemy as sa
 
 from sa_jobqueue import Backoff, JobContext, JobQueue
-from sa_jobqueue.database import create_engine
+from tests.apps import common
 
 metadata = sa.MetaData()
 
-effects = sa.Table(
-    "lifecycle_effects",
-    metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-    sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-)
+#: No unique key on ``job_id`` (see the module's docstring).
+effects = common.effects_table("lifecycle_effects", metadata, one_per_job=False)
 
-runs = sa.Table(
+#: ``returned_at`` and the flags are set when the handler is about to return.
+runs = common.runs_table(
     "lifecycle_runs",
     metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-    sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("started_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
-    # Set when the handler is about to return, with the flags it had seen by then.
-    sa.Column("returned_at", sa.DateTime(timezone=True)),
+    *common.started_and_returned(),
     sa.Column("stop_seen", sa.Boolean),
     sa.Column("cancel_seen", sa.Boolean),
 )
@@ -63,37 +51,14 @@ HANDLER_WAIT = 30.0
 #: How often the waiting handlers look at their flags (seconds).
 FLAG_POLL = 0.02
 
-_audit_lock = threading.Lock()
-_audit_engine: sa.Engine | None = None
-
-
-def _audit(ctx: JobContext) -> sa.Engine:
-    """This process's autocommit engine, on the same database the worker uses."""
-    global _audit_engine
-    with _audit_lock:
-        if _audit_engine is None:
-            url = ctx.session.get_bind().engine.url
-            _audit_engine = create_engine(
-                url, isolation_level="AUTOCOMMIT", pool_size=4, max_overflow=4
-            )
-        return _audit_engine
-
-
-def record_run(ctx: JobContext) -> int:
-    """Count this execution outside the job's transaction; return the audit row's id."""
-    with _audit(ctx).connect() as conn:
-        return int(
-            conn.execute(
-                runs.insert()
-                .values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
-                .returning(runs.c.id)
-            ).scalar_one()
-        )
+recorder = common.Recorder(runs, effects, pool_size=4, max_overflow=4)
+record_run = recorder.record_run
+write_effect = recorder.write_effect
 
 
 def record_return(ctx: JobContext, run_id: int) -> None:
     """Note in the audit that the handler is about to return, and what it had been told."""
-    with _audit(ctx).connect() as conn:
+    with recorder.engine(ctx).connect() as conn:
         conn.execute(
             runs.update()
             .where(runs.c.id == run_id)
@@ -105,25 +70,10 @@ def record_return(ctx: JobContext, run_id: int) -> None:
         )
 
 
-def write_effect(ctx: JobContext) -> None:
-    """The effect: committed together with the job's completion, or not at all."""
-    ctx.session.execute(
-        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
-    )
-
-
 def _until_stop(ctx: JobContext) -> None:
     deadline = time.monotonic() + HANDLER_WAIT
     while not ctx.stop_requested and time.monotonic() < deadline:
         time.sleep(FLAG_POLL)
-
-
-def _until_gate(path: Path) -> None:
-    deadline = time.monotonic() + HANDLER_WAIT
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.02)
 
 
 @queue.task
@@ -182,7 +132,7 @@ def overlapping(ctx: JobContext, payload: Any) -> None:
     (claimed while attempt 1 still runs) watches ``ctx.stop_requested`` as it should."""
     run_id = record_run(ctx)
     if ctx.attempt == 1:
-        _until_gate(Path(payload["gate"]))
+        common.wait_for_file(Path(payload["gate"]), HANDLER_WAIT)
     else:
         write_effect(ctx)
         _until_stop(ctx)
@@ -215,7 +165,7 @@ def fails_first(ctx: JobContext, payload: Any) -> None:
 def gated(ctx: JobContext, payload: Any) -> None:
     """Work that lasts until the test creates the file ``payload["gate"]``."""
     run_id = record_run(ctx)
-    _until_gate(Path(payload["gate"]))
+    common.wait_for_file(Path(payload["gate"]), HANDLER_WAIT)
     write_effect(ctx)
     record_return(ctx, run_id)
 
@@ -226,6 +176,6 @@ def blocks_first(ctx: JobContext, payload: Any) -> None:
     write the effect and return."""
     run_id = record_run(ctx)
     if ctx.attempt == 1:
-        _until_gate(Path(payload["gate"]))
+        common.wait_for_file(Path(payload["gate"]), HANDLER_WAIT)
     write_effect(ctx)
     record_return(ctx, run_id)
