@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         help="poll only, no LISTEN (for PgBouncer in transaction mode)",
     )
     worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="jobs claimed ahead of free threads, handed back on shutdown (default: concurrency)",
+    )
+    worker.add_argument(
         "--wait-for-database",
         type=float,
         default=0,
@@ -170,8 +177,10 @@ def _wait_for_database(engine: Engine, patience: float) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from .worker import Worker
 
-    if args.concurrency < 1:
-        print("sa-jobqueue: --concurrency must be at least 1", file=sys.stderr)
+    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
+        print(
+            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
+        )
         return EXIT_USAGE
     app = load_app(args.app)
     # One connection per handler thread; the worker's own statements use a second engine.
@@ -187,6 +196,7 @@ def _worker(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         listen=args.listen,
         control_engine=control,
+        prefetch=args.prefetch,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Select,
+    TableValuedAlias,
     Text,
     Update,
     and_,
@@ -229,6 +230,61 @@ def complete() -> Update:
     )
 
 
+def _held() -> TableValuedAlias:
+    """``unnest(:job_ids, :attempt_list)`` as rows of (id, attempt): many fences at once."""
+    return (
+        func.unnest(
+            bindparam("job_ids", type_=ARRAY(BigInteger)),
+            bindparam("attempt_list", type_=ARRAY(Integer)),
+        )
+        .table_valued(column("id", BigInteger), column("attempt", Integer))
+        .render_derived(name="held")
+    )
+
+
+@cache
+def complete_many() -> Update:
+    """:func:`complete` for many attempts in one statement; returns the ids it completed."""
+    held = _held()
+    return (
+        update(jobs_table)
+        .where(
+            j.id == held.c.id,
+            j.attempts == held.c.attempt,
+            j.status == RUNNING,
+            j.cancel_requested.is_(False),
+        )
+        .values(
+            status=SUCCEEDED,
+            finished_at=func.statement_timestamp(),
+            visible_at=func.statement_timestamp(),
+        )
+        .returning(j.id)
+    )
+
+
+@cache
+def release() -> Update:
+    """Hand claimed attempts that never started back to the queue, as if never claimed.
+
+    Used on shutdown for jobs still waiting in the worker's buffer: the attempt is not counted
+    and the job is due again at once. Fenced like every transition.
+    """
+    held = _held()
+    return (
+        update(jobs_table)
+        .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .values(
+            status=QUEUED,
+            attempts=j.attempts - 1,
+            visible_at=func.now(),
+            started_at=None,
+            worker=None,
+        )
+        .returning(j.id)
+    )
+
+
 @cache
 def finish_cancelled() -> Update:
     """End one attempt whose job's cancellation was requested as ``cancelled``."""
@@ -306,14 +362,7 @@ def extend_leases() -> Update:
     renewed, and its id is missing from the returned rows, which tells the worker it lost it.
     Each returned row also says whether the job's cancellation has been requested.
     """
-    held = (
-        func.unnest(
-            bindparam("job_ids", type_=ARRAY(BigInteger)),
-            bindparam("attempt_list", type_=ARRAY(Integer)),
-        )
-        .table_valued(column("id", BigInteger), column("attempt", Integer))
-        .render_derived(name="held")
-    )
+    held = _held()
     return (
         update(jobs_table)
         .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)

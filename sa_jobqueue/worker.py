@@ -35,11 +35,12 @@ from typing import Any, cast
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from . import statements
+from .completions import Completer
 from .database import CONNECT_ARGS, check_schema
 from .errors import PayloadError, UnknownTaskError
 from .models import CANCELLED, DEAD, RUNNING
@@ -110,12 +111,19 @@ class Worker:
         listen: bool = True,
         name: str | None = None,
         control_engine: Engine | None = None,
+        prefetch: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError("prefetch must not be negative")
         self.queue = queue
         self.engine = engine
         self.concurrency = concurrency
+        # Jobs claimed ahead of free threads, so that one claim brings a batch: the worker
+        # claims again when its buffer has run dry, up to concurrency + prefetch jobs.
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.capacity = concurrency + self.prefetch
         self.queues = list(queues) if queues else _default_queues(queue)
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
@@ -131,7 +139,8 @@ class Worker:
         self._lock = threading.Lock()
         self._halt = threading.Event()  # run() is over: stop renewing leases
         self._active: dict[int, _Held] = {}
-        self._futures: set[Future[None]] = set()
+        self._futures: dict[Future[None], _Claimed] = {}
+        self._completer: Completer | None = None
         self._saturated = False
         self._burst = False
         self._rotation = 0
@@ -149,6 +158,7 @@ class Worker:
             "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
         )
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_jobqueue-job")
+        self._completer = Completer(self._single, self._not_completed)
         helpers = [
             threading.Thread(target=self._heartbeat_loop, name="sa_jobqueue-heartbeat", daemon=True)
         ]
@@ -162,9 +172,11 @@ class Worker:
             self._claim_loop(pool, burst)
         finally:
             self._stopping.set()
+            self._release_unstarted()
             with self._lock:
                 pending = set(self._futures)
             _, not_done = wait_futures(pending, timeout=self.shutdown_grace.total_seconds())
+            self._completer.close()
             # Jobs still running past the grace keep their threads (Python cannot kill them),
             # but their leases are no longer renewed, so another worker will take them over.
             self._halt.set()
@@ -208,7 +220,7 @@ class Worker:
                 outage = 0
             with self._lock:
                 running = len(self._futures)
-            if more and running < self.concurrency:
+            if more and running < self.capacity:
                 continue  # work is waiting and slots are free (fast jobs already finished)
             if burst and not more and not running:
                 return
@@ -230,7 +242,7 @@ class Worker:
         start, self._rotation = self._rotation, (self._rotation + 1) % n
         more = False
         for queue in (self.queues[(start + i) % n] for i in range(n)):
-            free = self.concurrency - len(self._futures)
+            free = self.capacity - len(self._futures)
             if free <= 0:
                 more = True
                 break
@@ -261,25 +273,65 @@ class Worker:
                 job.attempts, job.lease, time.monotonic() + job.lease.total_seconds() / 3
             )
             future = pool.submit(self._execute, job)
-            self._futures.add(future)
+            self._futures[future] = job
         future.add_done_callback(
             functools.partial(self._finished, job_id=job.id, attempt=job.attempts)
         )
 
     def _finished(self, future: Future[None], job_id: int, attempt: int) -> None:
         with self._lock:
-            self._futures.discard(future)
+            self._futures.pop(future, None)
             # A timed-out attempt that ran on can finish after this worker claimed the job's
             # next attempt: leave that one registered, or it would never be renewed.
             held = self._active.get(job_id)
             if held is not None and held.attempt == attempt:
                 del self._active[job_id]
-            # A freed slot only matters if the last claim left work behind; in burst mode the
-            # loop also needs to notice when the last job is done.
-            wake = self._saturated or self._burst
-            self._saturated = False
+            # A freed slot only matters if the last claim left work behind, and then once the
+            # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst
+            # mode the loop also needs to notice when the last job is done.
+            wake = self._burst or (self._saturated and len(self._futures) <= self.concurrency)
+            if wake:
+                self._saturated = False
         if wake:
             self._wake.set()
+
+    def _release_unstarted(self) -> None:
+        """On shutdown, hand the claimed jobs no thread has started back, attempt uncounted."""
+        with self._lock:
+            waiting = list(self._futures.items())
+        # Future.cancel() runs the done callback (which takes the lock) in this thread, and
+        # succeeds only for a job whose handler has not started.
+        unstarted = [job for future, job in waiting if future.cancel()]
+        if not unstarted:
+            return
+        try:
+            with self._single.connect() as conn:
+                released = conn.execute(
+                    statements.release(),
+                    {
+                        "job_ids": [job.id for job in unstarted],
+                        "attempt_list": [job.attempts for job in unstarted],
+                    },
+                ).all()
+        except DBAPIError as exc:
+            log.warning(
+                "could not hand back %d unstarted job(s) (%s); they will be reclaimed when"
+                " their leases expire",
+                len(unstarted),
+                _one_line(exc),
+            )
+            return
+        log.info("handed back %d claimed job(s) that had not started", len(released))
+
+    def _not_completed(self, job_id: int, attempt: int) -> None:
+        """A batched completion matched no row: the job was cancelled, or the attempt is stale."""
+        with self._single.connect() as conn:
+            fence = {"job_id": job_id, "attempt": attempt}
+            cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
+        if cancelled:
+            log.info("job %d was cancelled", job_id)
+        else:
+            log.warning("job %d: attempt %d lost its lease before completing", job_id, attempt)
 
     # -- running one job --------------------------------------------------------------------
 
@@ -340,6 +392,13 @@ class Worker:
                 except Exception as exc:
                     failure = exc
                     session.rollback()
+            if failure is None and not _began_transaction(conn):
+                # The handler wrote nothing through its session: nothing to commit with the
+                # completion, which can then go out in a batch with other jobs'.
+                conn.rollback()
+                assert self._completer is not None
+                self._completer.add(job.id, job.attempts)
+                return
             if failure is None and conn.execute(statements.complete(), fence).rowcount == 1:
                 conn.commit()
                 log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
@@ -541,6 +600,17 @@ def _run_coroutine(handler: Handler, ctx: JobContext, payload: Any) -> None:
             raise AttemptStopped("the worker cancelled this attempt") from None
 
     asyncio.run(supervise())
+
+
+def _began_transaction(conn: Connection) -> bool:
+    """Whether anything was sent on this connection since its transaction was begun.
+
+    SQLAlchemy's begin() sends nothing; psycopg opens the server transaction with the first
+    statement. A connection still idle at the server has no writes to commit.
+    """
+    dbapi = conn.connection.dbapi_connection
+    status = getattr(getattr(dbapi, "info", None), "transaction_status", None)
+    return status is None or status != psycopg.pq.TransactionStatus.IDLE
 
 
 def _decode(payload: str) -> Any:

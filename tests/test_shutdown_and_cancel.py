@@ -275,7 +275,9 @@ def test_sigterm_drains_running_jobs_and_leaves_the_rest_untouched(
 ) -> None:
     engine = tables
     grace = 10.0
-    worker = workers.start("--shutdown-grace", str(grace), concurrency=2, poll=0.2)
+    worker = workers.start(
+        "--shutdown-grace", str(grace), "--prefetch", "1", concurrency=2, poll=0.2
+    )
     workers.wait(lambda: listen_backends(engine), timeout=20)
 
     # In backoff: failed once, its retry an hour away.
@@ -287,10 +289,12 @@ def test_sigterm_drains_running_jobs_and_leaves_the_rest_untouched(
     gates = [tmp_path / "gate-0", tmp_path / "gate-1"]
     running = [enqueue(engine, "gated", {"gate": str(gate)}) for gate in gates]
     workers.wait(lambda: all(attempts_run(engine, i) == [1] for i in running), timeout=20)
-    # Due, but no slot is free; and queued for a moment a few seconds ahead.
+    # Due: claimed into the worker's one-job buffer, but no thread is free to start it. And
+    # queued for a moment a few seconds ahead.
     due_id = enqueue(engine, "quick")
     future_id = enqueue(engine, "quick", run_at=timedelta(seconds=2))
-    assert job(engine, due_id).due
+    workers.wait(lambda: state(engine, due_id) == ("running", 1), timeout=20)
+    assert audit(engine, due_id) == []
     assert not job(engine, future_id).due
     assert statuses(engine, running) == {"running": 2}
 
@@ -311,6 +315,7 @@ def test_sigterm_drains_running_jobs_and_leaves_the_rest_untouched(
         row = job(engine, job_id)
         assert (row.status, row.attempts) == ("succeeded", 1), row
         assert [a for a, _ in effect_rows(engine, job_id)] == [1]
+    # The buffered job was handed back as if never claimed; the future one never claimed.
     for job_id in (due_id, future_id):
         row = job(engine, job_id)
         assert (row.status, row.attempts, row.last_error) == ("queued", 0, None), row

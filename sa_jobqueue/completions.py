@@ -1,0 +1,100 @@
+"""Batched, fenced completion for handlers that did not write through their session.
+
+A handler that never touched ``ctx.session`` has nothing to commit with its completion, so the
+worker need not spend a commit (an fsync) on each such job. Its ``(job id, attempt)`` pair goes
+to a :class:`Completer`, which marks many jobs succeeded in one statement, flushed when
+``batch_size`` pairs have gathered or ``max_delay`` after the first one arrived.
+
+What this does not change: the fence (an attempt that lost its lease matches no row and is not
+completed) and at-least-once execution (a worker that dies between a handler's return and the
+flush leaves the job running; it is reclaimed when its lease expires and runs again, and is
+never lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from . import statements
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: Completions flushed at most this long after the first of a batch arrived (seconds). Short
+#: next to any lease, long next to a statement's round trip.
+MAX_DELAY = 0.005
+#: Most completions in one statement.
+BATCH_SIZE = 1_000
+#: Completions waiting at most; a handler thread blocks beyond it (backpressure).
+MAX_PENDING = 10_000
+
+
+class Completer:
+    """A thread that completes jobs in batches; :meth:`add` from any thread, :meth:`close` once."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        on_not_completed: Callable[[int, int], None],
+        *,
+        batch_size: int = BATCH_SIZE,
+        max_delay: float = MAX_DELAY,
+    ) -> None:
+        self._engine = engine
+        self._on_not_completed = on_not_completed
+        self._batch_size = batch_size
+        self._max_delay = max_delay
+        self._pending: queue.Queue[tuple[int, int] | None] = queue.Queue(MAX_PENDING)
+        self._thread = threading.Thread(target=self._loop, name="sa_jobqueue-completer")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def add(self, job_id: int, attempt: int) -> None:
+        """Queue one attempt's completion (blocks while MAX_PENDING are waiting)."""
+        self._pending.put((job_id, attempt))
+
+    def close(self) -> None:
+        """Flush what is pending and stop the thread."""
+        self._pending.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        closing = False
+        while not closing:
+            first = self._pending.get()
+            if first is None:
+                return
+            batch = [first]
+            try:
+                while len(batch) < self._batch_size:
+                    item = self._pending.get(timeout=self._max_delay)
+                    if item is None:
+                        closing = True
+                        break
+                    batch.append(item)
+            except queue.Empty:
+                pass
+            self._flush(batch)
+
+    def _flush(self, batch: list[tuple[int, int]]) -> None:
+        try:
+            with self._engine.connect() as conn:
+                done = set(
+                    conn.execute(
+                        statements.complete_many(),
+                        {
+                            "job_ids": [job_id for job_id, _ in batch],
+                            "attempt_list": [attempt for _, attempt in batch],
+                        },
+                    ).scalars()
+                )
+        except Exception as exc:  # the jobs stay running and are reclaimed after their leases
+            log.error("could not record %d completions: %s", len(batch), exc)
+            return
+        for job_id, attempt in batch:
+            if job_id not in done:
+                self._on_not_completed(job_id, attempt)
