@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -362,49 +362,47 @@ class Worker:
                 conn.execute(statements.bury(), {**fence, "error": _error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
             return
-        # The handler's session joins a transaction we own ("rollback_only"): if the handler
-        # calls commit() itself nothing is committed early, so its writes still commit only
-        # together with the fenced completion below.
-        with self.engine.connect() as conn:
-            conn.begin()
-            with Session(bind=conn, join_transaction_mode="rollback_only") as session:
-                ctx = JobContext(
-                    job_id=job.id,
-                    task=job.task,
-                    queue=job.queue,
-                    attempt=job.attempts,
-                    max_attempts=job.max_attempts,
-                    session=session,
-                )
-                with self._lock:
-                    held = self._active.get(job.id)
-                    if held is not None and held.attempt == job.attempts:
-                        held.ctx, held.task = ctx, task
-                        if task.timeout is not None:
-                            held.deadline = time.monotonic() + task.timeout.total_seconds()
-                failure: Exception | None = None
-                try:
-                    if inspect.iscoroutinefunction(task.handler):
-                        _run_coroutine(task.handler, ctx, payload)
-                    else:
-                        task.handler(ctx, payload)
-                    session.flush()
-                except Exception as exc:
-                    failure = exc
-                    session.rollback()
-            if failure is None and not _began_transaction(conn):
-                # The handler wrote nothing through its session: nothing to commit with the
+        # The session connects only when the handler first uses it, so a handler that never
+        # touches the database costs no connection and no commit of its own.
+        with HandlerSession(bind=self.engine) as session:
+            ctx = JobContext(
+                job_id=job.id,
+                task=job.task,
+                queue=job.queue,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                session=session,
+            )
+            with self._lock:
+                held = self._active.get(job.id)
+                if held is not None and held.attempt == job.attempts:
+                    held.ctx, held.task = ctx, task
+                    if task.timeout is not None:
+                        held.deadline = time.monotonic() + task.timeout.total_seconds()
+            failure: Exception | None = None
+            try:
+                if inspect.iscoroutinefunction(task.handler):
+                    _run_coroutine(task.handler, ctx, payload)
+                else:
+                    task.handler(ctx, payload)
+                session.flush()
+            except Exception as exc:
+                failure = exc
+                session.rollback()
+            if failure is None and not session.in_transaction():
+                # Nothing was written through the session: nothing to commit with the
                 # completion, which can then go out in a batch with other jobs'.
-                conn.rollback()
                 assert self._completer is not None
                 self._completer.add(job.id, job.attempts)
                 return
-            if failure is None and conn.execute(statements.complete(), fence).rowcount == 1:
-                conn.commit()
-                log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
-                return
-            if conn.in_transaction():
-                conn.rollback()
+            if failure is None:
+                # The fenced completion in the handler's own transaction: its writes and the
+                # job's success commit together, or (stale attempt, cancel) roll back together.
+                if session.connection().execute(statements.complete(), fence).rowcount == 1:
+                    session.commit_for_real()
+                    log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+                    return
+                session.rollback()
         # The handler's connection is back in the pool before the outcome is recorded, so a
         # job never holds two connections at once.
         if failure is not None:
@@ -572,6 +570,22 @@ class Worker:
                 self._stopping.wait(min(0.1 * 2**failures, 5.0))
 
 
+class HandlerSession(Session):
+    """The Session a handler gets: ``commit()`` only flushes.
+
+    The worker commits the session's transaction together with the job's fenced completion; a
+    handler committing on its own would let its writes through even when its attempt has lost
+    its lease. ``rollback()`` works as usual.
+    """
+
+    def commit(self) -> None:
+        """Flush, and leave committing to the worker."""
+        self.flush()
+
+    def commit_for_real(self) -> None:
+        Session.commit(self)
+
+
 class AttemptStopped(Exception):
     """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
 
@@ -600,17 +614,6 @@ def _run_coroutine(handler: Handler, ctx: JobContext, payload: Any) -> None:
             raise AttemptStopped("the worker cancelled this attempt") from None
 
     asyncio.run(supervise())
-
-
-def _began_transaction(conn: Connection) -> bool:
-    """Whether anything was sent on this connection since its transaction was begun.
-
-    SQLAlchemy's begin() sends nothing; psycopg opens the server transaction with the first
-    statement. A connection still idle at the server has no writes to commit.
-    """
-    dbapi = conn.connection.dbapi_connection
-    status = getattr(getattr(dbapi, "info", None), "transaction_status", None)
-    return status is None or status != psycopg.pq.TransactionStatus.IDLE
 
 
 def _decode(payload: str) -> Any:
