@@ -61,6 +61,18 @@ def _seconds(value: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def _retention(value: str) -> timedelta | None:
+    if value == "forever":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return timedelta(seconds=seconds)
+
+
 def _queues(value: str) -> list[str]:
     try:
         return [check_queue_name(q.strip()) for q in value.split(",") if q.strip()]
@@ -106,6 +118,13 @@ def _parser() -> argparse.ArgumentParser:
         dest="listen",
         action="store_false",
         help="poll only, no LISTEN (for PgBouncer in transaction mode)",
+    )
+    worker.add_argument(
+        "--retention",
+        type=_retention,
+        default=timedelta(days=1),
+        metavar="SECONDS",
+        help="keep succeeded and cancelled jobs this long, 'forever' to keep them (default 1 day)",
     )
     worker.add_argument(
         "--prefetch",
@@ -197,6 +216,7 @@ def _worker(args: argparse.Namespace) -> int:
         listen=args.listen,
         control_engine=control,
         prefetch=args.prefetch,
+        retention=args.retention,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

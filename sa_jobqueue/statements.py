@@ -23,6 +23,7 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     DateTime,
+    Delete,
     Float,
     Insert,
     Integer,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     case,
     cast,
     column,
+    delete,
     func,
     insert,
     literal,
@@ -44,7 +46,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from .models import CANCELLED, DEAD, QUEUED, RUNNING, SUCCEEDED, claimable, jobs_table
+from .models import (
+    CANCELLED,
+    DEAD,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    claimable,
+    jobs_table,
+    prunable,
+)
 
 #: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
 CHANNEL: Final = "sa_jobqueue"
@@ -369,6 +380,35 @@ def extend_leases() -> Update:
         .values(visible_at=func.now() + j.lease)
         .returning(j.id, j.cancel_requested)
     )
+
+
+#: The advisory lock that lets one worker at a time prune (an arbitrary constant: "sajq").
+PRUNE_LOCK: Final = 0x736A_7170
+
+
+@cache
+def try_prune_lock() -> Select[bool]:
+    """Take the prune lock for this transaction, if no other session holds it."""
+    return select(func.pg_try_advisory_xact_lock(literal(PRUNE_LOCK, type_=BigInteger)))
+
+
+@cache
+def prune() -> Delete:
+    """Delete up to ``:limit`` succeeded or cancelled jobs finished ``:retention`` seconds ago.
+
+    Dead jobs are never pruned: they wait to be requeued or purged. Bounded, so one call holds
+    its locks for a short while; the oldest go first; rows locked by someone else are skipped.
+    """
+    doomed = (
+        select(j.id)
+        .where(prunable(), j.finished_at < func.now() - seconds("retention"))
+        .order_by(j.finished_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(jobs_table).where(j.id == doomed.c.id)
 
 
 @cache

@@ -56,6 +56,12 @@ MAX_ERROR_TRACEBACK = 20_000
 #: How often the heartbeat thread looks for leases due for renewal (seconds). It only talks to
 #: the database when one is due.
 HEARTBEAT_TICK = 0.1
+#: Seconds between pruning rounds (with a retention above zero).
+PRUNE_INTERVAL = 60.0
+#: Rows one pruning statement deletes at most; a round runs at most PRUNE_MAX_BATCHES of them,
+#: so a long backlog of history is worked off over several rounds, never in one long lock.
+PRUNE_BATCH = 1_000
+PRUNE_MAX_BATCHES = 10
 #: Longest wait between claim attempts while the database is unreachable (seconds).
 OUTAGE_RETRY_CAP = 5.0
 
@@ -94,6 +100,9 @@ class Worker:
     reclaimed when their leases expire.
 
     Handlers' sessions use ``engine``: give it a pool of at least ``concurrency`` connections.
+    ``retention`` is how long succeeded and cancelled jobs are kept (``None``: for ever; zero:
+    deleted at the next poll); dead jobs are kept until requeued or purged.
+
     The worker's own statements use ``control_engine`` (default: ``engine``); the CLI passes
     one from :func:`sa_jobqueue.database.create_control_engine`, whose statement and lock
     timeouts keep a stuck lock or server from hanging the claim loop or the heartbeat.
@@ -112,6 +121,7 @@ class Worker:
         name: str | None = None,
         control_engine: Engine | None = None,
         prefetch: int | None = None,
+        retention: timedelta | None = timedelta(days=1),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -124,6 +134,10 @@ class Worker:
         # claims again when its buffer has run dry, up to concurrency + prefetch jobs.
         self.prefetch = concurrency if prefetch is None else prefetch
         self.capacity = concurrency + self.prefetch
+        if retention is not None and retention < timedelta(0):
+            raise ValueError("retention must not be negative")
+        self.retention = retention
+        self._next_prune = 0.0  # time.monotonic() of the next pruning round
         self.queues = list(queues) if queues else _default_queues(queue)
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
@@ -206,6 +220,7 @@ class Worker:
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
+            self._maybe_prune()
             try:
                 more = self._claim_round(pool)
             except DBAPIError as exc:
@@ -458,6 +473,45 @@ class Worker:
                 row.visible_at.isoformat(),
                 _one_line(exc),
             )
+
+    # -- retention --------------------------------------------------------------------------
+
+    def _maybe_prune(self) -> None:
+        """Prune finished jobs past their retention, when due; one worker at a time."""
+        if self.retention is None or time.monotonic() < self._next_prune:
+            return
+        # Every minute, or at every poll when finished jobs are to go at once; jittered so
+        # workers started together do not all try at the same moment.
+        interval = PRUNE_INTERVAL if self.retention else self.poll_interval.total_seconds()
+        self._next_prune = time.monotonic() + interval * random.uniform(0.8, 1.2)
+        try:
+            deleted = self.prune()
+        except DBAPIError as exc:
+            log.warning("pruning failed: %s", _one_line(exc))
+            return
+        if deleted:
+            log.info("pruned %d finished job(s)", deleted)
+
+    def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
+        """Delete succeeded and cancelled jobs older than ``retention``; return how many.
+
+        Runs in bounded batches of PRUNE_BATCH rows, each its own short transaction, and only
+        while this worker holds the prune advisory lock, so two workers never prune at once.
+        Returns 0 without waiting when another session holds the lock.
+        """
+        if self.retention is None:
+            return 0
+        params = {"retention": self.retention.total_seconds(), "limit": PRUNE_BATCH}
+        total = 0
+        for _ in range(max_batches):
+            with self.engine.begin() as conn:
+                if not conn.execute(statements.try_prune_lock()).scalar():
+                    return total
+                deleted = conn.execute(statements.prune(), params).rowcount
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                break
+        return total
 
     # -- heartbeat --------------------------------------------------------------------------
 
