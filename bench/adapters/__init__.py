@@ -1,0 +1,1 @@
+"""One module per system under test: its schema, enqueue side and worker side."""

@@ -1,0 +1,317 @@
+"""Measuring one system in one database: enqueue timings, verified drains, pickup latency."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from bench.adapters.base import Kind, System
+from bench.record import RECORD_DIR_ENV, Records
+
+ROOT = Path(__file__).resolve().parent.parent
+#: How often the harness looks whether a drain is finished (seconds).
+POLL = 0.02
+#: What a worker process gets to start (import, connect) on top of a drain's time cap.
+STARTUP_ALLOWANCE = 20.0
+#: What workers get to exit after SIGTERM before they are killed.
+STOP_GRACE = 15.0
+
+
+def plain_url(url: str) -> str:
+    """``postgresql+driver://`` to the ``postgresql://`` every client here understands."""
+    scheme, rest = url.split("://", 1)
+    return "postgresql://" + rest if scheme.startswith(("postgresql", "postgres")) else url
+
+
+def database_url(url: str, name: str) -> str:
+    parts = urlsplit(plain_url(url))
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+DROP = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+
+
+def recreate_database(admin_url: str, name: str) -> str:
+    """Drop and create database ``name`` on the server of ``admin_url``; return its URL."""
+    with psycopg.connect(plain_url(admin_url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return database_url(admin_url, name)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(plain_url(admin_url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def analyze(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def timed(action: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+# -- worker processes -------------------------------------------------------------------------
+
+
+class Workers:
+    """Worker processes of one system, each recording its handler runs under ``record_dir``."""
+
+    def __init__(self, system: System, dsn: str, kind: Kind, count: int, record_dir: Path):
+        env = {
+            **os.environ,
+            "BENCH_DSN": dsn,
+            "DATABASE_URL": dsn,
+            RECORD_DIR_ENV: str(record_dir),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        self.logs = [record_dir / f"worker-{i}.out" for i in range(count)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for log in self.logs:
+            with log.open("wb") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        system.worker_argv(kind),
+                        cwd=ROOT,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+    def all_exited(self) -> bool:
+        return all(p.poll() is not None for p in self.procs)
+
+    def peak_rss_mb(self) -> list[float]:
+        """Each process's peak resident set size (VmHWM), in MiB."""
+        peaks = []
+        for proc in self.procs:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) / 1024)
+        return peaks
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: children go too
+                proc.wait()
+
+    def tail(self, lines: int = 5) -> str:
+        text = b"".join(log.read_bytes() for log in self.logs if log.exists())
+        return " | ".join(text.decode(errors="replace").strip().splitlines()[-lines:])
+
+
+# -- drains -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Drain:
+    jobs: int
+    finished: int = 0
+    seconds: float = 0.0
+    rate: float = 0.0
+    complete: bool = False
+    duplicates: int = 0  # extra runs of a job (and, for writing handlers, extra effects)
+    missing: int = 0  # jobs finished without their handler having run (or its effect written)
+    peak_rss_mb: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.error is None and self.duplicates == 0 and self.missing == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verified": self.verified}
+
+
+def drain(
+    system: System,
+    dsn: str,
+    jobs: int,
+    *,
+    kind: Kind = "noop",
+    procs: int = 1,
+    cap: float,
+    pin_snapshot: bool = False,
+    reset: bool = True,
+) -> Drain:
+    """Pre-load ``jobs`` jobs, start ``procs`` workers, time them until none is left.
+
+    The clock starts when the first handler starts (worker start-up is not counted) and stops
+    when the harness sees no unfinished job left. After ``cap`` seconds the drain is cut short
+    and the jobs finished by then count (``complete`` False). ``reset=False`` keeps the rows
+    already in the tables (finished history), else they are emptied first.
+    """
+    result = Drain(jobs)
+    keys = range(jobs)
+    if reset:
+        system.reset(dsn)
+    else:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE bench_results")
+    system.enqueue_bulk(dsn, keys, kind)
+    analyze(dsn)
+    pending_exists = f"SELECT EXISTS ({system.pending_sql})"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-") as tmp,
+        psycopg.connect(dsn, autocommit=True) as watch,
+        psycopg.connect(dsn) as pinner,
+    ):
+        record_dir = Path(tmp)
+        if pin_snapshot:
+            # As a long analytics query does: a snapshot taken and held, so no row version
+            # deleted or updated from now on can be vacuumed away until it ends.
+            pinner.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            pinner.execute("SELECT count(*) FROM bench_results").fetchone()
+        workers = Workers(system, dsn, kind, procs, record_dir)
+        spawned = time.time()
+        first: float | None = None
+        try:
+            while True:
+                done_at = time.time()
+                if not watch.execute(pending_exists).fetchone()[0]:  # type: ignore[index]
+                    result.complete = True
+                    break
+                if workers.all_exited():
+                    result.error = f"workers exited: {workers.tail()}"
+                    break
+                if first is None:
+                    first = Records.read(record_dir).first
+                if done_at - (first or spawned) > cap + (0 if first else STARTUP_ALLOWANCE):
+                    break
+                time.sleep(POLL)
+            result.peak_rss_mb = workers.peak_rss_mb()
+        finally:
+            workers.stop()
+            pinner.rollback()
+        records = Records.read(record_dir)
+        pending = {row[0] for row in watch.execute(system.pending_sql)}  # type: ignore[arg-type]
+        finished = set(keys) - pending
+        ran = {k for k in records.runs if 0 <= k < jobs}
+        result.finished = len(finished)
+        result.duplicates = sum(c - 1 for k, c in records.runs.items() if c > 1 and 0 <= k < jobs)
+        result.missing = len(finished - ran)
+        if kind == "write":
+            counts = dict(
+                watch.execute("SELECT n, count(*) FROM bench_results GROUP BY n").fetchall()
+            )
+            result.duplicates += sum(c - 1 for c in counts.values() if c > 1)
+            result.missing += len(finished - set(counts))
+        if records.first is not None and result.finished:
+            result.seconds = max(done_at - records.first, 1e-6)
+            result.rate = result.finished / result.seconds
+        elif result.error is None:
+            result.error = f"no job ran: {workers.tail()}"
+    return result
+
+
+# -- idle pickup latency ----------------------------------------------------------------------
+
+
+@dataclass
+class Latency:
+    jobs: int
+    latencies_ms: list[float] = field(default_factory=list)
+    lost: int = 0
+    duplicates: int = 0
+    error: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.error is None and self.lost == 0 and self.duplicates == 0
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        if not ordered:
+            return float("nan")
+        return ordered[min(int(q / 100 * len(ordered)), len(ordered) - 1)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "p50_ms": self.percentile(50),
+            "p95_ms": self.percentile(95),
+            "p99_ms": self.percentile(99),
+            "lost": self.lost,
+            "duplicates": self.duplicates,
+            "error": self.error,
+            "verified": self.verified,
+        }
+
+
+def _wait_for(record_dir: Path, keys: set[int], timeout: float) -> Records:
+    deadline = time.monotonic() + timeout
+    while True:
+        records = Records.read(record_dir)
+        if keys <= records.runs.keys() or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+def pickup_latency(system: System, dsn: str, jobs: int, rate: float) -> Latency:
+    """Enqueue ``jobs`` jobs one at a time at ``rate``/s into one idle worker.
+
+    Latency = the handler's start (``time.time()`` in the handler) minus the moment the
+    enqueuing commit returned (``time.time()`` in the harness). Both read the machine's
+    realtime clock, which is also PostgreSQL's clock here (a local server).
+    """
+    result = Latency(jobs)
+    system.reset(dsn)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        record_dir = Path(tmp)
+        workers = Workers(system, dsn, "noop", 1, record_dir)
+        try:
+            with system.producer(dsn, "noop") as enqueue:
+                # Warm up: the worker is up, listening and idle once this job has run.
+                enqueue(-1)
+                if -1 not in _wait_for(record_dir, {-1}, STARTUP_ALLOWANCE + 40).runs:
+                    result.error = f"the worker never ran a job: {workers.tail()}"
+                    return result
+                time.sleep(1.0)
+                committed: dict[int, float] = {}
+                next_at = time.monotonic()
+                for n in range(jobs):
+                    enqueue(n)
+                    committed[n] = time.time()
+                    next_at += 1 / rate
+                    time.sleep(max(next_at - time.monotonic(), 0))
+            records = _wait_for(record_dir, set(range(jobs)), 30)
+        finally:
+            workers.stop()
+        result.lost = sum(1 for n in range(jobs) if n not in records.runs)
+        result.duplicates = sum(records.runs[n] - 1 for n in range(jobs) if records.runs[n] > 1)
+        result.latencies_ms = [
+            (records.started[n] - committed[n]) * 1000 for n in range(jobs) if n in records.started
+        ]
+    return result

@@ -1,0 +1,23 @@
+"""Every system the benchmark knows, by key."""
+
+from __future__ import annotations
+
+from bench.adapters.base import System
+from bench.adapters.chancy_adapter import Chancy, ChancyTuned
+from bench.adapters.pgqueuer_adapter import PgQueuer, PgQueuerTuned
+from bench.adapters.procrastinate_adapter import Procrastinate
+from bench.adapters.reference import Reference
+from bench.adapters.sa_jobqueue_adapter import SaJobqueue
+
+SYSTEMS: dict[str, System] = {
+    s.key: s
+    for s in (
+        SaJobqueue(),
+        Procrastinate(),
+        PgQueuer(),
+        PgQueuerTuned(),
+        Chancy(),
+        ChancyTuned(),
+        Reference(),
+    )
+}
