@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="jobs claimed ahead of free threads, handed back on shutdown (default: concurrency)",
+        help="jobs claimed ahead of free threads, handed back on shutdown (default: adapts)",
     )
     worker.add_argument(
         "--wait-for-database",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from .errors import InvalidJobError, TaskDefinitionError
 from .validation import (
@@ -17,9 +18,6 @@ from .validation import (
     check_queue_name,
     check_task_name,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,6 @@ class Task:
         return self.handler(ctx, payload)
 
 
-@dataclass
 class JobContext:
     """What a handler receives besides its payload.
 
@@ -106,22 +103,70 @@ class JobContext:
     may happen more than once: execution is at-least-once.
     """
 
-    job_id: int
-    task: str
-    queue: str
-    attempt: int
-    max_attempts: int
-    session: Session
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    __slots__ = (
+        "_cancel",
+        "_session",
+        "_session_factory",
+        "_stop",
+        "attempt",
+        "job_id",
+        "max_attempts",
+        "queue",
+        "task",
+    )
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        task: str,
+        queue: str,
+        attempt: int,
+        max_attempts: int,
+        session: Session | Callable[[], Session],
+    ) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.queue = queue
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        # The worker passes a factory: a handler that never looks at its session costs none.
+        self._session: Session | None = None
+        self._session_factory: Callable[[], Session] | None = None
+        if isinstance(session, Session):
+            self._session = session
+        else:
+            self._session_factory = session
+        # Plain flags, set by the worker's heartbeat thread and read by the handler's.
+        self._stop = False
+        self._cancel = False
+
+    def __repr__(self) -> str:
+        return (
+            f"JobContext(job_id={self.job_id}, task={self.task!r}, queue={self.queue!r},"
+            f" attempt={self.attempt}/{self.max_attempts})"
+        )
+
+    @property
+    def session(self) -> Session:
+        """The Session to write through (created on first use)."""
+        if self._session is None:
+            assert self._session_factory is not None
+            self._session = self._session_factory()
+        return self._session
+
+    @property
+    def session_used(self) -> bool:
+        """Whether the handler asked for its session at all."""
+        return self._session is not None
 
     @property
     def stop_requested(self) -> bool:
         """True once this attempt should stop early: its lease was lost, it ran past its
         timeout, or the job was cancelled. Nothing it does afterwards can complete the job."""
-        return self._stop.is_set()
+        return self._stop
 
     @property
     def cancel_requested(self) -> bool:
         """True once ``JobQueue.cancel`` was called for this job (seen at a lease renewal)."""
-        return self._cancel.is_set()
+        return self._cancel

@@ -56,6 +56,12 @@ MAX_ERROR_TRACEBACK = 20_000
 #: How often the heartbeat thread looks for leases due for renewal (seconds). It only talks to
 #: the database when one is due.
 HEARTBEAT_TICK = 0.1
+#: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
+#: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
+#: between 1 and PREFETCH_MAX_FACTOR times the concurrency.
+PREFETCH_FAST = 0.05
+PREFETCH_SLOW = 1.0
+PREFETCH_MAX_FACTOR = 8
 #: Seconds between pruning rounds (with a retention above zero).
 PRUNE_INTERVAL = 60.0
 #: Rows one pruning statement deletes at most; a round runs at most PRUNE_MAX_BATCHES of them,
@@ -131,9 +137,14 @@ class Worker:
         self.engine = engine
         self.concurrency = concurrency
         # Jobs claimed ahead of free threads, so that one claim brings a batch: the worker
-        # claims again when its buffer has run dry, up to concurrency + prefetch jobs.
+        # claims again when its buffer has run dry, up to concurrency + prefetch jobs. Left
+        # unset, the buffer adapts: it doubles while jobs drain it within PREFETCH_FAST (short
+        # jobs: fewer, larger claims) and halves while they take longer than PREFETCH_SLOW
+        # (long jobs: do not sit on work another worker could start).
+        self._adaptive = prefetch is None
         self.prefetch = concurrency if prefetch is None else prefetch
-        self.capacity = concurrency + self.prefetch
+        self._max_prefetch = PREFETCH_MAX_FACTOR * concurrency
+        self._filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
         if retention is not None and retention < timedelta(0):
             raise ValueError("retention must not be negative")
         self.retention = retention
@@ -247,12 +258,28 @@ class Worker:
                 interval = min(interval * 2 ** min(outage - 1, 10), OUTAGE_RETRY_CAP)
             self._wake.wait(interval * random.uniform(0.8, 1.2))
 
+    @property
+    def capacity(self) -> int:
+        """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
+        return self.concurrency + self.prefetch
+
+    def _adapt_prefetch(self) -> None:
+        if not self._adaptive or not self._filled_at:
+            return
+        drained_in = time.monotonic() - self._filled_at
+        if drained_in < PREFETCH_FAST:
+            self.prefetch = min(max(self.prefetch * 2, 1), self._max_prefetch)
+        elif drained_in > PREFETCH_SLOW:
+            self.prefetch = max(self.prefetch // 2, 1)
+
     def _claim_round(self, pool: ThreadPoolExecutor) -> bool:
         """Claim into the free slots, queue by queue. True if more work is probably waiting.
 
         "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
         not asked at all because the slots ran out first.
         """
+        self._adapt_prefetch()
+        self._filled_at = 0.0
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
         more = False
@@ -267,7 +294,7 @@ class Worker:
                 ).all()
             more = more or len(rows) == free
             for row in rows:
-                job = _Claimed(**row._asdict())
+                job = _Claimed(*row)  # the columns claim() returns, in order
                 if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
                     log.error(
                         "job %d (%s) lost its worker; not run again, now %s",
@@ -277,6 +304,8 @@ class Worker:
                     )
                     continue
                 self._submit(pool, job)
+        if more:
+            self._filled_at = time.monotonic()
         with self._lock:
             # Tell _finished whether a freed slot is worth waking the claim loop for.
             self._saturated = more
@@ -377,47 +406,56 @@ class Worker:
                 conn.execute(statements.bury(), {**fence, "error": _error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
             return
-        # The session connects only when the handler first uses it, so a handler that never
-        # touches the database costs no connection and no commit of its own.
-        with HandlerSession(bind=self.engine) as session:
-            ctx = JobContext(
-                job_id=job.id,
-                task=job.task,
-                queue=job.queue,
-                attempt=job.attempts,
-                max_attempts=job.max_attempts,
-                session=session,
-            )
-            with self._lock:
-                held = self._active.get(job.id)
-                if held is not None and held.attempt == job.attempts:
-                    held.ctx, held.task = ctx, task
-                    if task.timeout is not None:
-                        held.deadline = time.monotonic() + task.timeout.total_seconds()
-            failure: Exception | None = None
-            try:
-                if inspect.iscoroutinefunction(task.handler):
-                    _run_coroutine(task.handler, ctx, payload)
-                else:
-                    task.handler(ctx, payload)
-                session.flush()
-            except Exception as exc:
-                failure = exc
-                session.rollback()
-            if failure is None and not session.in_transaction():
+        # The session is made when the handler first asks for it, and connects when first
+        # used: a handler that never touches the database costs no session, no connection and
+        # no commit of its own.
+        ctx = JobContext(
+            job_id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            session=functools.partial(HandlerSession, bind=self.engine),
+        )
+        with self._lock:
+            held = self._active.get(job.id)
+            if held is not None and held.attempt == job.attempts:
+                held.ctx, held.task = ctx, task
+                if task.timeout is not None:
+                    held.deadline = time.monotonic() + task.timeout.total_seconds()
+        failure: Exception | None = None
+        try:
+            if inspect.iscoroutinefunction(task.handler):
+                _run_coroutine(task.handler, ctx, payload)
+            else:
+                task.handler(ctx, payload)
+            if ctx.session_used:
+                ctx.session.flush()
+        except Exception as exc:
+            failure = exc
+        session = cast(HandlerSession, ctx.session) if ctx.session_used else None
+        try:
+            if failure is None and (session is None or not session.in_transaction()):
                 # Nothing was written through the session: nothing to commit with the
                 # completion, which can then go out in a batch with other jobs'.
                 assert self._completer is not None
                 self._completer.add(job.id, job.attempts)
                 return
-            if failure is None:
-                # The fenced completion in the handler's own transaction: its writes and the
-                # job's success commit together, or (stale attempt, cancel) roll back together.
-                if session.connection().execute(statements.complete(), fence).rowcount == 1:
-                    session.commit_for_real()
-                    log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
-                    return
+            # The fenced completion in the handler's own transaction: its writes and the
+            # job's success commit together, or (stale attempt, cancel) roll back together.
+            if (
+                failure is None
+                and session is not None
+                and session.connection().execute(statements.complete(), fence).rowcount == 1
+            ):
+                session.commit_for_real()
+                log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+                return
+            if session is not None:
                 session.rollback()
+        finally:
+            if session is not None:
+                session.close()
         # The handler's connection is back in the pool before the outcome is recorded, so a
         # job never holds two connections at once.
         if failure is not None:
@@ -559,13 +597,13 @@ class Worker:
             ctx = held[job_id].ctx
             if ctx is not None and not ctx.stop_requested:
                 log.warning("job %d lost its lease; asking its handler to stop", job_id)
-                ctx._stop.set()
+                ctx._stop = True
         for job_id, cancel in kept.items():
             ctx = held[job_id].ctx
             if cancel and ctx is not None and not ctx.cancel_requested:
                 log.info("job %d: cancellation requested; asking its handler to stop", job_id)
-                ctx._cancel.set()
-                ctx._stop.set()
+                ctx._cancel = True
+                ctx._stop = True
 
     def _time_out(self, job_id: int, held: _Held) -> None:
         """Record an attempt that ran past its task's timeout as failed, and stop renewing it."""
@@ -593,7 +631,7 @@ class Worker:
             return
         finally:
             if held.ctx is not None:
-                held.ctx._stop.set()
+                held.ctx._stop = True
         if row is not None:
             log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
 

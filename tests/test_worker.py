@@ -89,7 +89,8 @@ def test_hammer_100_jobs_10_workers_each_runs_once(db: sa.Engine, round_: int) -
     assert not any(t.is_alive() for t in threads)
     assert runs == Counter(dict.fromkeys(ids, 1))
     assert effects(db) == ids
-    assert queue.counts(Session(db)) == {"default": {"succeeded": 100}}
+    with Session(db) as session:
+        assert queue.counts(session) == {"default": {"succeeded": 100}}
 
 
 def test_retries_follow_the_backoff_schedule_then_dead_letter(db: sa.Engine) -> None:
@@ -432,3 +433,28 @@ def test_finished_at_is_when_the_job_completed_not_when_its_transaction_began(
     assert row.started_at is not None
     assert row.finished_at is not None
     assert row.finished_at - row.started_at >= timedelta(seconds=0.3)
+
+
+def test_the_claim_buffer_grows_for_short_jobs_and_a_fixed_prefetch_stays(
+    db: sa.Engine,
+) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def instant(ctx: JobContext, payload: None) -> None:
+        pass
+
+    with Session(db) as session, session.begin():
+        queue.enqueue_many(session, "instant", [None] * 2_000)
+    adaptive = Worker(queue, db, concurrency=2, listen=False)
+    adaptive.run(burst=True)
+    assert adaptive.prefetch > 2  # grew from its start at the concurrency
+    assert adaptive.prefetch <= 16  # PREFETCH_MAX_FACTOR * concurrency
+
+    with Session(db) as session, session.begin():
+        queue.enqueue_many(session, "instant", [None] * 500)
+    fixed = Worker(queue, db, concurrency=2, listen=False, prefetch=3)
+    fixed.run(burst=True)
+    assert fixed.prefetch == 3
+    with Session(db) as session:
+        assert queue.counts(session) == {"default": {"succeeded": 2_500}}
