@@ -32,6 +32,7 @@ from sqlalchemy import (
     Text,
     Update,
     and_,
+    any_,
     bindparam,
     case,
     cast,
@@ -241,6 +242,18 @@ def complete() -> Update:
     )
 
 
+def _held_ids() -> ColumnElement[bool]:
+    """``id = ANY(:job_ids)``, said once more beside the join on :func:`_held`.
+
+    Redundant for the result, but it is what makes the planner find the rows through the
+    primary key. Joined on ``unnest`` alone, whose size it cannot see, it may instead walk the
+    claim index for every ``status = 'running'`` row, which, with statistics taken while the
+    backlog was all queued, it believes to be one row; on a backlog of thousands that made
+    every batched completion scan the backlog.
+    """
+    return j.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger)))
+
+
 def _held() -> TableValuedAlias:
     """``unnest(:job_ids, :attempt_list)`` as rows of (id, attempt): many fences at once."""
     return (
@@ -260,6 +273,7 @@ def complete_many() -> Update:
     return (
         update(jobs_table)
         .where(
+            _held_ids(),
             j.id == held.c.id,
             j.attempts == held.c.attempt,
             j.status == RUNNING,
@@ -284,7 +298,7 @@ def release() -> Update:
     held = _held()
     return (
         update(jobs_table)
-        .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .where(_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
         .values(
             status=QUEUED,
             attempts=j.attempts - 1,
@@ -376,7 +390,7 @@ def extend_leases() -> Update:
     held = _held()
     return (
         update(jobs_table)
-        .where(j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .where(_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
         .values(visible_at=func.now() + j.lease)
         .returning(j.id, j.cancel_requested)
     )

@@ -458,3 +458,27 @@ def test_the_claim_buffer_grows_for_short_jobs_and_a_fixed_prefetch_stays(
     assert fixed.prefetch == 3
     with Session(db) as session:
         assert queue.counts(session) == {"default": {"succeeded": 2_500}}
+
+
+@pytest.mark.parametrize("statement", ["complete_many", "extend_leases", "release"])
+def test_batched_transitions_find_their_rows_by_primary_key(db: sa.Engine, statement: str) -> None:
+    """Statistics taken while a backlog is all queued must not turn them into backlog scans."""
+    queue = JobQueue()
+
+    @queue.task
+    def idle(ctx: JobContext, payload: None) -> None:  # pragma: no cover - never runs
+        pass
+
+    with Session(db) as session, session.begin():
+        ids = queue.enqueue_many(session, "idle", [None] * 5_000)
+    with db.begin() as conn:
+        conn.exec_driver_sql("ANALYZE sa_jobqueue_jobs")
+        compiled = getattr(st, statement)().compile(
+            dialect=conn.dialect, compile_kwargs={"render_postcompile": True}
+        )
+        params = {**compiled.params, "job_ids": ids[:50], "attempt_list": [1] * 50}
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + str(compiled), params).scalar()
+        conn.rollback()
+    text = str(plan)
+    assert "sa_jobqueue_jobs_pkey" in text
+    assert "sa_jobqueue_jobs_claim_idx" not in text
