@@ -720,3 +720,21 @@ def test_a_worker_refuses_a_database_one_revision_behind(empty_database_url: URL
         check_schema(engine)
     finally:
         engine.dispose()
+
+
+def test_migrated_constraint_names_are_the_models_names(database_url: URL) -> None:
+    engine = create_engine(database_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            found = set(
+                conn.execute(
+                    sa.text(
+                        "SELECT conname FROM pg_constraint"
+                        " WHERE conrelid = 'sa_jobqueue_jobs'::regclass"
+                    )
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+    expected = {c.name for c in jobs_table.constraints}
+    assert found == expected

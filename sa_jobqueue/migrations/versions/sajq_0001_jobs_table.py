@@ -17,7 +17,9 @@ branch_labels = ("sa_jobqueue",)
 depends_on = None
 
 # Revisions spell the schema out instead of importing the models: the models will move on,
-# and a revision must keep creating what it created on the day it was written.
+# and a revision must keep creating what it created on the day it was written. Names are
+# wrapped in op.f(): they are final, and the models' naming convention must not wrap them
+# again.
 
 
 def upgrade() -> None:
@@ -48,25 +50,25 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("worker", sa.Text(), nullable=True),
         sa.Column("last_error", postgresql.JSONB(), nullable=True),
-        sa.PrimaryKeyConstraint("id", name="sa_jobqueue_jobs_pkey"),
+        sa.PrimaryKeyConstraint("id", name=op.f("sa_jobqueue_jobs_pkey")),
         sa.CheckConstraint(
             "status IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')",
-            name="sa_jobqueue_jobs_status_check",
+            name=op.f("sa_jobqueue_jobs_status_check"),
         ),
         sa.CheckConstraint(
-            "char_length(queue) BETWEEN 1 AND 64", name="sa_jobqueue_jobs_queue_check"
+            "char_length(queue) BETWEEN 1 AND 64", name=op.f("sa_jobqueue_jobs_queue_check")
         ),
         sa.CheckConstraint(
-            "char_length(task) BETWEEN 1 AND 200", name="sa_jobqueue_jobs_task_check"
+            "char_length(task) BETWEEN 1 AND 200", name=op.f("sa_jobqueue_jobs_task_check")
         ),
-        sa.CheckConstraint("max_attempts >= 1", name="sa_jobqueue_jobs_max_attempts_check"),
+        sa.CheckConstraint("max_attempts >= 1", name=op.f("sa_jobqueue_jobs_max_attempts_check")),
         sa.CheckConstraint(
-            "attempts BETWEEN 0 AND max_attempts", name="sa_jobqueue_jobs_attempts_check"
+            "attempts BETWEEN 0 AND max_attempts", name=op.f("sa_jobqueue_jobs_attempts_check")
         ),
-        sa.CheckConstraint("lease > interval '0'", name="sa_jobqueue_jobs_lease_check"),
+        sa.CheckConstraint("lease > interval '0'", name=op.f("sa_jobqueue_jobs_lease_check")),
         sa.CheckConstraint(
             "(finished_at IS NOT NULL) = (status IN ('succeeded', 'dead', 'cancelled'))",
-            name="sa_jobqueue_jobs_finished_check",
+            name=op.f("sa_jobqueue_jobs_finished_check"),
         ),
     )
     op.create_index(
