@@ -78,7 +78,10 @@ class Completer:
                     batch.append(item)
             except queue.Empty:
                 pass
-            self._flush(batch)
+            try:
+                self._flush(batch)
+            except Exception as exc:  # never let the thread die: later batches must still go
+                log.error("completing %d jobs failed: %s", len(batch), exc)
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:
@@ -97,4 +100,7 @@ class Completer:
             return
         for job_id, attempt in batch:
             if job_id not in done:
-                self._on_not_completed(job_id, attempt)
+                try:
+                    self._on_not_completed(job_id, attempt)
+                except Exception as exc:  # the job stays as it is; its lease settles it
+                    log.error("job %d: could not settle its completion: %s", job_id, exc)

@@ -86,8 +86,9 @@ def create_control_engine(url: str | URL, concurrency: int) -> Engine:
         url,
         connect_args={"options": CONTROL_OPTIONS},
         isolation_level="AUTOCOMMIT",
-        # The claim loop and the heartbeat, plus one per job recording a failure at once.
-        pool_size=2,
+        # The claim loop, the heartbeat and the completer, plus one per job recording a
+        # failure at once.
+        pool_size=3,
         max_overflow=concurrency,
     )
 

@@ -300,10 +300,12 @@ def release() -> Update:
         update(jobs_table)
         .where(_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
         .values(
-            status=QUEUED,
+            # A job cancelled while it waited in the buffer ends here rather than run again.
+            status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
             attempts=j.attempts - 1,
             visible_at=func.now(),
             started_at=None,
+            finished_at=case((j.cancel_requested, func.now()), else_=None),
             worker=None,
         )
         .returning(j.id)

@@ -36,7 +36,7 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import statements
@@ -234,7 +234,7 @@ class Worker:
             self._maybe_prune()
             try:
                 more = self._claim_round(pool)
-            except DBAPIError as exc:
+            except SQLAlchemyError as exc:  # the server, the network, or a pool time-out
                 # Said once per outage, not once per try.
                 if not outage:
                     log.warning("cannot claim (%s); retrying", _one_line(exc))
@@ -278,8 +278,11 @@ class Worker:
         "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
         not asked at all because the slots ran out first.
         """
-        self._adapt_prefetch()
-        self._filled_at = 0.0
+        # Only a round that starts once the buffer has run dry says how fast jobs drain it; a
+        # NOTIFY or a poll that arrives while the buffer is still full says nothing.
+        if len(self._futures) <= self.concurrency:
+            self._adapt_prefetch()
+            self._filled_at = 0.0
         n = len(self.queues)
         start, self._rotation = self._rotation, (self._rotation + 1) % n
         more = False
@@ -304,7 +307,7 @@ class Worker:
                     )
                     continue
                 self._submit(pool, job)
-        if more:
+        if more and not self._filled_at:
             self._filled_at = time.monotonic()
         with self._lock:
             # Tell _finished whether a freed slot is worth waking the claim loop for.
@@ -368,14 +371,19 @@ class Worker:
         log.info("handed back %d claimed job(s) that had not started", len(released))
 
     def _not_completed(self, job_id: int, attempt: int) -> None:
-        """A batched completion matched no row: the job was cancelled, or the attempt is stale."""
+        """A completion matched no row: the job was cancelled, or the attempt is stale (its
+        lease was lost or it timed out). Either way its writes were rolled back."""
         with self._single.connect() as conn:
             fence = {"job_id": job_id, "attempt": attempt}
             cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
         if cancelled:
             log.info("job %d was cancelled", job_id)
         else:
-            log.warning("job %d: attempt %d lost its lease before completing", job_id, attempt)
+            log.warning(
+                "job %d: attempt %d lost its lease (or timed out) before completing",
+                job_id,
+                attempt,
+            )
 
     # -- running one job --------------------------------------------------------------------
 
@@ -461,17 +469,7 @@ class Worker:
         if failure is not None:
             self._record_failure(task, job, failure)
             return
-        with self._single.connect() as single:
-            cancelled = single.execute(statements.finish_cancelled(), fence).rowcount == 1
-        if cancelled:
-            log.info("job %d (%s) was cancelled; its writes were rolled back", job.id, job.task)
-        else:
-            log.warning(
-                "job %d: attempt %d lost its lease (or timed out) before completing; its"
-                " writes were rolled back",
-                job.id,
-                job.attempts,
-            )
+        self._not_completed(job.id, job.attempts)
 
     def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
         delay = task.backoff.delay(job.attempts)
@@ -524,7 +522,7 @@ class Worker:
         self._next_prune = time.monotonic() + interval * random.uniform(0.8, 1.2)
         try:
             deleted = self.prune()
-        except DBAPIError as exc:
+        except SQLAlchemyError as exc:
             log.warning("pruning failed: %s", _one_line(exc))
             return
         if deleted:
@@ -593,7 +591,9 @@ class Worker:
                 {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]},
             )
             kept = {row.id: row.cancel_requested for row in rows}
-        for job_id in set(ids) - set(kept):
+        with self._lock:  # jobs that finished meanwhile were simply not renewed
+            still = {i for i in ids if self._active.get(i) is held[i]}
+        for job_id in still - set(kept):
             ctx = held[job_id].ctx
             if ctx is not None and not ctx.stop_requested:
                 log.warning("job %d lost its lease; asking its handler to stop", job_id)
