@@ -254,6 +254,11 @@ def _held_ids() -> ColumnElement[bool]:
     return j.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger)))
 
 
+def _fenced_many(held: TableValuedAlias) -> tuple[ColumnElement[bool], ...]:
+    """The fence of :func:`_fenced`, row by row against :func:`_held`."""
+    return (_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+
+
 def _held() -> TableValuedAlias:
     """``unnest(:job_ids, :attempt_list)`` as rows of (id, attempt): many fences at once."""
     return (
@@ -273,10 +278,7 @@ def complete_many() -> Update:
     return (
         update(jobs_table)
         .where(
-            _held_ids(),
-            j.id == held.c.id,
-            j.attempts == held.c.attempt,
-            j.status == RUNNING,
+            *_fenced_many(held),
             j.cancel_requested.is_(False),
         )
         .values(
@@ -298,7 +300,7 @@ def release() -> Update:
     held = _held()
     return (
         update(jobs_table)
-        .where(_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .where(*_fenced_many(held))
         .values(
             # A job cancelled while it waited in the buffer ends here rather than run again.
             status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
@@ -392,7 +394,7 @@ def extend_leases() -> Update:
     held = _held()
     return (
         update(jobs_table)
-        .where(_held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+        .where(*_fenced_many(held))
         .values(visible_at=func.now() + j.lease)
         .returning(j.id, j.cancel_requested)
     )

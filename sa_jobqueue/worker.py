@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Row
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -471,18 +471,21 @@ class Worker:
             return
         self._not_completed(job.id, job.attempts)
 
-    def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
-        delay = task.backoff.delay(job.attempts)
+    def _fail(self, job_id: int, attempt: int, task: Task, exc: BaseException) -> Row[Any] | None:
+        """Record one failed attempt (fenced); the job's new status, or None if it was stale."""
         with self._single.connect() as conn:
-            row = conn.execute(
+            return conn.execute(
                 statements.fail(),
                 {
-                    "job_id": job.id,
-                    "attempt": job.attempts,
-                    "delay": delay.total_seconds(),
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "delay": task.backoff.delay(attempt).total_seconds(),
                     "error": _error_json(exc),
                 },
             ).one_or_none()
+
+    def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
+        row = self._fail(job.id, job.attempts, task, exc)
         if row is None:
             log.warning(
                 "job %d: attempt %d failed after losing its lease (or timing out); ignored",
@@ -616,16 +619,7 @@ class Worker:
         # Record the failure before telling the handler: a handler that stops at once would
         # otherwise race to its completion, which would still match the fence and commit.
         try:
-            with self._single.connect() as conn:
-                row = conn.execute(
-                    statements.fail(),
-                    {
-                        "job_id": job_id,
-                        "attempt": held.attempt,
-                        "delay": held.task.backoff.delay(held.attempt).total_seconds(),
-                        "error": _error_json(error),
-                    },
-                ).one_or_none()
+            row = self._fail(job_id, held.attempt, held.task, error)
         except Exception as exc:  # the lease then simply runs out and the claim takes over
             log.warning("job %d: could not record its timeout: %s", job_id, _one_line(exc))
             return
