@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -33,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0003"
+SCHEMA_REVISION: Final = "sajq_0004"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -47,6 +48,9 @@ FINISHED_STATUSES: Final = (SUCCEEDED, DEAD, CANCELLED)
 #: Finished states that pruning deletes after the retention period; dead jobs are kept until
 #: requeued or purged by hand.
 PRUNED_STATUSES: Final = (SUCCEEDED, CANCELLED)
+#: States in which a job's ``unique_key`` is unique (per task): while it waits or runs. Once it
+#: has finished, the same key may be enqueued again.
+UNIQUE_STATUSES: Final = (QUEUED, RUNNING)
 
 metadata = MetaData(
     naming_convention={
@@ -96,6 +100,10 @@ class Job(Base):
     last_error: Mapped[Any | None] = mapped_column(JSONB)
     #: Set by ``JobQueue.cancel`` on a running job; its worker stops it as ``cancelled``.
     cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
+    #: At most one live (queued or running) job per task carries a given key.
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    #: The W3C trace context of the code that enqueued the job, when tracing is on.
+    trace_context: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),
@@ -124,6 +132,14 @@ class Job(Base):
             "finished_at",
             postgresql_where=text(_status_in(PRUNED_STATUSES)),
         ),
+        # Unique jobs: enqueue inserts with ON CONFLICT against this index.
+        Index(
+            "sa_jobqueue_jobs_unique_idx",
+            "task",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(f"unique_key IS NOT NULL AND {_status_in(UNIQUE_STATUSES)}"),
+        ),
         # Rows churn (claim, renewals, outcome, pruning): room on each page for a row's new
         # version, and autovacuum after 2% of the rows changed rather than 20%.
         {
@@ -137,7 +153,36 @@ class Job(Base):
     )
 
 
+class Periodic(Base):
+    """One row per periodic schedule: the last tick enqueued, so each tick runs once.
+
+    A worker that finds a tick due moves ``last_tick`` forward with a compare-and-set and
+    enqueues the job in the same transaction; of many workers, exactly one wins each tick.
+    """
+
+    __tablename__ = "sa_jobqueue_periodic"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    last_tick: Mapped[datetime]
+
+
+class WorkerRecord(Base):
+    """One row per running worker process, refreshed by its heartbeat; stale rows expire."""
+
+    __tablename__ = "sa_jobqueue_workers"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    host: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+    last_seen_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
+
+
 jobs_table: Final = cast(Table, Job.__table__)
+periodic_table: Final = cast(Table, Periodic.__table__)
+workers_table: Final = cast(Table, WorkerRecord.__table__)
 
 
 def prunable() -> ColumnElement[bool]:
