@@ -1,0 +1,139 @@
+"""What running one handler needs besides the worker's bookkeeping.
+
+The handler's Session (whose ``commit()`` only flushes), the event loop an ``async def``
+handler runs on, payload decoding, and the way a failure is written into ``last_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import traceback
+from collections.abc import Awaitable
+from typing import Any, cast
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from .errors import PayloadError
+from .tasks import Handler, JobContext
+
+#: Longest error message and traceback kept in ``last_error`` (characters). Enough for any
+#: useful traceback, small enough that a handler raising a megabyte string cannot bloat rows.
+MAX_ERROR_MESSAGE = 2_000
+MAX_ERROR_TRACEBACK = 20_000
+#: How often an async handler's stop flag is checked (seconds).
+ASYNC_STOP_CHECK = 0.05
+
+
+class HandlerSession(Session):
+    """The Session a handler gets: ``commit()`` only flushes.
+
+    The worker commits the session's transaction (or releases its savepoint, when the job
+    shares a transaction with others) together with the job's fenced completion; a handler
+    committing on its own would let its writes through even when its attempt has lost its
+    lease. ``rollback()`` works as usual.
+    """
+
+    def commit(self) -> None:
+        """Flush, and leave committing to the worker."""
+        self.flush()
+
+    def commit_for_real(self) -> None:
+        Session.commit(self)
+
+
+#: The savepoint each job of a shared transaction writes in. One constant name: a savepoint
+#: named like an older one hides it, so ROLLBACK TO always means the current job's.
+JOB_SAVEPOINT = "sajq_job"
+
+
+class GroupSession(HandlerSession):
+    """The Session of a job that shares its thread's transaction with other jobs.
+
+    Its writes go into a savepoint of that transaction, opened when the session is made.
+    ``rollback()`` rolls back to that savepoint (this job's writes only) and starts the
+    session afresh; the shared transaction is committed by the worker, never by the session.
+    """
+
+    def __init__(self, bind: Connection) -> None:
+        super().__init__(bind=bind, join_transaction_mode="rollback_only")
+        driver = bind.connection.driver_connection
+        assert driver is not None
+        self._driver = driver
+        # Straight through the driver: a statement of our own, no need for SQLAlchemy's
+        # execution machinery, which costs more than the round trip here.
+        self._driver.execute(f"SAVEPOINT {JOB_SAVEPOINT}")
+
+    def rollback(self) -> None:
+        """Discard this job's writes (and the session's objects); keep the other jobs'."""
+        # After ROLLBACK TO the savepoint still exists, so later writes stay this job's.
+        self._driver.execute(f"ROLLBACK TO SAVEPOINT {JOB_SAVEPOINT}")
+        # close() forgets the objects and the failed state and, for a session joined with
+        # "rollback_only", leaves the shared transaction alone; the session can be used again.
+        Session.close(self)
+
+
+class AttemptStopped(Exception):
+    """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
+
+
+def run_coroutine(handler: Handler, ctx: JobContext, payload: Any) -> None:
+    """Run an ``async def`` handler on an event loop of its own in this job thread.
+
+    Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
+    (timeout, cancellation, lost lease) its task is cancelled at its next ``await``.
+    """
+
+    async def supervise() -> None:
+        job = asyncio.ensure_future(cast(Awaitable[object], handler(ctx, payload)))
+        while not job.done():
+            if ctx.stop_requested:
+                job.cancel()
+                break
+            await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise AttemptStopped("the worker cancelled this attempt") from None
+
+    asyncio.run(supervise())
+
+
+def decode(payload: str) -> Any:
+    """The job's payload from the JSON text the claim returned."""
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"the payload could not be decoded: {type(exc).__name__}") from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error (the driver's own message for a database error)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _clean(text: str, limit: int) -> str:
+    # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded as UTF-8.
+    text = text.replace("\x00", "\N{REPLACEMENT CHARACTER}")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit} more characters]"
+    return text
+
+
+def error_json(exc: BaseException) -> str:
+    """``last_error`` for a failure: type, message and traceback, cleaned and bounded."""
+    kind = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not stop us recording the failure
+        message = f"<unprintable {kind.__name__}>"
+    return json.dumps(
+        {
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "message": _clean(message, MAX_ERROR_MESSAGE),
+            "traceback": _clean("".join(traceback.format_exception(exc)), MAX_ERROR_TRACEBACK),
+        }
+    )
