@@ -21,6 +21,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from . import statements
+from .database import HeldConnection
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -44,7 +45,7 @@ class Completer:
         batch_size: int = BATCH_SIZE,
         max_delay: float = MAX_DELAY,
     ) -> None:
-        self._engine = engine
+        self._conn = HeldConnection(engine)
         self._on_not_completed = on_not_completed
         self._batch_size = batch_size
         self._max_delay = max_delay
@@ -67,7 +68,7 @@ class Completer:
         while not closing:
             first = self._pending.get()
             if first is None:
-                return
+                break
             batch = [first]
             try:
                 while len(batch) < self._batch_size:
@@ -82,19 +83,20 @@ class Completer:
                 self._flush(batch)
             except Exception as exc:  # never let the thread die: later batches must still go
                 log.error("completing %d jobs failed: %s", len(batch), exc)
+        self._conn.close()
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:
-            with self._engine.connect() as conn:
-                done = set(
-                    conn.execute(
-                        statements.complete_many(),
-                        {
-                            "job_ids": [job_id for job_id, _ in batch],
-                            "attempt_list": [attempt for _, attempt in batch],
-                        },
-                    ).scalars()
+            done = {
+                row.id
+                for row in self._conn.rows(
+                    statements.complete_many(),
+                    {
+                        "job_ids": [job_id for job_id, _ in batch],
+                        "attempt_list": [attempt for _, attempt in batch],
+                    },
                 )
+            }
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases
             log.error("could not record %d completions: %s", len(batch), exc)
             return

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -93,6 +94,35 @@ def create_control_engine(url: str | URL, concurrency: int) -> Engine:
     )
 
 
+class HeldConnection:
+    """One autocommit connection a worker thread keeps between its statements.
+
+    The claim loop and the completer run a statement every few milliseconds under load; taking
+    a pooled connection for each would add a checkout and, with pre-ping, a round trip. After
+    any error the connection is dropped, and the next statement connects afresh.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None
+
+    def rows(self, statement: sa.Executable, params: dict[str, Any]) -> list[Any]:
+        """Run one statement and fetch all its rows."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        try:
+            return list(self._conn.execute(statement, params).all())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # it may be broken already
+                conn.close()
+
+
 def describe(url: URL) -> str:
     """The URL without its password, for messages."""
     return url.render_as_string(hide_password=True)
@@ -110,13 +140,14 @@ def ping(engine: Engine) -> None:
         ) from exc
 
 
-def check_schema(engine: Engine) -> None:
+def check_schema(bind: Engine | Connection) -> None:
     """Raise SchemaMissingError or SchemaOutdatedError unless the schema is at our head.
 
     Alembic's version table is consulted when it has a row of our branch; a schema created some
-    other way (``metadata.create_all``) is checked by its columns instead.
+    other way (``metadata.create_all``) is checked by its columns instead. Given a Connection,
+    it reads in that connection's transaction (and leaves it usable).
     """
-    with engine.connect() as conn:
+    with bind.connect() if isinstance(bind, Engine) else contextlib.nullcontext(bind) as conn:
         table = jobs_table.name
         if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
             raise SchemaMissingError(f"table {table} does not exist: {MIGRATE_HINT}")

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from . import statements
 from .completions import Completer
-from .database import check_schema
+from .database import HeldConnection, check_schema
 from .errors import PayloadError, UnknownTaskError
 from .execution import GroupSession, HandlerSession, decode, error_json, one_line, run_coroutine
 from .listener import listen
@@ -204,6 +204,7 @@ class Worker:
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
         self._ready: SimpleQueue[tuple[Future[None], _Claimed] | None] = SimpleQueue()
         self._durations: dict[str, float] = {}  # task -> moving average of its run time
+        self._claimer = HeldConnection(self._single)
         self._completer: Completer | None = None
         self._saturated = False
         self._burst = False
@@ -243,6 +244,7 @@ class Worker:
         try:
             self._claim_loop(burst)
         finally:
+            self._claimer.close()
             self._stopping.set()
             self._release_unstarted()
             with self._lock:
@@ -314,6 +316,12 @@ class Worker:
         """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
         return self.concurrency + self.prefetch
 
+    @property
+    def _low_water(self) -> int:
+        """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
+        round trip overlaps with the other half running, and each claim brings a batch."""
+        return self.concurrency + self.prefetch // 2
+
     def _adapt_prefetch(self) -> None:
         if not self._adaptive or not self._filled_at:
             return
@@ -331,7 +339,7 @@ class Worker:
         """
         # Only a round that starts once the buffer has run dry says how fast jobs drain it; a
         # NOTIFY or a poll that arrives while the buffer is still full says nothing.
-        if len(self._futures) <= self.concurrency:
+        if len(self._futures) <= self._low_water:
             self._adapt_prefetch()
             self._filled_at = 0.0
         n = len(self.queues)
@@ -342,10 +350,9 @@ class Worker:
             if free <= 0:
                 more = True
                 break
-            with self._single.connect() as conn:
-                rows = conn.execute(
-                    statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
-                ).all()
+            rows = self._claimer.rows(
+                statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
+            )
             more = more or len(rows) == free
             for row in rows:
                 job = _Claimed(*row)  # the columns claim() returns, in order
@@ -389,7 +396,7 @@ class Worker:
             # A freed slot only matters if the last claim left work behind, and then once the
             # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst
             # mode the loop also needs to notice when the last job is done.
-            wake = self._burst or (self._saturated and len(self._futures) <= self.concurrency)
+            wake = self._burst or (self._saturated and len(self._futures) <= self._low_water)
             if wake:
                 self._saturated = False
         if wake:
