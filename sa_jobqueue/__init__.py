@@ -12,6 +12,7 @@ The promise:
   same transaction as the job's fenced completion, or not at all.
 """
 
+from .enqueueing import Enqueued
 from .errors import (
     AppImportError,
     DatabaseUnavailableError,
@@ -34,6 +35,7 @@ __all__ = [
     "AppImportError",
     "Backoff",
     "DatabaseUnavailableError",
+    "Enqueued",
     "InvalidJobError",
     "InvalidNameError",
     "InvalidScheduleError",

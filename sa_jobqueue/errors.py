@@ -4,7 +4,7 @@ Every exception derives from :class:`JobQueueError`; catching it catches all of 
 nothing else. A database driver's error, when it is the cause, stays in ``__cause__``::
 
     JobQueueError
-     ├── InvalidJobError (ValueError)        bad input to enqueue; nothing was sent
+     ├── InvalidJobError (ValueError)        bad input to enqueue or a job operation; nothing sent
      │    ├── PayloadError                     the payload is not plain JSON, or is too large
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
      │    └── InvalidScheduleError             run_at is naive, or an option is out of range

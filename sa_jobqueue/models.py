@@ -193,3 +193,11 @@ def prunable() -> ColumnElement[bool]:
 def claimable() -> ColumnElement[bool]:
     """The claim index's predicate, as a literal so the planner can match it to the index."""
     return literal_column(_status_in((QUEUED, RUNNING)), type_=Boolean)
+
+
+def unique_live() -> ColumnElement[bool]:
+    """The unique index's predicate, word for word: ``ON CONFLICT`` must name it to infer the
+    index, and a lookup that repeats it is served by that index."""
+    return literal_column(
+        f"unique_key IS NOT NULL AND {_status_in(UNIQUE_STATUSES)}", type_=Boolean
+    )

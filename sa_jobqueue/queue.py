@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from sqlalchemy import Connection, select
 from sqlalchemy.engine.base import Transaction
 from sqlalchemy.orm import Session, scoped_session
 
-from . import statements
-from .errors import TaskDefinitionError, UnknownTaskError
+from . import operations, statements
+from .enqueueing import Enqueued, NewJobs, insert_many, insert_one, run_async
+from .errors import InvalidJobError, TaskDefinitionError, UnknownTaskError
 from .models import Job, jobs_table
+from .periodic import Schedule
 from .tasks import Backoff, Handler, Task
 from .validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -24,8 +26,12 @@ from .validation import (
     check_queue_name,
     check_run_at,
     check_task_name,
+    check_unique_key,
     encode_payload,
 )
+
+if TYPE_CHECKING:
+    from .enqueueing import AsyncSessionLike
 
 #: Queues already notified in a transaction. Keyed weakly by the innermost transaction object,
 #: so the entry vanishes with it; a savepoint gets its own entry because a NOTIFY sent inside a
@@ -53,6 +59,7 @@ class JobInfo:
     finished_at: datetime | None
     last_error: Any
     cancel_requested: bool
+    unique_key: str | None = None
 
 
 class JobQueue:
@@ -90,6 +97,7 @@ class JobQueue:
         self.default_queue = check_queue_name(default_queue)
         self.max_payload_bytes = max_payload_bytes
         self._tasks: dict[str, Task] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -107,6 +115,7 @@ class JobQueue:
         lease: timedelta = timedelta(seconds=30),
         backoff: Backoff | None = None,
         timeout: timedelta | None = None,
+        unique_key: Callable[[Any], str | None] | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -120,6 +129,7 @@ class JobQueue:
         lease: timedelta = timedelta(seconds=30),
         backoff: Backoff | None = None,
         timeout: timedelta | None = None,
+        unique_key: Callable[[Any], str | None] | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
@@ -127,6 +137,7 @@ class JobQueue:
         object. ``timeout`` bounds one attempt's run time (see :class:`Task`). ``lease`` is
         how long a worker may go without renewing its claim before the
         job is taken from it and run elsewhere; the worker renews it while the handler runs.
+        ``unique_key(payload)`` gives each job's unique key (see :meth:`enqueue`).
         """
 
         def register(handler: Handler) -> Task:
@@ -139,6 +150,7 @@ class JobQueue:
                 lease=lease,
                 backoff=backoff or Backoff(),
                 timeout=timeout,
+                unique_key=unique_key,
             )
             if task.name in self._tasks:
                 raise TaskDefinitionError(f"a task named {task.name!r} is already registered")
@@ -162,6 +174,56 @@ class JobQueue:
                 f"no task named {name!r} is registered (registered: {known})"
             ) from None
 
+    def periodic(
+        self,
+        cron: str,
+        *,
+        timezone: str = "UTC",
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Callable[[Task | Handler], Task]:
+        """Run a task on a cron schedule, e.g. ``@queue.periodic("*/5 * * * *")``.
+
+        Stack it over ``@queue.task(...)``, or put it on a bare handler to register that with
+        the task defaults; stack several (each with its own ``name``) for several schedules.
+        ``timezone`` is an IANA name; ``payload`` a dict, to which each job adds ``"tick"``.
+        The schedule's ``name`` (default: the task's) is its identity in the database.
+        Workers enqueue due ticks with :func:`sa_jobqueue.periodic.enqueue_due`; see that
+        module for what happens to missed ticks, new schedules and daylight saving time.
+        """
+
+        def register(target: Task | Handler) -> Task:
+            registered_here = not isinstance(target, Task)
+            task = target if isinstance(target, Task) else self.task(target)
+            if self._tasks.get(task.name) is not task:
+                raise TaskDefinitionError(f"task {task.name!r} is not registered with this queue")
+            try:
+                schedule = Schedule(
+                    name=task.name if name is None else name,
+                    task=task,
+                    cron=cron,
+                    timezone=timezone,
+                    payload={} if payload is None else payload,
+                )
+                if schedule.name in self._schedules:
+                    raise TaskDefinitionError(
+                        f"a schedule named {schedule.name!r} is already declared: give this"
+                        " one a name=... of its own"
+                    )
+            except TaskDefinitionError:
+                if registered_here:
+                    del self._tasks[task.name]
+                raise
+            self._schedules[schedule.name] = schedule
+            return task
+
+        return register
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        """The declared periodic schedules by name (a copy)."""
+        return dict(self._schedules)
+
     # -- enqueue ----------------------------------------------------------------------------
 
     def enqueue(
@@ -175,23 +237,53 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
-    ) -> int:
-        """Add one job in the caller's transaction and return its id.
+        unique_key: str | None = None,
+    ) -> Enqueued:
+        """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
 
         ``run_at`` is a timezone-aware datetime, or a timedelta counted from the database's
         ``now()``; by default the job is due at once. ``priority``: lower runs first. Options
         left out come from the task's declaration. Bad input raises InvalidJobError (or
         UnknownTaskError) before any SQL is sent, so the caller's transaction stays usable.
         Never commits and never flushes the session.
+
+        ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
+        a queued or running job of the same task holds this key, nothing is added and the
+        returned id is that job's, with ``.created`` False. The other job's payload and options
+        stay as they are. A job that has finished (succeeded, dead, cancelled) holds no key.
+        Under REPEATABLE READ or SERIALIZABLE, a key taken by a transaction that committed
+        after yours began raises a serialization error instead (retry the transaction).
         """
-        params, schedule = self._job_params(task, run_at, priority, queue, max_attempts, lease)
-        params["payload"] = encode_payload(payload, max_bytes=self.max_payload_bytes)
+        new = self._new_jobs(
+            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key]
+        )
         conn = _connection(session)
-        sent = _sent_notifications(conn)
-        wake = params["queue"] not in sent
-        job_id: int = conn.execute(statements.insert_job(schedule, wake), params).scalar_one()
-        sent.add(params["queue"])
-        return job_id
+        return insert_one(conn, new, _sent_notifications(conn))
+
+    async def aenqueue(
+        self,
+        session: AsyncSessionLike,
+        task: str | Task,
+        payload: Any = None,
+        *,
+        run_at: datetime | timedelta | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        lease: timedelta | None = None,
+        unique_key: str | None = None,
+    ) -> Enqueued:
+        """:meth:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees.
+
+        The job is written in the async session's transaction and exists if and only if that
+        commits; bad input raises before any SQL is sent.
+        """
+        new = self._new_jobs(
+            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key]
+        )
+        return await run_async(
+            session, lambda conn: insert_one(conn, new, _sent_notifications(conn))
+        )
 
     def enqueue_many(
         self,
@@ -204,26 +296,81 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
-    ) -> list[int]:
+        unique_keys: Sequence[str | None] | None = None,
+    ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one statement; return their ids in order.
 
         Same rules as :meth:`enqueue`; every payload is checked before anything is sent, so a
         bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch.
+
+        ``unique_keys``: one key per payload, as ``unique_key`` of :meth:`enqueue` (a None
+        entry, or no list, leaves the key to the task's ``unique_key`` function). A payload
+        whose key a live job holds gets that job's id (``.created`` False), and so does a later
+        payload of the batch with the same key as an earlier one: it gets the earlier one's job.
+        """
+        items = list(payloads)
+        keys = [None] * len(items) if unique_keys is None else list(unique_keys)
+        new = self._new_jobs(task, items, run_at, priority, queue, max_attempts, lease, keys)
+        if not items:
+            return []
+        conn = _connection(session)
+        return insert_many(conn, new, _sent_notifications(conn))
+
+    async def aenqueue_many(
+        self,
+        session: AsyncSessionLike,
+        task: str | Task,
+        payloads: Iterable[Any],
+        *,
+        run_at: datetime | timedelta | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        lease: timedelta | None = None,
+        unique_keys: Sequence[str | None] | None = None,
+    ) -> list[Enqueued]:
+        """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
+        items = list(payloads)
+        keys = [None] * len(items) if unique_keys is None else list(unique_keys)
+        new = self._new_jobs(task, items, run_at, priority, queue, max_attempts, lease, keys)
+        if not items:
+            return []
+        return await run_async(
+            session, lambda conn: insert_many(conn, new, _sent_notifications(conn))
+        )
+
+    def _new_jobs(
+        self,
+        task: str | Task,
+        payloads: list[Any],
+        run_at: datetime | timedelta | None,
+        priority: int | None,
+        queue: str | None,
+        max_attempts: int | None,
+        lease: timedelta | None,
+        unique_keys: Sequence[str | None],
+    ) -> NewJobs:
+        """Check and encode everything enqueue was given; no I/O.
+
+        ``unique_keys`` is parallel to ``payloads``; for a None entry the task's function, if
+        it has one, gives the key.
         """
         params, schedule = self._job_params(task, run_at, priority, queue, max_attempts, lease)
+        definition = task if isinstance(task, Task) else self.get_task(params["task"])
         encoded = [encode_payload(p, max_bytes=self.max_payload_bytes) for p in payloads]
-        if not encoded:
-            return []
-        target = params["queue"]
-        bulk = {k if k in ("run_at", "delay") else f"b_{k}": v for k, v in params.items()}
-        bulk["payloads"] = encoded
-        conn = _connection(session)
-        ids = list(conn.execute(statements.insert_jobs(schedule), bulk).scalars())
-        sent = _sent_notifications(conn)
-        if target not in sent:
-            conn.execute(statements.notify(), {"queue": target})
-            sent.add(target)
-        return ids
+        if len(unique_keys) != len(payloads):
+            raise InvalidJobError(
+                f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
+            )
+        derive = definition.unique_key
+        keys = [
+            check_unique_key(
+                key if key is not None or derive is None else derive(payload),
+                task=definition.name,
+            )
+            for payload, key in zip(payloads, unique_keys, strict=True)
+        ]
+        return NewJobs(params, schedule, encoded, keys)
 
     def _job_params(
         self,
@@ -263,11 +410,50 @@ class JobQueue:
         retried. Python cannot interrupt a running thread, so a sync handler that does not
         look at the flag runs to its end first. A finished job is left as it is (False).
         """
+        return _cancel(_connection(session), job_id)
+
+    async def acancel(self, session: AsyncSessionLike, job_id: int) -> bool:
+        """:meth:`cancel` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(session, lambda conn: _cancel(conn, job_id))
+
+    def requeue(
+        self,
+        session: Session | scoped_session[Session] | Connection,
+        job_id: int,
+        *,
+        attempts: Literal["extend", "reset"] = "extend",
+    ) -> bool:
+        """Put a ``dead`` job back in its queue, due now, in the caller's transaction.
+
+        True if the job was dead and is queued again; False (nothing changed) if it is not
+        dead, does not exist, or its unique key is now held by another queued or running job
+        of its task. ``finished_at`` is cleared; ``last_error`` is kept until the next attempt
+        records its own outcome. Never commits; one NOTIFY wakes the queue's workers at commit.
+
+        ``attempts="extend"`` (the default) keeps the attempts already made and raises
+        ``max_attempts`` by its current value: a job that used up 5 of 5 may run 5 more times
+        (10 of 10). A job requeued again starts from its raised limit, so each requeue grants
+        as many attempts as the job's limit was. Attempt numbers keep rising, and they are the
+        fencing tokens: an attempt from before the requeue that is somehow still running (its
+        worker froze past the lease) can never complete the job's new attempts.
+
+        ``attempts="reset"`` sets ``attempts`` back to 0 and keeps ``max_attempts``. The
+        attempt numbers are reused, which gives up that fencing: use it only when no earlier
+        attempt of the job can still be running.
+        """
+        if attempts not in ("extend", "reset"):
+            raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
         conn = _connection(session)
-        params = {"job_id": job_id}
-        if conn.execute(statements.cancel_queued(), params).first() is not None:
-            return True
-        return conn.execute(statements.request_cancel(), params).first() is not None
+        queue = conn.execute(
+            operations.requeue_dead(attempts == "reset"), {"job_id": job_id}
+        ).scalar_one_or_none()
+        if queue is None:
+            return False
+        sent = _sent_notifications(conn)
+        if queue not in sent:
+            conn.execute(statements.notify(), {"queue": queue})
+            sent.add(queue)
+        return True
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -275,16 +461,54 @@ class JobQueue:
         self, session: Session | scoped_session[Session] | Connection, job_id: int
     ) -> JobInfo | None:
         """Read one job as it is in the caller's transaction, or None if there is no such id."""
-        row = (
-            _connection(session)
-            .execute(
-                select(*(jobs_table.c[f] for f in _JOB_INFO_FIELDS)).where(
-                    jobs_table.c.id == job_id
-                )
-            )
-            .one_or_none()
+        return _get_job(_connection(session), job_id)
+
+    async def aget_job(self, session: AsyncSessionLike, job_id: int) -> JobInfo | None:
+        """:meth:`get_job` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(session, lambda conn: _get_job(conn, job_id))
+
+    def list_jobs(
+        self,
+        session: Session | scoped_session[Session] | Connection,
+        *,
+        queue: str | None = None,
+        status: str | Iterable[str] | None = None,
+        task: str | None = None,
+        older_than: timedelta | None = None,
+        limit: int = 100,
+        after_id: int | None = None,
+    ) -> list[JobInfo]:
+        """Read up to ``limit`` jobs in id order (oldest first), in the caller's transaction.
+
+        Filters: ``queue``, ``task``, ``status`` (one status or several), and ``older_than``
+        (created longer ago than that, by the database's clock). For the next page, pass the
+        last id you got as ``after_id`` (keyset pagination: stable while rows come and go,
+        and as cheap for the thousandth page as for the first). Bad filters raise
+        InvalidJobError before any SQL is sent. ``limit`` is at most 10,000.
+        """
+        params: dict[str, Any] = {"limit": operations.check_limit(limit)}
+        if status is not None:
+            params["statuses"] = operations.check_statuses(status)
+        if queue is not None:
+            params["queue"] = check_queue_name(queue)
+        if task is not None:
+            params["task"] = check_task_name(task)
+        if older_than is not None:
+            params["older_than"] = operations.check_age(older_than)
+        if after_id is not None:
+            if isinstance(after_id, bool) or not isinstance(after_id, int):
+                raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
+            params["after_id"] = after_id
+        statement = operations.select_jobs(
+            _JOB_INFO_FIELDS,
+            statuses=status is not None,
+            queue=queue is not None,
+            task=task is not None,
+            older_than=older_than is not None,
+            after=after_id is not None,
         )
-        return JobInfo(**row._asdict()) if row is not None else None
+        rows = _connection(session).execute(statement, params)
+        return [JobInfo(**row._asdict()) for row in rows]
 
     def counts(
         self, session: Session | scoped_session[Session] | Connection
@@ -300,6 +524,20 @@ _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
 assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
 
 
+def _cancel(conn: Connection, job_id: int) -> bool:
+    params = {"job_id": job_id}
+    if conn.execute(statements.cancel_queued(), params).first() is not None:
+        return True
+    return conn.execute(statements.request_cancel(), params).first() is not None
+
+
+def _get_job(conn: Connection, job_id: int) -> JobInfo | None:
+    row = conn.execute(
+        select(*(jobs_table.c[f] for f in _JOB_INFO_FIELDS)).where(jobs_table.c.id == job_id)
+    ).one_or_none()
+    return JobInfo(**row._asdict()) if row is not None else None
+
+
 def _connection(session: Session | scoped_session[Session] | Connection) -> Connection:
     # Session.connection() joins the session's transaction (beginning it if needed) without
     # flushing pending objects: we add the job row and touch nothing else of the caller's.
@@ -307,9 +545,12 @@ def _connection(session: Session | scoped_session[Session] | Connection) -> Conn
         return session.connection()
     if isinstance(session, Connection):
         return session
+    hint = ""
+    if type(session).__module__.startswith("sqlalchemy.ext.asyncio"):
+        hint = " (for an AsyncSession or AsyncConnection, await aenqueue, acancel, ...)"
     raise TypeError(
         "enqueue needs a SQLAlchemy Session, scoped_session or Connection,"
-        f" not {type(session).__name__}"
+        f" not {type(session).__name__}{hint}"
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import (
     ARRAY,
@@ -46,6 +46,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from .models import (
     CANCELLED,
@@ -55,7 +57,9 @@ from .models import (
     SUCCEEDED,
     claimable,
     jobs_table,
+    periodic_table,
     prunable,
+    unique_live,
 )
 
 #: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
@@ -86,57 +90,190 @@ def _visible_at(schedule: str) -> ColumnElement[datetime]:
 
 
 @cache
-def insert_job(schedule: str, wake: bool) -> Insert:
+def insert_job(schedule: str, wake: bool, unique: bool = False) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
 
     ``:lease`` and ``:delay`` are seconds (see :func:`seconds`).
 
-    With ``wake`` the same round trip also sends the queue's NOTIFY (see :func:`notify`).
+    With ``wake`` the same round trip also sends the queue's NOTIFY (see :func:`notify`); the
+    NOTIFY is part of RETURNING, so it is sent only when the row is really inserted.
+
+    With ``unique`` the row carries ``:unique_key`` and is not inserted (no row comes back)
+    while a live job of the task holds that key; :func:`find_unique` then finds that job.
     """
-    return (
-        insert(jobs_table)
-        .values(
-            queue=bindparam("queue"),
-            task=bindparam("task"),
-            payload=cast(bindparam("payload", type_=Text), JSONB),
-            priority=bindparam("priority"),
-            max_attempts=bindparam("max_attempts"),
-            lease=seconds("lease"),
-            visible_at=_visible_at(schedule),
-        )
-        .returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
+    stmt = pg_insert(jobs_table).values(
+        queue=bindparam("queue"),
+        task=bindparam("task"),
+        payload=cast(bindparam("payload", type_=Text), JSONB),
+        priority=bindparam("priority"),
+        max_attempts=bindparam("max_attempts"),
+        lease=seconds("lease"),
+        visible_at=_visible_at(schedule),
+        **({"unique_key": bindparam("unique_key", type_=Text)} if unique else {}),
+    )
+    if unique:
+        stmt = _unless_key_is_live(stmt)
+    return stmt.returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
+
+
+def _unless_key_is_live(stmt: PgInsert) -> PgInsert:
+    """``ON CONFLICT ... DO NOTHING`` against the unique index, named by its predicate.
+
+    A plain INSERT would fail with a unique violation and abort the caller's transaction;
+    DO NOTHING leaves it usable. A conflict with a row that another transaction has inserted
+    but not committed waits for that transaction: if it rolls back, this row goes in.
+    """
+    return stmt.on_conflict_do_nothing(
+        index_elements=[j.task, j.unique_key], index_where=unique_live()
     )
 
 
 @cache
-def insert_jobs(schedule: str) -> Insert:
+def insert_jobs(schedule: str, unique: bool = False) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
     Parameters are those of :func:`insert_job` prefixed ``b_`` (``run_at`` and ``delay``
-    excepted), plus ``payloads``.
+    excepted), plus ``payloads``. With ``unique``, also ``unique_keys`` (an array as long as
+    ``payloads``, NULL for a job without a key): a row whose key a live job of the task holds
+    is skipped, and each returned row says which key it carries: ``(id, unique_key)``. The
+    keys of one batch must differ from each other.
     """
-    payloads = (
-        func.unnest(bindparam("payloads", type_=ARRAY(Text)))
-        .table_valued(column("payload", Text))
-        .render_derived(name="p")
-    )
+    arrays = [bindparam("payloads", type_=ARRAY(Text))]
+    columns = [column("payload", Text)]
+    if unique:
+        arrays.append(bindparam("unique_keys", type_=ARRAY(Text)))
+        columns.append(column("unique_key", Text))
+    given = func.unnest(*arrays).table_valued(*columns).render_derived(name="p")
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
-    rows = select(
+    rows = select(*_job_columns(cast(given.c.payload, JSONB), _visible_at(schedule))).select_from(
+        given
+    )
+    names = list(_JOB_COLUMNS)
+    if unique:
+        rows = rows.add_columns(given.c.unique_key)
+        names.append("unique_key")
+        stmt = _unless_key_is_live(pg_insert(jobs_table).from_select(names, rows))
+        return stmt.returning(j.id, j.unique_key)
+    return insert(jobs_table).from_select(names, rows).returning(j.id)
+
+
+#: The columns of a new job that :func:`_job_columns` gives values for, in its order.
+_JOB_COLUMNS: Final = (
+    "queue",
+    "task",
+    "payload",
+    "priority",
+    "max_attempts",
+    "lease",
+    "visible_at",
+)
+
+
+def _job_columns(
+    payload: ColumnElement[Any], visible_at: ColumnElement[datetime]
+) -> tuple[ColumnElement[Any], ...]:
+    """A new job's values from ``b_`` parameters, for ``INSERT ... SELECT``."""
+    return (
         bindparam("b_queue", type_=Text),
         bindparam("b_task", type_=Text),
-        cast(payloads.c.payload, JSONB),
+        payload,
         bindparam("b_priority", type_=Integer),
         bindparam("b_max_attempts", type_=Integer),
         seconds("b_lease"),
-        _visible_at(schedule),
-    ).select_from(payloads)
-    return (
-        insert(jobs_table)
-        .from_select(
-            ["queue", "task", "payload", "priority", "max_attempts", "lease", "visible_at"], rows
-        )
-        .returning(j.id)
+        visible_at,
     )
+
+
+@cache
+def find_unique() -> Select[str, int]:
+    """The live jobs of ``:task`` that hold one of ``:unique_keys``: ``(unique_key, id)``.
+
+    Run after an insert of :func:`insert_job` or :func:`insert_jobs` skipped a row, as a
+    statement of its own: under READ COMMITTED it then sees a conflicting row that a
+    concurrent transaction committed while the insert waited for it. It may also find nothing,
+    if that job finished in between: the caller inserts again.
+    """
+    return select(j.unique_key, j.id).where(
+        j.task == bindparam("task", type_=Text),
+        j.unique_key == any_(bindparam("unique_keys", type_=ARRAY(Text))),
+        unique_live(),
+    )
+
+
+# -- periodic schedules ----------------------------------------------------------------------
+
+pc = periodic_table.c
+
+
+@cache
+def database_now() -> Select[datetime]:
+    """The database's clock: the start of the current transaction."""
+    return select(func.now())
+
+
+@cache
+def last_ticks() -> Select[str, datetime]:
+    """The stored ``(name, last_tick)`` of the schedules named in ``:names``."""
+    return select(pc.name, pc.last_tick).where(
+        pc.name == any_(bindparam("names", type_=ARRAY(Text)))
+    )
+
+
+@cache
+def add_schedules() -> Insert:
+    """Record new schedules ``:names`` with ``last_tick = :now``; existing ones are untouched.
+
+    DO NOTHING: of several processes that see a schedule for the first time, one inserts its
+    row and the others keep what it stored, so nobody's clock rewinds a schedule.
+    """
+    names = (
+        func.unnest(bindparam("names", type_=ARRAY(Text)))
+        .table_valued(column("name", Text))
+        .render_derived(name="n")
+    )
+    rows = select(names.c.name, bindparam("now", type_=DateTime(timezone=True))).select_from(names)
+    return (
+        pg_insert(periodic_table)
+        .from_select(["name", "last_tick"], rows)
+        .on_conflict_do_nothing(index_elements=[pc.name])
+    )
+
+
+@cache
+def enqueue_tick(unique: bool) -> Insert:
+    """Move schedule ``:schedule`` forward to ``:tick`` and insert its job, in one statement.
+
+    The move is a compare-and-set, ``last_tick < :tick``: of many processes that find the same
+    tick due, the first moves the row and inserts the job; the others wait for its row lock,
+    then see the new ``last_tick``, move nothing and (the INSERT reads the UPDATE's RETURNING)
+    insert nothing. A process with an older tick can never move the schedule back. Being one
+    statement, it is atomic even on an autocommit connection (the worker's). Returns the job's
+    ``(id, pg_notify)``, or no row.
+
+    Job parameters are those of :func:`insert_jobs` (``b_`` prefixed) plus ``b_payload``;
+    with ``unique`` also ``b_unique_key``: a tick whose key a live job of the task holds moves
+    the schedule but inserts no job, so the tick is skipped rather than queued behind it.
+    """
+    tick = bindparam("tick", type_=DateTime(timezone=True))
+    # A data-modifying CTE must sit at the top of the statement, hence add_cte() on the INSERT.
+    moved = (
+        update(periodic_table)
+        .where(pc.name == bindparam("schedule", type_=Text), pc.last_tick < tick)
+        .values(last_tick=tick)
+        .returning(pc.name)
+        .cte("moved")
+    )
+    rows = select(
+        *_job_columns(cast(bindparam("b_payload", type_=Text), JSONB), func.now())
+    ).select_from(moved)
+    names = list(_JOB_COLUMNS)
+    if unique:
+        rows = rows.add_columns(bindparam("b_unique_key", type_=Text))
+        names.append("unique_key")
+    stmt = pg_insert(jobs_table).from_select(names, rows).add_cte(moved)
+    if unique:
+        stmt = _unless_key_is_live(stmt)
+    return stmt.returning(j.id, func.pg_notify(CHANNEL, j.queue))
 
 
 @cache
@@ -210,6 +347,7 @@ def claim() -> Update:
             j.attempts,
             j.max_attempts,
             j.lease,
+            j.trace_context,
         )
     )
 

@@ -66,6 +66,10 @@ class Task:
     running thread, so a sync handler must look at ``ctx.stop_requested`` between steps of
     long work and return (or raise); whatever it does after the timeout cannot complete the
     job, and its ``ctx.session`` writes roll back.
+
+    ``unique_key``, if given, maps a payload to the job's unique key (a str, or None for no
+    uniqueness): while a queued or running job of this task holds a key, enqueueing another
+    job with that key adds nothing and returns the live job's id (see ``JobQueue.enqueue``).
     """
 
     name: str
@@ -76,10 +80,15 @@ class Task:
     lease: timedelta = timedelta(seconds=30)
     backoff: Backoff = field(default_factory=Backoff)
     timeout: timedelta | None = None
+    unique_key: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout <= timedelta(0):
             raise TaskDefinitionError(f"task {self.name!r}: timeout must be above 0")
+        if self.unique_key is not None and not callable(self.unique_key):
+            raise TaskDefinitionError(
+                f"task {self.name!r}: unique_key must be a function of the payload"
+            )
         try:
             check_task_name(self.name)
             check_queue_name(self.queue)

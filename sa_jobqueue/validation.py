@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from .errors import InvalidNameError, InvalidScheduleError, PayloadError
+from .errors import InvalidJobError, InvalidNameError, InvalidScheduleError, PayloadError
 
 QUEUE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 TASK_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
@@ -146,6 +146,33 @@ def check_max_attempts(max_attempts: object) -> int:
             f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, not {max_attempts!r}"
         )
     return max_attempts
+
+
+#: Longest unique key, in UTF-8 bytes. A B-tree index entry holds at most about 2,700 bytes, and
+#: the key shares its entry with the task name (up to 200); hash anything longer yourself.
+MAX_UNIQUE_KEY_BYTES: Final = 1000
+
+
+def check_unique_key(key: object, *, task: str) -> str | None:
+    """A job's unique key: None (no uniqueness) or a str of at most 1,000 UTF-8 bytes."""
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidJobError(
+            f"task {task!r}: a unique key is a str (or None), not {type(key).__name__}"
+        )
+    if "\x00" in key:
+        raise InvalidJobError(f"task {task!r}: the unique key contains a NUL character")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise InvalidJobError(f"task {task!r}: the unique key is not valid Unicode") from None
+    if size > MAX_UNIQUE_KEY_BYTES:
+        raise InvalidJobError(
+            f"task {task!r}: the unique key is {size} bytes, over the limit of"
+            f" {MAX_UNIQUE_KEY_BYTES}"
+        )
+    return key
 
 
 def check_lease(lease: object) -> timedelta:
