@@ -1,10 +1,15 @@
-"""The ``sa-jobqueue`` command: run a worker, or install the schema.
+"""The ``sa-jobqueue`` command: run a worker, install the schema, and operate the queue.
 
     sa-jobqueue worker myapp.jobs:queue [--concurrency N] [--queues a,b] [--database-url URL]
     sa-jobqueue migrate [--database-url URL]
+    sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
+    sa-jobqueue jobs list|show|retry|cancel|purge [filters]
+    sa-jobqueue check [--max-wait DURATION ...] [--json]
 
 Errors a user can fix (wrong URL, unreachable server, missing schema, an app that does not
-import) print one line on stderr and exit non-zero; they never dump a traceback.
+import) print one line on stderr and exit non-zero; they never dump a traceback. ``check``
+exits 0 when all is well, 1 on a warning and 2 on a critical finding (or when it cannot
+reach the database).
 """
 
 from __future__ import annotations
@@ -13,19 +18,27 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from types import FrameType
+from typing import Final, Literal
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
-from .database import create_control_engine, create_engine, ping
+from .database import check_schema, create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
+from .health import Thresholds, check, span, worst
+from .models import DEAD, FINISHED_STATUSES, RUNNING, STATUSES
+from .operations import MAX_PAGE, count_purge, purge, stats
 from .queue import JobQueue
-from .validation import check_queue_name
+from .reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
+from .validation import check_queue_name, check_task_name
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -146,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", help="create or upgrade the sa_jobqueue tables")
     database_option(migrate)
+    _operator_parsers(commands, database_option)
     return parser
 
 
@@ -160,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             return _migrate(args)
+        if args.command in OPERATOR_COMMANDS:
+            return _operate(args)
         return _worker(args)
     except JobQueueError as exc:
         print(f"sa-jobqueue: {exc}", file=sys.stderr)
@@ -240,3 +256,417 @@ def _worker(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
     return 0
+
+
+# -- operating the queue: stats, jobs, check ---------------------------------------------------
+
+OPERATOR_COMMANDS: Final = ("stats", "jobs", "check")
+#: ``check``'s exit status by its worst finding (the convention of Nagios-style probes). An
+#: unreachable database counts as critical; usage errors exit 2 too (argparse's status).
+CHECK_EXIT: Final = {"ok": 0, "warning": 1, "critical": 2}
+#: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
+#: server fails instead of hanging a terminal or a monitoring probe.
+OPERATOR_OPTIONS: Final = "-c statement_timeout=60s -c lock_timeout=10s"
+#: Jobs requeued per transaction by ``jobs retry`` with filters.
+RETRY_PAGE: Final = 500
+
+_DURATION: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
+_UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(value: str) -> timedelta:
+    """``30s``, ``5m``, ``2h``, ``7d``, or a bare number of seconds; 0 is allowed."""
+    match = _DURATION.fullmatch(value.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 30s, 5m, 2h, 7d)")
+    try:
+        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"duration too long: {value!r}") from None
+
+
+def _statuses(value: str) -> list[str]:
+    wanted = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"unknown status {', '.join(unknown) or '(none)'}: use {','.join(STATUSES)}"
+        )
+    return wanted
+
+
+def _queue(value: str) -> str:
+    try:
+        return check_queue_name(value)
+    except JobQueueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _task(value: str) -> str:
+    try:
+        return check_task_name(value)
+    except JobQueueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _page(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 1 <= number <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PAGE}")
+    return number
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return number
+
+
+def _operator_parsers(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    database_option: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    stats_ = commands.add_parser(
+        "stats", help="jobs per queue and status, backlog age, run times, live workers"
+    )
+    database_option(stats_)
+    stats_.add_argument("--json", action="store_true", help="JSON instead of tables")
+    stats_.add_argument(
+        "--watch", type=_seconds, metavar="SECONDS", help="print again every SECONDS until Ctrl-C"
+    )
+    stats_.add_argument(
+        "--window",
+        type=_duration,
+        default=timedelta(minutes=10),
+        metavar="DURATION",
+        help="how far back finished jobs and run times are counted (default 10m)",
+    )
+
+    jobs = commands.add_parser("jobs", help="list, show, retry, cancel or purge jobs")
+    actions = jobs.add_subparsers(dest="action", required=True)
+
+    def filters(sub: argparse.ArgumentParser, age: str) -> None:
+        sub.add_argument("--queue", type=_queue, help="only this queue")
+        sub.add_argument("--task", type=_task, help="only this task")
+        sub.add_argument(
+            "--older-than", type=_duration, metavar="DURATION", help=f"only jobs {age} (7d, 2h)"
+        )
+
+    listing = actions.add_parser("list", help="jobs in id order, oldest first")
+    database_option(listing)
+    filters(listing, "created longer ago than this")
+    listing.add_argument("--status", type=_statuses, help="comma-separated statuses")
+    listing.add_argument("--limit", type=_page, default=50, help="at most this many (default 50)")
+    listing.add_argument("--after", type=int, metavar="ID", help="start after this id (next page)")
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    show = actions.add_parser("show", help="one job in full, its error's traceback included")
+    database_option(show)
+    show.add_argument("job_id", type=int, metavar="ID")
+    show.add_argument("--json", action="store_true", help="JSON instead of text")
+
+    retry = actions.add_parser("retry", help="put dead jobs back in their queues, due now")
+    database_option(retry)
+    retry.add_argument("job_ids", type=int, nargs="*", metavar="ID", help="the dead jobs")
+    filters(retry, "created longer ago than this")
+    retry.add_argument("--all", action="store_true", help="every dead job (no IDs, no filters)")
+    retry.add_argument(
+        "--reset-attempts",
+        action="store_true",
+        help="count attempts from 0 again (default: keep them and raise max_attempts)",
+    )
+
+    cancel = actions.add_parser("cancel", help="cancel queued jobs, ask running ones to stop")
+    database_option(cancel)
+    cancel.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+
+    purge_ = actions.add_parser("purge", help="delete finished jobs in batches")
+    database_option(purge_)
+    purge_.add_argument(
+        "--status",
+        type=_statuses,
+        required=True,
+        help="comma-separated, of succeeded, dead, cancelled (queued and running are refused)",
+    )
+    purge_.add_argument(
+        "--older-than",
+        type=_duration,
+        required=True,
+        metavar="DURATION",
+        help="only jobs finished longer ago than this (7d, 2h; 0 for all)",
+    )
+    purge_.add_argument("--queue", type=_queue, help="only this queue")
+    purge_.add_argument("--task", type=_task, help="only this task")
+    purge_.add_argument(
+        "--batch", type=_page, default=1000, help="rows per transaction (default 1000)"
+    )
+    purge_.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+
+    check_ = commands.add_parser("check", help="health checks: exit 0 ok, 1 warning, 2 critical")
+    database_option(check_)
+    d = Thresholds()
+    for option, default, what in (
+        ("--max-wait", d.max_wait, "a due job waiting longer is a warning"),
+        ("--lease-grace", d.lease_grace, "a lease expired longer ago, not reclaimed, is one"),
+        ("--dead-window", d.dead_window, "how far back dead jobs are counted"),
+        ("--max-transaction-age", d.max_transaction_age, "a transaction pinning xmin longer"),
+        ("--stale-after", d.stale_after, "a worker not seen for longer is not live"),
+    ):
+        check_.add_argument(
+            option,
+            type=_duration,
+            default=default,
+            metavar="DURATION",
+            help=f"{what} (default {span(default)})",
+        )
+    for option, number, what in (
+        ("--max-dead", d.max_dead, "more dead jobs in the window are a warning"),
+        ("--max-dead-tuples", d.max_dead_tuples, "more dead row versions in the jobs table"),
+        ("--max-xmin-age", d.max_xmin_age, "a session or slot this many transactions behind"),
+    ):
+        check_.add_argument(
+            option, type=_count, default=number, metavar="N", help=f"{what} (default {number})"
+        )
+    check_.add_argument("--json", action="store_true", help="JSON instead of text")
+
+
+def _operator_engine(args: argparse.Namespace) -> Engine:
+    return create_engine(
+        args.database_url,
+        poolclass=NullPool,
+        connect_args={
+            "options": OPERATOR_OPTIONS,
+            "application_name": f"sa-jobqueue {args.command}",
+        },
+    )
+
+
+def _reason(exc: DBAPIError) -> str:
+    """A driver error's first line: what went wrong, without SQLAlchemy's statement dump."""
+    text = str(exc.orig) if exc.orig is not None else str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _operate(args: argparse.Namespace) -> int:
+    if args.command == "check":
+        return _check(args)
+    engine = _operator_engine(args)
+    try:
+        ping(engine)
+        check_schema(engine)
+        if args.command == "stats":
+            return _stats(engine, args)
+        action: Callable[[Engine, argparse.Namespace], int] = {
+            "list": _jobs_list,
+            "show": _jobs_show,
+            "retry": _jobs_retry,
+            "cancel": _jobs_cancel,
+            "purge": _jobs_purge,
+        }[args.action]
+        return action(engine, args)
+    except DBAPIError as exc:
+        print(f"sa-jobqueue: {_reason(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        engine.dispose()
+
+
+def _stats(engine: Engine, args: argparse.Namespace) -> int:
+    try:
+        while True:
+            # A connection per round: each round sees the database's current now(), and no
+            # transaction stays open between rounds to hold back vacuum.
+            with engine.connect() as conn:
+                result = stats(conn, window=args.window)
+            if args.json:
+                text = to_json(result, indent=None if args.watch else 2)
+            else:
+                text = stats_text(result)
+            if args.watch is None:
+                print(text)
+                return 0
+            if not args.json:
+                if sys.stdout.isatty():
+                    print("\x1b[H\x1b[2J", end="")  # clear the screen, cursor home
+                print(f"{result.as_of:%Y-%m-%d %H:%M:%S %Z}  (every {span(args.watch)})\n")
+            print(text, flush=True)
+            time.sleep(args.watch.total_seconds())
+    except KeyboardInterrupt:
+        return 0
+
+
+def _now(conn: Connection) -> datetime:
+    now: datetime = conn.execute(select(func.now())).scalar_one()
+    return now
+
+
+def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
+    with engine.connect() as conn:
+        found = JobQueue().list_jobs(
+            conn,
+            queue=args.queue,
+            task=args.task,
+            status=args.status,
+            older_than=args.older_than,
+            limit=args.limit,
+            after_id=args.after,
+        )
+        now = _now(conn)
+    if args.json:
+        print(to_json(found))
+        return 0
+    print(job_list(found, now))
+    if len(found) == args.limit:
+        print(f"(more: --after {found[-1].id})")
+    return 0
+
+
+def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
+    with engine.connect() as conn:
+        job = JobQueue().get_job(conn, args.job_id)
+        now = _now(conn)
+    if job is None:
+        print(f"sa-jobqueue: no job with id {args.job_id}", file=sys.stderr)
+        return EXIT_ERROR
+    print(to_json(job) if args.json else job_detail(job, now))
+    return 0
+
+
+def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
+    queue = JobQueue()
+    mode: Literal["extend", "reset"] = "reset" if args.reset_attempts else "extend"
+    filtered = args.all or any(v is not None for v in (args.queue, args.task, args.older_than))
+    if bool(args.job_ids) == bool(filtered):
+        print(
+            "sa-jobqueue: give either job IDs or filters (--queue, --task, --older-than, --all)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.job_ids:
+        failed = 0
+        with engine.begin() as conn:
+            for job_id in args.job_ids:
+                if queue.requeue(conn, job_id, attempts=mode):
+                    print(f"job {job_id}: queued again")
+                    continue
+                failed += 1
+                job = queue.get_job(conn, job_id)
+                if job is None:
+                    reason = "no such job"
+                elif job.status != DEAD:
+                    reason = f"not dead but {job.status}, left as it is"
+                else:
+                    reason = "left dead: a queued or running job of its task holds its unique key"
+                print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
+        return EXIT_ERROR if failed else 0
+    requeued = kept = 0
+    after: int | None = None
+    while True:
+        # A transaction per page: a long retry holds no locks for long, and what it did
+        # stays done if it is interrupted.
+        with engine.begin() as conn:
+            page = queue.list_jobs(
+                conn,
+                status=DEAD,
+                queue=args.queue,
+                task=args.task,
+                older_than=args.older_than,
+                limit=RETRY_PAGE,
+                after_id=after,
+            )
+            for job in page:
+                if queue.requeue(conn, job.id, attempts=mode):
+                    requeued += 1
+                else:
+                    kept += 1
+        if len(page) < RETRY_PAGE:
+            break
+        after = page[-1].id
+    print(f"requeued {requeued} dead job(s)")
+    if kept:
+        print(
+            f"sa-jobqueue: {kept} left dead: a queued or running job of the task holds the"
+            " unique key, or the job changed meanwhile",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return 0
+
+
+def _jobs_cancel(engine: Engine, args: argparse.Namespace) -> int:
+    queue = JobQueue()
+    failed = 0
+    with engine.begin() as conn:
+        for job_id in args.job_ids:
+            if queue.cancel(conn, job_id):
+                job = queue.get_job(conn, job_id)
+                requested = job is not None and job.status == RUNNING
+                print(
+                    f"job {job_id}: "
+                    + ("cancellation requested; its worker stops it" if requested else "cancelled")
+                )
+                continue
+            failed += 1
+            job = queue.get_job(conn, job_id)
+            reason = "no such job" if job is None else f"already {job.status}, left as it is"
+            print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
+    return EXIT_ERROR if failed else 0
+
+
+def _jobs_purge(engine: Engine, args: argparse.Namespace) -> int:
+    live = [s for s in args.status if s not in FINISHED_STATUSES]
+    if live:
+        print(
+            f"sa-jobqueue: refusing to purge {' and '.join(live)} jobs: only finished ones"
+            f" ({', '.join(FINISHED_STATUSES)}); cancel them first",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    what = (
+        f"{'/'.join(args.status)} job(s) finished over {span(args.older_than)} ago"
+        + (f" in queue {args.queue}" if args.queue else "")
+        + (f" of task {args.task}" if args.task else "")
+    )
+    selection = (args.status, args.older_than, args.queue, args.task)
+    with engine.connect() as conn:
+        if args.dry_run:
+            print(f"would purge {count_purge(conn, *selection)} {what}")
+            return 0
+        deleted = purge(conn, *selection, batch=args.batch)
+    print(f"purged {deleted} {what}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    thresholds = Thresholds(
+        max_wait=args.max_wait,
+        lease_grace=args.lease_grace,
+        dead_window=args.dead_window,
+        max_dead=args.max_dead,
+        max_dead_tuples=args.max_dead_tuples,
+        max_transaction_age=args.max_transaction_age,
+        max_xmin_age=args.max_xmin_age,
+        stale_after=args.stale_after,
+    )
+    engine: Engine | None = None
+    try:
+        engine = _operator_engine(args)
+        ping(engine)
+        with engine.connect() as conn:
+            findings = check(conn, thresholds)
+    except (JobQueueError, DBAPIError) as exc:
+        reason = _reason(exc) if isinstance(exc, DBAPIError) else str(exc)
+        print(f"sa-jobqueue: {reason}", file=sys.stderr)
+        return CHECK_EXIT["critical"]
+    finally:
+        if engine is not None:
+            engine.dispose()
+    print(findings_json(findings) if args.json else findings_text(findings))
+    return CHECK_EXIT[worst(findings)]

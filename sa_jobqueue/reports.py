@@ -1,0 +1,206 @@
+"""Text and JSON renderings of jobs, statistics and health findings, for the ``sa-jobqueue`` CLI.
+
+Pure functions from the dataclasses of :mod:`sa_jobqueue.operations` and
+:class:`~sa_jobqueue.queue.JobInfo` to strings; nothing here touches the database. Times are
+shown relative to the database's ``now()``, which the caller passes in. The text layout is for
+people and may change; the JSON is for programs: durations in seconds, times in ISO 8601.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .health import Finding, span, worst
+from .models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
+from .operations import Stats
+from .queue import JobInfo
+
+#: Longest error message shown in a job list; ``jobs show`` prints all of it.
+ERROR_WIDTH = 60
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: int = 0) -> str:
+    """Columns padded to their widest cell; the last ``right`` columns aligned right."""
+    cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    first_right = len(headers) - right
+    lines = [
+        "  ".join(
+            cell.rjust(width) if i >= first_right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in cells
+    ]
+    return "\n".join(lines)
+
+
+# -- JSON ------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def to_json(value: Any, indent: int | None = 2) -> str:
+    """Dataclasses, lists and dicts of them as JSON (timedeltas as seconds)."""
+    return json.dumps(_plain(value), indent=indent, ensure_ascii=False)
+
+
+def findings_json(findings: Sequence[Finding]) -> str:
+    """The findings and the overall severity, as JSON."""
+    return to_json({"status": worst(findings), "findings": list(findings)})
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+def _when(job: JobInfo, now: datetime) -> str:
+    """Where the job stands in time: when it is due, its lease, or when it finished."""
+    if job.status == QUEUED:
+        ahead = job.visible_at - now
+        return "due now" if ahead <= timedelta(0) else f"due in {span(ahead)}"
+    if job.status == RUNNING:
+        left = job.visible_at - now
+        return f"lease {span(left)} left" if left > timedelta(0) else f"lease expired {span(-left)}"
+    if job.finished_at is not None:
+        return f"finished {span(now - job.finished_at)} ago"
+    return ""
+
+
+def _error(job: JobInfo, width: int | None = ERROR_WIDTH) -> str:
+    error = job.last_error
+    if not isinstance(error, dict):
+        return ""
+    lines = str(error.get("message", "")).splitlines()
+    text = f"{error.get('type', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def job_list(jobs: Sequence[JobInfo], now: datetime) -> str:
+    """One line per job: id, queue, task, status, attempts, age, timing, last error."""
+    rows = [
+        (
+            job.id,
+            job.queue,
+            job.task,
+            job.status + (" (cancel requested)" if job.cancel_requested else ""),
+            f"{job.attempts}/{job.max_attempts}",
+            span(now - job.created_at),
+            _when(job, now),
+            _error(job),
+        )
+        for job in jobs
+    ]
+    headers = ("ID", "QUEUE", "TASK", "STATUS", "ATTEMPTS", "AGE", "WHEN", "LAST ERROR")
+    return table(headers, rows) if rows else "no jobs"
+
+
+def job_detail(job: JobInfo, now: datetime) -> str:
+    """Every field of one job, the payload as JSON and the error's traceback in full."""
+
+    def moment(value: datetime | None) -> str:
+        if value is None:
+            return "-"
+        offset = value - now
+        relative = f"in {span(offset)}" if offset > timedelta(0) else f"{span(-offset)} ago"
+        return f"{value.isoformat(timespec='seconds')} ({relative})"
+
+    lines = [
+        f"id:           {job.id}",
+        f"queue:        {job.queue}",
+        f"task:         {job.task}",
+        f"status:       {job.status}"
+        + (" (cancellation requested)" if job.cancel_requested else ""),
+        f"priority:     {job.priority}",
+        f"attempts:     {job.attempts} of {job.max_attempts}",
+        f"created:      {moment(job.created_at)}",
+        f"when:         {_when(job, now)}",
+        f"started:      {moment(job.started_at)}",
+        f"finished:     {moment(job.finished_at)}",
+        "payload:      " + json.dumps(job.payload, ensure_ascii=False),
+    ]
+    if isinstance(job.last_error, dict):
+        lines.append(f"last error:   {_error(job, width=None)}")
+        traceback = job.last_error.get("traceback")
+        if traceback:
+            lines += ["", str(traceback).rstrip()]
+    return "\n".join(lines)
+
+
+# -- stats -----------------------------------------------------------------------------------
+
+
+def stats_text(stats: Stats) -> str:
+    """Three tables: queues, task run times, live workers."""
+    window = span(stats.window)
+    queue_rows = [
+        (
+            q.queue,
+            *(q.counts[s] for s in STATUSES),
+            q.due,
+            span(q.oldest_due_age) if q.oldest_due_age is not None else "-",
+            *(q.finished[s] for s in FINISHED_STATUSES),
+        )
+        for q in stats.queues
+    ]
+    finished = tuple(f"{s.upper()}/{window}" for s in FINISHED_STATUSES)
+    headers = ("QUEUE", *(s.upper() for s in STATUSES), "DUE", "OLDEST DUE", *finished)
+    parts = [
+        table(headers, queue_rows, right=len(headers) - 1) if queue_rows else "no jobs",
+        "",
+    ]
+    task_rows = [(t.task, t.jobs, span(t.p50), span(t.p99)) for t in stats.tasks]
+    parts += [
+        table(("TASK", f"FINISHED/{window}", "P50", "P99"), task_rows, right=3)
+        if task_rows
+        else f"no job finished in the last {window}",
+        "",
+    ]
+    worker_rows = [
+        (
+            w.name,
+            w.host,
+            w.pid,
+            ",".join(w.queues),
+            w.concurrency,
+            span(stats.as_of - w.started_at),
+            f"{span(stats.as_of - w.last_seen_at)} ago",
+        )
+        for w in stats.workers
+    ]
+    parts.append(
+        table(("WORKER", "HOST", "PID", "QUEUES", "CONCURRENCY", "UP", "SEEN"), worker_rows)
+        if worker_rows
+        else "no live worker"
+    )
+    return "\n".join(parts)
+
+
+# -- check -----------------------------------------------------------------------------------
+
+
+def findings_text(findings: Sequence[Finding]) -> str:
+    """One line per finding, with what to do under each that is not ok."""
+    width = max((len(f.check) for f in findings), default=0)
+    lines = []
+    for f in findings:
+        lines.append(f"{f.severity.upper():<8}  {f.check:<{width}}  {f.message}")
+        if f.action:
+            lines.append(f"{'':<8}  {'':<{width}}  what to do: {f.action}")
+    return "\n".join(lines)
