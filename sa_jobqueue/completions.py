@@ -41,12 +41,16 @@ class Completer:
         self,
         engine: Engine,
         on_not_completed: Callable[[int, int], None],
+        on_completed: Callable[[list[tuple[int, int]]], None] | None = None,
+        on_unrecorded: Callable[[list[tuple[int, int]]], None] | None = None,
         *,
         batch_size: int = BATCH_SIZE,
         max_delay: float = MAX_DELAY,
     ) -> None:
         self._conn = HeldConnection(engine)
         self._on_not_completed = on_not_completed
+        self._on_completed = on_completed
+        self._on_unrecorded = on_unrecorded
         self._batch_size = batch_size
         self._max_delay = max_delay
         self._pending: queue.Queue[tuple[int, int] | None] = queue.Queue(MAX_PENDING)
@@ -99,7 +103,14 @@ class Completer:
             }
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases
             log.error("could not record %d completions: %s", len(batch), exc)
+            if self._on_unrecorded is not None:
+                self._on_unrecorded(batch)
             return
+        if self._on_completed is not None:
+            try:
+                self._on_completed([pair for pair in batch if pair[0] in done])
+            except Exception as exc:  # an observer's trouble; the completions stand
+                log.error("after completing %d jobs: %s", len(done), exc)
         for job_id, attempt in batch:
             if job_id not in done:
                 try:

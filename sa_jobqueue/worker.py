@@ -14,6 +14,7 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -23,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -36,13 +37,14 @@ from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from . import statements
+from . import operations, periodic, statements
 from .completions import Completer
 from .database import HeldConnection, check_schema
 from .errors import PayloadError, UnknownTaskError
 from .execution import GroupSession, HandlerSession, decode, error_json, one_line, run_coroutine
 from .listener import listen
 from .models import CANCELLED, DEAD, RUNNING
+from .observability import JobRun, Observer, Observers
 from .queue import JobQueue
 from .tasks import JobContext, Task
 
@@ -80,6 +82,13 @@ GROUP_FAST = 0.02
 GROUP_MAX_JOBS = 50
 GROUP_MAX_AGE = 0.05
 GROUP_IDLE = 0.001
+#: How often a worker refreshes its row in the worker registry (seconds), and after how long
+#: without a refresh a row is taken for a dead worker's and deleted by any live worker.
+PRESENCE_INTERVAL = 10.0
+WORKER_STALE = timedelta(minutes=1)
+#: How often periodic schedules are looked at (seconds): how late after its tick a periodic
+#: job is enqueued, at most.
+PERIODIC_INTERVAL = 1.0
 #: Weight of the newest run in a task's moving average of run times.
 DURATION_WEIGHT = 0.2
 
@@ -95,6 +104,7 @@ class _Held:
     task: Task | None = None
     deadline: float | None = None  # time.monotonic() when the task's timeout runs out
     grouped: bool = False  # finished, its completion waiting for its group's commit
+    run: JobRun | None = None  # for observers
 
 
 @dataclass
@@ -130,6 +140,12 @@ class _Claimed:
     attempts: int
     max_attempts: int
     lease: timedelta
+    trace_context: dict[str, str] | None
+
+    def run(self) -> JobRun:
+        return JobRun(
+            self.id, self.task, self.queue, self.attempts, self.max_attempts, self.trace_context
+        )
 
 
 class Worker:
@@ -164,6 +180,7 @@ class Worker:
         control_engine: Engine | None = None,
         prefetch: int | None = None,
         retention: timedelta | None = timedelta(days=1),
+        observers: Sequence[Observer] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -205,6 +222,11 @@ class Worker:
         self._ready: SimpleQueue[tuple[Future[None], _Claimed] | None] = SimpleQueue()
         self._durations: dict[str, float] = {}  # task -> moving average of its run time
         self._claimer = HeldConnection(self._single)
+        # Observers see each attempt's outcome once it is recorded; until then (a batched
+        # completion, a group's commit) the attempt waits here with its handler's run time.
+        self._observe = Observers(observers)
+        self._settling: dict[tuple[int, int], tuple[JobRun, float | None]] = {}
+        self._timed_out: set[tuple[int, int]] = set()  # reported when the timeout was recorded
         self._completer: Completer | None = None
         self._saturated = False
         self._burst = False
@@ -222,13 +244,18 @@ class Worker:
         log.info(
             "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
         )
-        self._completer = Completer(self._single, self._not_completed)
+        self._completer = Completer(
+            self._single, self._not_completed, self._completed, self._unrecorded
+        )
         job_threads = [
             threading.Thread(target=self._job_thread, name=f"sa_jobqueue-job-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
         helpers = [
-            threading.Thread(target=self._heartbeat_loop, name="sa_jobqueue-heartbeat", daemon=True)
+            threading.Thread(
+                target=self._heartbeat_loop, name="sa_jobqueue-heartbeat", daemon=True
+            ),
+            threading.Thread(target=self._upkeep_loop, name="sa_jobqueue-upkeep", daemon=True),
         ]
         if self.listen:
             helpers.append(
@@ -433,12 +460,31 @@ class Worker:
             return
         log.info("handed back %d claimed job(s): %s", len(released), why)
 
+    def _completed(self, done: list[tuple[int, int]]) -> None:
+        """Batched completions recorded: tell the observers."""
+        for job_id, attempt in done:
+            self._report(job_id, attempt, "succeeded")
+
+    def _unrecorded(self, lost: list[tuple[int, int]]) -> None:
+        for job_id, attempt in lost:
+            self._report(job_id, attempt, "lost")
+
+    def _report(
+        self, job_id: int, attempt: int, outcome: str, error: BaseException | None = None
+    ) -> None:
+        """Tell the observers an attempt's outcome (once: later reports find nothing)."""
+        if self._observe:
+            entry = self._settling.pop((job_id, attempt), None)
+            if entry is not None:
+                self._observe.finished(entry[0], outcome, entry[1], error)
+
     def _not_completed(self, job_id: int, attempt: int) -> None:
         """A completion matched no row: the job was cancelled, or the attempt is stale (its
         lease was lost or it timed out). Either way its writes were rolled back."""
         with self._single.connect() as conn:
             fence = {"job_id": job_id, "attempt": attempt}
             cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
+        self._report(job_id, attempt, "cancelled" if cancelled else "lost")
         if cancelled:
             log.info("job %d was cancelled", job_id)
         else:
@@ -512,10 +558,15 @@ class Worker:
             )
             self._drop_connection(here)
             self._settle(jobs)
+            for job in jobs:
+                self._report(job.id, job.attempts, "lost", exc)
             return
         if self._ready.empty():
             self._drop_connection(here)  # else keep it for the next group: work is waiting
         self._settle(jobs)
+        for job in jobs:
+            if job.id in done and len(done) == len(jobs):
+                self._report(job.id, job.attempts, "succeeded")
         if len(done) < len(jobs):
             stale = [job for job in jobs if job.id not in done]
             again = [job for job in jobs if job.id in done]
@@ -523,6 +574,8 @@ class Worker:
                 self._not_completed(job.id, job.attempts)
             if again:
                 self._hand_back(again, "their shared transaction was rolled back")
+                for job in again:
+                    self._report(job.id, job.attempts, "handed_back")
 
     def _settle(self, jobs: list[_Claimed]) -> None:
         """Forget the leases of a group's jobs once it has committed or rolled back."""
@@ -558,6 +611,7 @@ class Worker:
                 job.attempts,
                 one_line(exc),
             )
+            self._report(job.id, job.attempts, "lost", exc)
             if here.group is not None:
                 self._commit_group(here)  # keep what the group completed before, if it can
         except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
@@ -573,6 +627,8 @@ class Worker:
             with self._single.connect() as conn:
                 conn.execute(statements.bury(), {**fence, "error": error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
+            if self._observe:
+                self._observe.finished(job.run(), "dead", None, exc)
             return
         # A slow task runs in a transaction of its own: commit the group before it starts, or
         # the group's row locks would be held for as long as it runs.
@@ -597,24 +653,34 @@ class Worker:
                 else functools.partial(HandlerSession, bind=self.engine)
             ),
         )
+        run = job.run() if self._observe else None
         with self._lock:
             held = self._active.get(job.id)
             if held is not None and held.attempt == job.attempts:
-                held.ctx, held.task = ctx, task
+                held.ctx, held.task, held.run = ctx, task, run
                 if task.timeout is not None:
                     held.deadline = time.monotonic() + task.timeout.total_seconds()
         failure: Exception | None = None
+        if run is not None:
+            self._observe.started(run)
         started = time.monotonic()
         try:
-            if inspect.iscoroutinefunction(task.handler):
-                run_coroutine(task.handler, ctx, payload)
-            else:
-                task.handler(ctx, payload)
-            if ctx.session_used:
-                ctx.session.flush()
+            with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                if inspect.iscoroutinefunction(task.handler):
+                    run_coroutine(task.handler, ctx, payload)
+                else:
+                    task.handler(ctx, payload)
+                if ctx.session_used:
+                    ctx.session.flush()
         except Exception as exc:
             failure = exc
         elapsed = time.monotonic() - started
+        if run is not None:
+            key = (job.id, job.attempts)
+            if key in self._timed_out:
+                self._timed_out.discard(key)  # its outcome was reported with its timeout
+            else:
+                self._settling[key] = (run, elapsed)
         self._durations[job.task] = (
             elapsed if usual is None else usual + DURATION_WEIGHT * (elapsed - usual)
         )
@@ -637,6 +703,7 @@ class Worker:
                 and session.connection().execute(statements.complete(), fence).rowcount == 1
             ):
                 session.commit_for_real()
+                self._report(job.id, job.attempts, "succeeded")
                 log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
                 return
             if session is not None:
@@ -694,6 +761,8 @@ class Worker:
 
     def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
         row = self._fail(job.id, job.attempts, task, exc)
+        outcome = "lost" if row is None else _FAILED_AS.get(row.status, "retried")
+        self._report(job.id, job.attempts, outcome, exc)
         if row is None:
             log.warning(
                 "job %d: attempt %d failed after losing its lease (or timing out); ignored",
@@ -760,6 +829,55 @@ class Worker:
                 break
         return total
 
+    # -- upkeep: the worker registry and periodic schedules ---------------------------------
+
+    def _upkeep_loop(self) -> None:
+        """Keep this worker's registry row fresh and enqueue periodic jobs as they fall due.
+
+        Neither is needed to run jobs: a failure is logged (once until it works again) and
+        retried at the next round. Periodic jobs stop with claiming; the registry row stays
+        until the last job has finished or been given up.
+        """
+        next_presence = next_periodic = 0.0
+        failing: set[str] = set()
+        while True:
+            now = time.monotonic()
+            if self.queue.schedules and not self._stopping.is_set() and now >= next_periodic:
+                next_periodic = now + PERIODIC_INTERVAL * random.uniform(0.9, 1.1)
+                with self._upkeep_step("periodic schedules", failing):
+                    if periodic.enqueue_due(self._single, self.queue):
+                        self._wake.set()
+            if now >= next_presence:
+                next_presence = now + PRESENCE_INTERVAL
+                with self._upkeep_step("worker registry", failing):
+                    self._be_present()
+            if self._halt.wait(HEARTBEAT_TICK * 2.5):
+                break
+        with self._upkeep_step("worker registry", failing), self._single.connect() as conn:
+            operations.unregister_worker(conn, self.name)
+
+    def _be_present(self) -> None:
+        with self._single.connect() as conn:
+            if not operations.touch_worker(conn, self.name):
+                host, pid = socket.gethostname(), os.getpid()
+                operations.register_worker(
+                    conn, self.name, host, pid, self.queues, self.concurrency
+                )
+            operations.expire_workers(conn, WORKER_STALE)
+
+    @contextlib.contextmanager
+    def _upkeep_step(self, what: str, failing: set[str]) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # the database, or a task's unique_key function
+            if what not in failing:
+                log.warning("%s: %s; retrying", what, one_line(exc))
+            failing.add(what)
+        else:
+            if what in failing:
+                log.info("%s: working again", what)
+            failing.discard(what)
+
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
@@ -817,6 +935,9 @@ class Worker:
             if ctx is not None and not ctx.stop_requested:
                 log.warning("job %d lost its lease; asking its handler to stop", job_id)
                 ctx._stop = True
+                run = held[job_id].run
+                if run is not None:
+                    self._observe.lease_lost(run)
         for job_id, cancel in kept.items():
             ctx = held[job_id].ctx
             if cancel and ctx is not None and not ctx.cancel_requested:
@@ -845,6 +966,15 @@ class Worker:
                 held.ctx._stop = True
         if row is not None:
             log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
+            if held.run is not None:
+                self._timed_out.add((job_id, held.attempt))
+                timeout = held.task.timeout.total_seconds()
+                outcome = _FAILED_AS.get(row.status, "retried")
+                self._observe.finished(held.run, outcome, timeout, error)
+
+
+#: A failed attempt's outcome for observers, from the job's status after the failure.
+_FAILED_AS: dict[str, str] = {DEAD: "dead", CANCELLED: "cancelled"}
 
 
 def _default_queues(queue: JobQueue) -> list[str]:
