@@ -1,6 +1,7 @@
 """The ``sa-jobqueue`` command: run a worker, install the schema, and operate the queue.
 
-    sa-jobqueue worker myapp.jobs:queue [--concurrency N] [--queues a,b] [--database-url URL]
+    sa-jobqueue worker myapp.jobs:queue [--concurrency N] [--queues a,b | a=8,b=1]
+                                        [--database-url URL]
     sa-jobqueue migrate [--database-url URL]
     sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
@@ -86,11 +87,41 @@ def _retention(value: str) -> timedelta | None:
     return timedelta(seconds=seconds)
 
 
-def _queues(value: str) -> list[str]:
-    try:
-        return [check_queue_name(q.strip()) for q in value.split(",") if q.strip()]
-    except JobQueueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _queues(value: str) -> list[tuple[str, int | None]]:
+    """``a,b`` (sharing --concurrency) or ``emails=8,reports=1`` (a concurrency each)."""
+    found: list[tuple[str, int | None]] = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, number = item.partition("=")
+        try:
+            queue = check_queue_name(name.strip())
+        except JobQueueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not sep:
+            found.append((queue, None))
+            continue
+        try:
+            concurrency = int(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a concurrency: {item!r}") from None
+        if concurrency < 1:
+            raise argparse.ArgumentTypeError(f"a queue's concurrency must be at least 1: {item!r}")
+        found.append((queue, concurrency))
+    return found
+
+
+def _lanes(
+    queues: list[tuple[str, int | None]] | None, concurrency: int
+) -> list[str] | dict[str, int] | None:
+    """The worker's ``queues``: a list sharing ``concurrency``, or a concurrency per queue.
+
+    Once one queue names its concurrency, every queue gets threads of its own; a queue named
+    without one gets ``--concurrency``.
+    """
+    if not queues:
+        return None
+    if all(n is None for _, n in queues):
+        return [name for name, _ in queues]
+    return {name: concurrency if n is None else n for name, n in queues}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +144,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("app", help="where your JobQueue lives, as module:attribute")
     database_option(worker)
     worker.add_argument("--concurrency", type=int, default=10, help="jobs run at once")
-    worker.add_argument("--queues", type=_queues, help="comma-separated queues to serve")
+    worker.add_argument(
+        "--queues",
+        type=_queues,
+        help="comma-separated queues to serve, sharing --concurrency (a,b), or each with its"
+        " own threads (emails=8,reports=1)",
+    )
     worker.add_argument(
         "--poll-interval",
         type=_seconds,
@@ -218,15 +254,17 @@ def _worker(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     app = load_app(args.app)
+    queues = _lanes(args.queues, args.concurrency)
+    threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
     # One connection per handler thread; the worker's own statements use a second engine.
-    engine = create_engine(args.database_url, pool_size=args.concurrency, max_overflow=2)
-    control = create_control_engine(args.database_url, args.concurrency)
+    engine = create_engine(args.database_url, pool_size=threads, max_overflow=2)
+    control = create_control_engine(args.database_url, threads)
     _wait_for_database(control, args.wait_for_database)
     worker = Worker(
         app,
         engine,
         concurrency=args.concurrency,
-        queues=args.queues,
+        queues=queues,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         listen=args.listen,

@@ -120,12 +120,59 @@ class _Group:
         return len(self.done) >= GROUP_MAX_JOBS or time.monotonic() - self.opened >= GROUP_MAX_AGE
 
 
+class _Lane:
+    """Queues that share a set of job threads and a claim buffer.
+
+    A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
+    queue: each then claims into its own threads and buffer, and a busy queue cannot take the
+    threads of another.
+    """
+
+    def __init__(self, queues: list[str], concurrency: int, prefetch: int | None) -> None:
+        self.queues = queues
+        self.concurrency = concurrency
+        # Jobs claimed ahead of free threads, so that one claim brings a batch. Left unset,
+        # the buffer adapts: it doubles while jobs drain it within PREFETCH_FAST (short jobs:
+        # fewer, larger claims) and halves while they take longer than PREFETCH_SLOW (long
+        # jobs: do not sit on work another worker could start).
+        self.adaptive = prefetch is None
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.max_prefetch = PREFETCH_MAX_FACTOR * concurrency
+        self.filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
+        self.saturated = False  # the last claim left work behind
+        self.rotation = 0
+        self.held = 0  # claimed and not finished (under the worker's lock)
+        # Claimed jobs on their way to a job thread; None tells a thread to finish.
+        self.ready: SimpleQueue[tuple[Future[None], _Claimed] | None] = SimpleQueue()
+
+    @property
+    def capacity(self) -> int:
+        """Jobs the lane holds at most: running, plus claimed and waiting for a thread."""
+        return self.concurrency + self.prefetch
+
+    @property
+    def low_water(self) -> int:
+        """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
+        round trip overlaps with the other half running, and each claim brings a batch."""
+        return self.concurrency + self.prefetch // 2
+
+    def adapt(self) -> None:
+        if not self.adaptive or not self.filled_at:
+            return
+        drained_in = time.monotonic() - self.filled_at
+        if drained_in < PREFETCH_FAST:
+            self.prefetch = min(max(self.prefetch * 2, 1), self.max_prefetch)
+        elif drained_in > PREFETCH_SLOW:
+            self.prefetch = max(self.prefetch // 2, 1)
+
+
 class _Thread:
     """What one job thread carries from job to job: its open group and its connection."""
 
-    __slots__ = ("conn", "group")
+    __slots__ = ("conn", "group", "lane")
 
-    def __init__(self) -> None:
+    def __init__(self, lane: _Lane) -> None:
+        self.lane = lane
         self.group: _Group | None = None
         self.conn: Connection | None = None  # kept between groups while work is waiting
 
@@ -172,7 +219,7 @@ class Worker:
         engine: Engine,
         *,
         concurrency: int = 10,
-        queues: Iterable[str] | None = None,
+        queues: Iterable[str] | Mapping[str, int] | None = None,
         poll_interval: timedelta = timedelta(seconds=1),
         shutdown_grace: timedelta = timedelta(seconds=30),
         listen: bool = True,
@@ -188,21 +235,19 @@ class Worker:
             raise ValueError("prefetch must not be negative")
         self.queue = queue
         self.engine = engine
-        self.concurrency = concurrency
-        # Jobs claimed ahead of free threads, so that one claim brings a batch: the worker
-        # claims again when its buffer has run dry, up to concurrency + prefetch jobs. Left
-        # unset, the buffer adapts: it doubles while jobs drain it within PREFETCH_FAST (short
-        # jobs: fewer, larger claims) and halves while they take longer than PREFETCH_SLOW
-        # (long jobs: do not sit on work another worker could start).
-        self._adaptive = prefetch is None
-        self.prefetch = concurrency if prefetch is None else prefetch
-        self._max_prefetch = PREFETCH_MAX_FACTOR * concurrency
-        self._filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
+        if isinstance(queues, Mapping):
+            if not queues or any(n < 1 for n in queues.values()):
+                raise ValueError("each queue's concurrency must be at least 1")
+            self._lanes = [_Lane([q], n, prefetch) for q, n in queues.items()]
+        else:
+            names = list(queues) if queues else _default_queues(queue)
+            self._lanes = [_Lane(names, concurrency, prefetch)]
+        self.queues = [q for lane in self._lanes for q in lane.queues]
+        self.concurrency = sum(lane.concurrency for lane in self._lanes)
         if retention is not None and retention < timedelta(0):
             raise ValueError("retention must not be negative")
         self.retention = retention
         self._next_prune = 0.0  # time.monotonic() of the next pruning round
-        self.queues = list(queues) if queues else _default_queues(queue)
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
         self.listen = listen
@@ -218,8 +263,6 @@ class Worker:
         self._halt = threading.Event()  # run() is over: stop renewing leases
         self._active: dict[int, _Held] = {}
         self._futures: dict[Future[None], _Claimed] = {}
-        # Claimed jobs on their way to a job thread; None tells a thread to finish.
-        self._ready: SimpleQueue[tuple[Future[None], _Claimed] | None] = SimpleQueue()
         self._durations: dict[str, float] = {}  # task -> moving average of its run time
         self._claimer = HeldConnection(self._single)
         # Observers see each attempt's outcome once it is recorded; until then (a batched
@@ -228,9 +271,7 @@ class Worker:
         self._settling: dict[tuple[int, int], tuple[JobRun, float | None]] = {}
         self._timed_out: set[tuple[int, int]] = set()  # reported when the timeout was recorded
         self._completer: Completer | None = None
-        self._saturated = False
         self._burst = False
-        self._rotation = 0
 
     # -- public -----------------------------------------------------------------------------
 
@@ -248,8 +289,17 @@ class Worker:
             self._single, self._not_completed, self._completed, self._unrecorded
         )
         job_threads = [
-            threading.Thread(target=self._job_thread, name=f"sa_jobqueue-job-{i}", daemon=True)
-            for i in range(self.concurrency)
+            (
+                lane,
+                threading.Thread(
+                    target=self._job_thread,
+                    args=(lane,),
+                    name=f"sa_jobqueue-job-{lane.queues[0]}-{i}",
+                    daemon=True,
+                ),
+            )
+            for lane in self._lanes
+            for i in range(lane.concurrency)
         ]
         helpers = [
             threading.Thread(
@@ -266,7 +316,7 @@ class Worker:
                     daemon=True,
                 )
             )
-        for thread in job_threads + helpers:
+        for thread in [t for _, t in job_threads] + helpers:
             thread.start()
         try:
             self._claim_loop(burst)
@@ -280,9 +330,9 @@ class Worker:
             # Threads that are free commit their open groups and end; jobs still running past
             # the grace keep their threads (Python cannot kill them), but their leases are no
             # longer renewed, so another worker will take them over.
-            for _ in job_threads:
-                self._ready.put(None)
-            for thread in job_threads:
+            for lane, _ in job_threads:
+                lane.ready.put(None)
+            for _, thread in job_threads:
                 thread.join(timeout=0.5 if not_done else None)
             self._completer.close()
             self._halt.set()
@@ -326,7 +376,8 @@ class Worker:
                 outage = 0
             with self._lock:
                 running = len(self._futures)
-            if more and running < self.capacity:
+                room = any(lane.saturated and lane.held < lane.capacity for lane in self._lanes)
+            if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
             if burst and not more and not running:
                 return
@@ -339,41 +390,38 @@ class Worker:
             self._wake.wait(interval * random.uniform(0.8, 1.2))
 
     @property
-    def capacity(self) -> int:
-        """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
-        return self.concurrency + self.prefetch
+    def prefetch(self) -> int:
+        """Jobs claimed ahead of free threads, at most, over all lanes (it adapts if unset)."""
+        return sum(lane.prefetch for lane in self._lanes)
 
     @property
-    def _low_water(self) -> int:
-        """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
-        round trip overlaps with the other half running, and each claim brings a batch."""
-        return self.concurrency + self.prefetch // 2
-
-    def _adapt_prefetch(self) -> None:
-        if not self._adaptive or not self._filled_at:
-            return
-        drained_in = time.monotonic() - self._filled_at
-        if drained_in < PREFETCH_FAST:
-            self.prefetch = min(max(self.prefetch * 2, 1), self._max_prefetch)
-        elif drained_in > PREFETCH_SLOW:
-            self.prefetch = max(self.prefetch // 2, 1)
+    def capacity(self) -> int:
+        """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
+        return sum(lane.capacity for lane in self._lanes)
 
     def _claim_round(self) -> bool:
-        """Claim into the free slots, queue by queue. True if more work is probably waiting.
+        """Claim into every lane's free slots. True if more work is probably waiting."""
+        more = False
+        for lane in self._lanes:
+            more = self._claim_lane(lane) or more
+        return more
+
+    def _claim_lane(self, lane: _Lane) -> bool:
+        """Claim into a lane's free slots, queue by queue. True if more is probably waiting.
 
         "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
         not asked at all because the slots ran out first.
         """
-        # Only a round that starts once the buffer has run dry says how fast jobs drain it; a
+        # Only a round that starts once the buffer has run low says how fast jobs drain it; a
         # NOTIFY or a poll that arrives while the buffer is still full says nothing.
-        if len(self._futures) <= self._low_water:
-            self._adapt_prefetch()
-            self._filled_at = 0.0
-        n = len(self.queues)
-        start, self._rotation = self._rotation, (self._rotation + 1) % n
+        if lane.held <= lane.low_water:
+            lane.adapt()
+            lane.filled_at = 0.0
+        n = len(lane.queues)
+        start, lane.rotation = lane.rotation, (lane.rotation + 1) % n
         more = False
-        for queue in (self.queues[(start + i) % n] for i in range(n)):
-            free = self.capacity - len(self._futures)
+        for queue in (lane.queues[(start + i) % n] for i in range(n)):
+            free = lane.capacity - lane.held
             if free <= 0:
                 more = True
                 break
@@ -391,29 +439,31 @@ class Worker:
                         job.status,
                     )
                     continue
-                self._submit(job)
-        if more and not self._filled_at:
-            self._filled_at = time.monotonic()
+                self._submit(lane, job)
+        if more and not lane.filled_at:
+            lane.filled_at = time.monotonic()
         with self._lock:
             # Tell _finished whether a freed slot is worth waking the claim loop for.
-            self._saturated = more
+            lane.saturated = more
         return more
 
-    def _submit(self, job: _Claimed) -> None:
+    def _submit(self, lane: _Lane, job: _Claimed) -> None:
         future: Future[None] = Future()
         with self._lock:
+            lane.held += 1
             self._active[job.id] = _Held(
                 job.attempts, job.lease, time.monotonic() + job.lease.total_seconds() / 3
             )
             self._futures[future] = job
         future.add_done_callback(
-            functools.partial(self._finished, job_id=job.id, attempt=job.attempts)
+            functools.partial(self._finished, lane=lane, job_id=job.id, attempt=job.attempts)
         )
-        self._ready.put((future, job))
+        lane.ready.put((future, job))
 
-    def _finished(self, future: Future[None], job_id: int, attempt: int) -> None:
+    def _finished(self, future: Future[None], lane: _Lane, job_id: int, attempt: int) -> None:
         with self._lock:
             self._futures.pop(future, None)
+            lane.held -= 1
             # A timed-out attempt that ran on can finish after this worker claimed the job's
             # next attempt: leave that one registered, or it would never be renewed.
             # A job whose completion waits for its group's commit keeps its lease renewed.
@@ -423,9 +473,9 @@ class Worker:
             # A freed slot only matters if the last claim left work behind, and then once the
             # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst
             # mode the loop also needs to notice when the last job is done.
-            wake = self._burst or (self._saturated and len(self._futures) <= self._low_water)
+            wake = self._burst or (lane.saturated and lane.held <= lane.low_water)
             if wake:
-                self._saturated = False
+                lane.saturated = False
         if wake:
             self._wake.set()
 
@@ -496,13 +546,13 @@ class Worker:
 
     # -- running one job --------------------------------------------------------------------
 
-    def _job_thread(self) -> None:
-        """Run claimed jobs one after another until told to finish."""
-        here = _Thread()
+    def _job_thread(self, lane: _Lane) -> None:
+        """Run a lane's claimed jobs one after another until told to finish."""
+        here = _Thread(lane)
         while True:
             try:
                 # With a group open, do not sit on its row locks waiting for work.
-                item = self._ready.get(timeout=GROUP_IDLE if here.group else None)
+                item = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
             except Empty:
                 self._commit_group(here)
                 continue
@@ -517,7 +567,7 @@ class Worker:
                 self._execute(job, here)
             finally:
                 future.set_result(None)
-            if here.group is not None and (here.group.due or self._ready.empty()):
+            if here.group is not None and (here.group.due or lane.ready.empty()):
                 self._commit_group(here)
 
     def _commit_group(self, here: _Thread) -> None:
@@ -561,7 +611,7 @@ class Worker:
             for job in jobs:
                 self._report(job.id, job.attempts, "lost", exc)
             return
-        if self._ready.empty():
+        if here.lane.ready.empty():
             self._drop_connection(here)  # else keep it for the next group: work is waiting
         self._settle(jobs)
         for job in jobs:
