@@ -28,13 +28,14 @@ from .errors import (
     UnknownTaskError,
 )
 from .queue import JobInfo, JobQueue
-from .tasks import Backoff, JobContext, Task
+from .tasks import Backoff, Discard, JobContext, Retry, Task
 from .worker import Worker
 
 __all__ = [
     "AppImportError",
     "Backoff",
     "DatabaseUnavailableError",
+    "Discard",
     "Enqueued",
     "InvalidJobError",
     "InvalidNameError",
@@ -44,6 +45,7 @@ __all__ = [
     "JobQueue",
     "JobQueueError",
     "PayloadError",
+    "Retry",
     "SchemaError",
     "SchemaMissingError",
     "SchemaOutdatedError",

@@ -507,6 +507,30 @@ def fail() -> Update:
 
 
 @cache
+def snooze() -> Update:
+    """Put a running attempt's job back in the queue ``:delay`` seconds on, with no error.
+
+    What a handler's ``Retry`` does. The attempt stays counted (attempts are counted when
+    claimed), so that ``attempts`` still names one attempt for the fence; ``max_attempts``
+    grows by one when none would be left, so a job cannot run out of attempts by retrying.
+    A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
+    and due time, or no row if stale.
+    """
+    cancelled = j.cancel_requested
+    return _fenced(
+        update(jobs_table)
+        .values(
+            status=case((cancelled, CANCELLED), else_=QUEUED),
+            visible_at=func.now() + seconds("delay"),
+            finished_at=case((cancelled, func.now()), else_=None),
+            max_attempts=func.greatest(j.max_attempts, j.attempts + 1),
+            worker=None,
+        )
+        .returning(j.status, j.visible_at)
+    )
+
+
+@cache
 def bury() -> Update:
     """Move one attempt's job straight to ``dead`` (unknown task, undecodable job)."""
     return _fenced(

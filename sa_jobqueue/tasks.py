@@ -56,6 +56,36 @@ class Backoff:
 Handler = Callable[["JobContext", Any], object]
 
 
+class Retry(Exception):
+    """Raised by a handler: run this job again ``after`` from now, without counting a failure.
+
+    The attempt that raised it stays counted (every attempt is counted when it is claimed),
+    but no error is recorded, the task's backoff is not applied, and the job never runs out
+    of attempts this way: when no attempt would be left, ``max_attempts`` grows by one. The
+    handler's writes through ``ctx.session`` are rolled back, as for any exception.
+    """
+
+    def __init__(self, after: timedelta = timedelta(0), reason: str = "") -> None:
+        if not isinstance(after, timedelta) or after < timedelta(0):
+            raise TypeError("Retry(after=...) takes a timedelta of zero or more")
+        super().__init__(reason or f"retry in {after}")
+        self.after = after
+        self.reason = reason
+
+
+class Discard(Exception):
+    """Raised by a handler: give this job up now; it goes to ``dead`` with ``reason``.
+
+    No later attempt runs, whatever attempts are left. The reason is kept in ``last_error``
+    (type ``sa_jobqueue.tasks.Discard``), and the job can be requeued like any dead job. The
+    handler's writes through ``ctx.session`` are rolled back.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Task:
     """A registered task: a handler and its defaults. Calling it calls the handler directly.

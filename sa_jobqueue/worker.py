@@ -46,7 +46,7 @@ from .listener import listen
 from .models import CANCELLED, DEAD, RUNNING
 from .observability import JobRun, Observer, Observers
 from .queue import JobQueue
-from .tasks import JobContext, Task
+from .tasks import Discard, JobContext, Retry, Task
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -810,6 +810,9 @@ class Worker:
             ).one_or_none()
 
     def _record_failure(self, task: Task, job: _Claimed, exc: BaseException) -> None:
+        if isinstance(exc, Retry | Discard):
+            self._control_flow(job, exc)
+            return
         row = self._fail(job.id, job.attempts, task, exc)
         outcome = "lost" if row is None else _FAILED_AS.get(row.status, "retried")
         self._report(job.id, job.attempts, outcome, exc)
@@ -839,6 +842,29 @@ class Worker:
                 row.visible_at.isoformat(),
                 one_line(exc),
             )
+
+    def _control_flow(self, job: _Claimed, exc: Retry | Discard) -> None:
+        """A handler asked for its job to run again later (Retry) or never again (Discard)."""
+        fence: dict[str, object] = {"job_id": job.id, "attempt": job.attempts}
+        with self._single.connect() as conn:
+            if isinstance(exc, Retry):
+                params = {**fence, "delay": exc.after.total_seconds()}
+                row = conn.execute(statements.snooze(), params).one_or_none()
+            else:
+                params = {**fence, "error": error_json(exc)}
+                row = conn.execute(statements.bury(), params).one_or_none()
+        if row is None:
+            self._report(job.id, job.attempts, "lost", exc)
+            log.warning("job %d: attempt %d ended after losing its lease", job.id, job.attempts)
+        elif row.status == CANCELLED:
+            self._report(job.id, job.attempts, "cancelled", exc)
+            log.info("job %d (%s) was cancelled", job.id, job.task)
+        elif isinstance(exc, Retry):
+            self._report(job.id, job.attempts, "retried", exc)
+            log.info("job %d (%s) will run again at %s", job.id, job.task, row.visible_at)
+        else:
+            self._report(job.id, job.attempts, "dead", exc)
+            log.info("job %d (%s) discarded: %s", job.id, job.task, exc.reason)
 
     # -- retention --------------------------------------------------------------------------
 

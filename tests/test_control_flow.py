@@ -1,0 +1,122 @@
+"""Handlers steer their jobs: Retry(after) runs one again later, unfailed; Discard ends it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import Discard, JobContext, JobQueue, Retry, Worker
+from sa_jobqueue.database import create_engine
+from sa_jobqueue.models import Job
+
+
+@pytest.fixture
+def db(database_url: URL) -> Iterator[sa.Engine]:
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE effects (job_id bigint, attempt int)")
+    yield engine
+    engine.dispose()
+
+
+def drain(queue: JobQueue, engine: sa.Engine) -> None:
+    Worker(queue, engine, concurrency=1, listen=False, retention=None).run(burst=True)
+
+
+def row(engine: sa.Engine, job_id: int) -> sa.Row[tuple[str, int, int, object, float]]:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(
+                Job.status,
+                Job.attempts,
+                Job.max_attempts,
+                Job.last_error,
+                sa.func.extract("epoch", Job.visible_at - sa.func.now()).label("due_in"),
+            ).where(Job.id == job_id)
+        ).one()
+
+
+def effects(engine: sa.Engine) -> list[tuple[int, int]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.exec_driver_sql("SELECT job_id, attempt FROM effects")]
+
+
+def write(ctx: JobContext) -> None:
+    ctx.session.execute(
+        sa.text("INSERT INTO effects VALUES (:j, :a)"), {"j": ctx.job_id, "a": ctx.attempt}
+    )
+
+
+def test_retry_reschedules_without_a_failure_and_rolls_back_writes(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(max_attempts=3)
+    def poll(ctx: JobContext, payload: None) -> None:
+        write(ctx)
+        if ctx.attempt == 1:
+            raise Retry(after=timedelta(minutes=10), reason="not ready yet")
+
+    with Session(db) as session:
+        job_id = queue.enqueue(session, poll, None)
+        session.commit()
+    drain(queue, db)
+
+    status, attempts, max_attempts, last_error, due_in = row(db, job_id)
+    assert (status, attempts, max_attempts, last_error) == ("queued", 1, 3, None)
+    assert 590 < due_in <= 600  # ten minutes on the database's clock, no backoff, no jitter
+    assert effects(db) == []
+
+    with db.begin() as conn:
+        conn.execute(sa.update(Job).where(Job.id == job_id).values(visible_at=sa.func.now()))
+    drain(queue, db)
+    assert row(db, job_id)[:4] == ("succeeded", 2, 3, None)
+    assert effects(db) == [(job_id, 2)]
+
+
+def test_retry_on_the_last_attempt_grants_one_more(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(max_attempts=1)
+    def once_more(ctx: JobContext, payload: None) -> None:
+        if ctx.attempt == 1:
+            raise Retry()
+
+    with Session(db) as session:
+        job_id = queue.enqueue(session, once_more, None)
+        session.commit()
+    drain(queue, db)  # Retry() is due at once: the same drain runs the second attempt
+
+    assert row(db, job_id)[:4] == ("succeeded", 2, 2, None)
+
+
+def test_discard_sends_the_job_to_dead_at_once_with_its_reason(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(max_attempts=5)
+    def hopeless(ctx: JobContext, payload: None) -> None:
+        write(ctx)
+        raise Discard("the account was deleted")
+
+    with Session(db) as session:
+        job_id = queue.enqueue(session, hopeless, None)
+        session.commit()
+    drain(queue, db)
+
+    status, attempts, max_attempts, last_error, _ = row(db, job_id)
+    assert (status, attempts, max_attempts) == ("dead", 1, 5)
+    assert isinstance(last_error, dict)
+    assert last_error["type"] == "sa_jobqueue.tasks.Discard"
+    assert last_error["message"] == "the account was deleted"
+    assert effects(db) == []
+
+
+def test_retry_refuses_a_negative_or_non_timedelta_delay() -> None:
+    with pytest.raises(TypeError):
+        Retry(after=timedelta(seconds=-1))
+    with pytest.raises(TypeError):
+        Retry(after=5)  # type: ignore[arg-type]
