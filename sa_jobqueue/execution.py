@@ -7,16 +7,24 @@ handler runs on, payload decoding, and the way a failure is written into ``last_
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
+import threading
 import traceback
-from collections.abc import Awaitable
-from typing import Any, cast
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from .database import CONNECT_ARGS
 from .errors import PayloadError
-from .tasks import Handler, JobContext
+from .tasks import JobContext
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 #: Longest error message and traceback kept in ``last_error`` (characters). Enough for any
 #: useful traceback, small enough that a handler raising a megabyte string cannot bloat rows.
@@ -78,26 +86,72 @@ class AttemptStopped(Exception):
     """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
 
 
-def run_coroutine(handler: Handler, ctx: JobContext, payload: Any) -> None:
-    """Run an ``async def`` handler on an event loop of its own in this job thread.
+async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> None:
+    """Await an ``async def`` handler's coroutine, cancelling it once it should stop.
 
     Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
-    (timeout, cancellation, lost lease) its task is cancelled at its next ``await``.
+    (timeout, cancellation, lost lease) it is cancelled at its next ``await``, and
+    :class:`AttemptStopped` is raised in its place.
+    """
+    job = asyncio.ensure_future(coroutine)
+    while not job.done():
+        if ctx.stop_requested:
+            job.cancel()
+            break
+        await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)
+    try:
+        await job
+    except asyncio.CancelledError:
+        raise AttemptStopped("the worker cancelled this attempt") from None
+
+
+class EventLoopThread:
+    """The worker's event loop, on a thread of its own, where ``async def`` handlers run.
+
+    Made only for a queue with async handlers. Their sessions come from an async engine on
+    the worker's database URL, made on first use; :meth:`close` disposes of it.
     """
 
-    async def supervise() -> None:
-        job = asyncio.ensure_future(cast(Awaitable[object], handler(ctx, payload)))
-        while not job.done():
-            if ctx.stop_requested:
-                job.cancel()
-                break
-            await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)
-        try:
-            await job
-        except asyncio.CancelledError:
-            raise AttemptStopped("the worker cancelled this attempt") from None
+    def __init__(self, url: URL, pool_size: int) -> None:
+        self._url = url
+        self._pool_size = pool_size
+        self._engine: AsyncEngine | None = None
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="sa_jobqueue-event-loop", daemon=True
+        )
+        self._thread.start()
 
-    asyncio.run(supervise())
+    def engine(self) -> AsyncEngine:
+        """The async engine for handlers' sessions (call on the loop's thread)."""
+        if self._engine is None:
+            try:
+                from sqlalchemy.ext.asyncio import create_async_engine
+            except ImportError as exc:  # SQLAlchemy's asyncio extension needs greenlet
+                raise RuntimeError(
+                    "ctx.async_session needs SQLAlchemy's asyncio extension:"
+                    " pip install 'sa_jobqueue[asyncio]'"
+                ) from exc
+            self._engine = create_async_engine(
+                self._url,
+                connect_args=dict(CONNECT_ARGS),
+                pool_size=self._pool_size,
+                pool_pre_ping=True,
+            )
+        return self._engine
+
+    def submit(self, coroutine: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def close(self) -> None:
+        """Dispose of the async engine and stop the loop (its unfinished tasks are dropped)."""
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                self.submit(self._engine.dispose()).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 def decode(payload: str) -> Any:

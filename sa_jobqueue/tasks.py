@@ -6,9 +6,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 from .errors import InvalidJobError, TaskDefinitionError
 from .validation import (
@@ -143,6 +146,8 @@ class JobContext:
     """
 
     __slots__ = (
+        "_async_session",
+        "_async_session_factory",
         "_cancel",
         "_session",
         "_session_factory",
@@ -163,6 +168,7 @@ class JobContext:
         attempt: int,
         max_attempts: int,
         session: Session | Callable[[], Session],
+        async_session: AsyncSession | Callable[[], AsyncSession] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -176,6 +182,12 @@ class JobContext:
             self._session = session
         else:
             self._session_factory = session
+        self._async_session: AsyncSession | None = None
+        self._async_session_factory: Callable[[], AsyncSession] | None = None
+        if callable(async_session):
+            self._async_session_factory = async_session
+        else:
+            self._async_session = async_session
         # Plain flags, set by the worker's heartbeat thread and read by the handler's.
         self._stop = False
         self._cancel = False
@@ -193,6 +205,25 @@ class JobContext:
             assert self._session_factory is not None
             self._session = self._session_factory()
         return self._session
+
+    @property
+    def async_session(self) -> AsyncSession:
+        """The AsyncSession an ``async def`` handler writes through (created on first use).
+
+        Its transaction commits with the job's fenced completion, as ``session``'s does for a
+        sync handler; do not commit it yourself. Only an async handler run by a worker has
+        one.
+        """
+        if self._async_session is None:
+            if self._async_session_factory is None:
+                raise RuntimeError("only an async def handler run by a worker has async_session")
+            self._async_session = self._async_session_factory()
+        return self._async_session
+
+    @property
+    def async_session_used(self) -> bool:
+        """Whether the handler asked for its async session at all."""
+        return self._async_session is not None
 
     @property
     def session_used(self) -> bool:

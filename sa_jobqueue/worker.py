@@ -14,6 +14,7 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -24,16 +25,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from queue import Empty, SimpleQueue
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, CursorResult, Engine, Row
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -41,12 +43,23 @@ from . import operations, periodic, statements
 from .completions import Completer
 from .database import HeldConnection, check_schema
 from .errors import PayloadError, UnknownTaskError
-from .execution import GroupSession, HandlerSession, decode, error_json, one_line, run_coroutine
+from .execution import (
+    EventLoopThread,
+    GroupSession,
+    HandlerSession,
+    decode,
+    error_json,
+    one_line,
+    supervised,
+)
 from .listener import listen
 from .models import CANCELLED, DEAD, RUNNING
 from .observability import JobRun, Observer, Observers
 from .queue import JobQueue
 from .tasks import Discard, JobContext, Retry, Task
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -142,19 +155,24 @@ class _Lane:
         self.saturated = False  # the last claim left work behind
         self.rotation = 0
         self.held = 0  # claimed and not finished (under the worker's lock)
+        # 2 when async handlers run on the event loop beside sync ones on threads: each kind
+        # gets the room of a whole lane, so one kind cannot fill the other's slots.
+        self.kinds = 1
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
         self.ready: SimpleQueue[tuple[Future[None], _Claimed] | None] = SimpleQueue()
+        # How many of the lane's async handlers run at once (made on the event loop).
+        self.async_slots: asyncio.Semaphore | None = None
 
     @property
     def capacity(self) -> int:
         """Jobs the lane holds at most: running, plus claimed and waiting for a thread."""
-        return self.concurrency + self.prefetch
+        return (self.concurrency + self.prefetch) * self.kinds
 
     @property
     def low_water(self) -> int:
         """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
         round trip overlaps with the other half running, and each claim brings a batch."""
-        return self.concurrency + self.prefetch // 2
+        return self.capacity - self.prefetch * self.kinds // 2
 
     def adapt(self) -> None:
         if not self.adaptive or not self.filled_at:
@@ -243,6 +261,12 @@ class Worker:
             names = list(queues) if queues else _default_queues(queue)
             self._lanes = [_Lane(names, concurrency, prefetch)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
+        self._async_tasks = {
+            name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
+        }
+        if self._async_tasks and len(self._async_tasks) < len(queue.tasks):
+            for lane in self._lanes:
+                lane.kinds = 2
         self.concurrency = sum(lane.concurrency for lane in self._lanes)
         if retention is not None and retention < timedelta(0):
             raise ValueError("retention must not be negative")
@@ -271,6 +295,7 @@ class Worker:
         self._settling: dict[tuple[int, int], tuple[JobRun, float | None]] = {}
         self._timed_out: set[tuple[int, int]] = set()  # reported when the timeout was recorded
         self._completer: Completer | None = None
+        self._loop: EventLoopThread | None = None  # only for a queue with async handlers
         self._burst = False
 
     # -- public -----------------------------------------------------------------------------
@@ -288,6 +313,8 @@ class Worker:
         self._completer = Completer(
             self._single, self._not_completed, self._completed, self._unrecorded
         )
+        if self._async_tasks:
+            self._loop = EventLoopThread(self.engine.url, pool_size=self.concurrency)
         job_threads = [
             (
                 lane,
@@ -334,6 +361,8 @@ class Worker:
                 lane.ready.put(None)
             for _, thread in job_threads:
                 thread.join(timeout=0.5 if not_done else None)
+            if self._loop is not None:
+                self._loop.close()
             self._completer.close()
             self._halt.set()
             for thread in helpers:
@@ -458,6 +487,16 @@ class Worker:
         future.add_done_callback(
             functools.partial(self._finished, lane=lane, job_id=job.id, attempt=job.attempts)
         )
+        if job.task in self._async_tasks:
+            # Straight to the event loop: an async handler needs no thread, so it starts even
+            # while every thread is busy.
+            future.set_running_or_notify_cancel()
+            pending = self._execute(job, _Thread(lane))
+            if pending is None:
+                future.set_result(None)
+            else:
+                pending.add_done_callback(functools.partial(_resolve, future))
+            return
         lane.ready.put((future, job))
 
     def _finished(self, future: Future[None], lane: _Lane, job_id: int, attempt: int) -> None:
@@ -565,10 +604,12 @@ class Worker:
                 continue  # handed back on shutdown before it started
             try:
                 self._execute(job, here)
+                # Commit before the job counts as finished: a burst ends once nothing runs,
+                # and what the group's jobs wrote (jobs they enqueued) must be in by then.
+                if here.group is not None and (here.group.due or lane.ready.empty()):
+                    self._commit_group(here)
             finally:
                 future.set_result(None)
-            if here.group is not None and (here.group.due or lane.ready.empty()):
-                self._commit_group(here)
 
     def _commit_group(self, here: _Thread) -> None:
         """Complete the group's jobs in one fenced statement and commit their work with it.
@@ -648,9 +689,9 @@ class Worker:
             here.conn.begin()
         return GroupSession(here.group.conn)
 
-    def _execute(self, job: _Claimed, here: _Thread) -> None:
+    def _execute(self, job: _Claimed, here: _Thread) -> Future[None] | None:
         try:
-            self._execute_fenced(job, here)
+            return self._execute_fenced(job, here)
         except (DBAPIError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
             # The outcome could not be recorded (connection lost, server gone). The job stays
             # running in the database and is reclaimed when its lease runs out.
@@ -666,8 +707,10 @@ class Worker:
                 self._commit_group(here)  # keep what the group completed before, if it can
         except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
             log.exception("job %d: internal error while running it", job.id)
+        return None
 
-    def _execute_fenced(self, job: _Claimed, here: _Thread) -> None:
+    def _execute_fenced(self, job: _Claimed, here: _Thread) -> Future[None] | None:
+        """Run one attempt; for an async handler, start it and return its future."""
         fence = {"job_id": job.id, "attempt": job.attempts}
         try:
             task = self.queue.get_task(job.task)
@@ -679,11 +722,12 @@ class Worker:
             log.error("job %d: %s; moved to dead", job.id, exc)
             if self._observe:
                 self._observe.finished(job.run(), "dead", None, exc)
-            return
+            return None
+        is_async = inspect.iscoroutinefunction(task.handler)
         # A slow task runs in a transaction of its own: commit the group before it starts, or
         # the group's row locks would be held for as long as it runs.
         usual = self._durations.get(job.task)
-        grouped = usual is not None and usual < GROUP_FAST
+        grouped = not is_async and usual is not None and usual < GROUP_FAST
         if not grouped:
             # ... and give its connection back: a job never holds two connections at once.
             self._commit_group(here)
@@ -702,41 +746,58 @@ class Worker:
                 if grouped
                 else functools.partial(HandlerSession, bind=self.engine)
             ),
+            async_session=self._async_session if is_async else None,
         )
         run = job.run() if self._observe else None
+        if is_async:
+            assert self._loop is not None
+            return self._loop.submit(self._run_async(job, task, payload, ctx, run, here.lane))
+        self._starting(job, task, ctx, run)
+        failure: Exception | None = None
+        started = time.monotonic()
+        try:
+            with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                task.handler(ctx, payload)
+                if ctx.session_used:
+                    ctx.session.flush()
+        except Exception as exc:
+            failure = exc
+        self._ran(job, run, time.monotonic() - started)
+        if grouped and ctx.session_used:
+            self._settle_in_group(job, ctx, task, failure, here)
+        else:
+            self._settle_outcome(job, task, ctx, failure)
+        return None
+
+    def _starting(self, job: _Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
+        """Just before a handler starts: arm its timeout, give the heartbeat its context."""
         with self._lock:
             held = self._active.get(job.id)
             if held is not None and held.attempt == job.attempts:
                 held.ctx, held.task, held.run = ctx, task, run
                 if task.timeout is not None:
                     held.deadline = time.monotonic() + task.timeout.total_seconds()
-        failure: Exception | None = None
         if run is not None:
             self._observe.started(run)
-        started = time.monotonic()
-        try:
-            with self._observe.running(run) if run is not None else contextlib.nullcontext():
-                if inspect.iscoroutinefunction(task.handler):
-                    run_coroutine(task.handler, ctx, payload)
-                else:
-                    task.handler(ctx, payload)
-                if ctx.session_used:
-                    ctx.session.flush()
-        except Exception as exc:
-            failure = exc
-        elapsed = time.monotonic() - started
+
+    def _ran(self, job: _Claimed, run: JobRun | None, elapsed: float) -> None:
+        """Just after a handler returned or raised: note its run time."""
         if run is not None:
             key = (job.id, job.attempts)
             if key in self._timed_out:
                 self._timed_out.discard(key)  # its outcome was reported with its timeout
             else:
                 self._settling[key] = (run, elapsed)
+        usual = self._durations.get(job.task)
         self._durations[job.task] = (
             elapsed if usual is None else usual + DURATION_WEIGHT * (elapsed - usual)
         )
-        if grouped and ctx.session_used:
-            self._settle_in_group(job, ctx, task, failure, here)
-            return
+
+    def _settle_outcome(
+        self, job: _Claimed, task: Task, ctx: JobContext, failure: Exception | None
+    ) -> None:
+        """Record an attempt's outcome, committing its session's writes with a success."""
+        fence = {"job_id": job.id, "attempt": job.attempts}
         session = cast(HandlerSession, ctx.session) if ctx.session_used else None
         try:
             if failure is None and (session is None or not session.in_transaction()):
@@ -767,6 +828,100 @@ class Worker:
             self._record_failure(task, job, failure)
             return
         self._not_completed(job.id, job.attempts)
+
+    # -- async handlers, on the event loop ------------------------------------------------
+
+    def _async_session(self) -> AsyncSession:
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        assert self._loop is not None
+        # Its sync side is a HandlerSession: commit() only flushes, as for sync handlers.
+        return AsyncSession(bind=self._loop.engine(), sync_session_class=HandlerSession)
+
+    async def _run_async(
+        self,
+        job: _Claimed,
+        task: Task,
+        payload: Any,
+        ctx: JobContext,
+        run: JobRun | None,
+        lane: _Lane,
+    ) -> None:
+        """An async handler's attempt, on the event loop: up to the lane's concurrency at once.
+
+        Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
+        one job's database round trip never stalls the other handlers on the loop.
+        """
+        if lane.async_slots is None:
+            lane.async_slots = asyncio.Semaphore(lane.concurrency)
+        try:
+            async with lane.async_slots:
+                self._starting(job, task, ctx, run)
+                failure: Exception | None = None
+                started = time.monotonic()
+                try:
+                    with self._observe.running(run) if run is not None else nullcontext():
+                        await supervised(cast(Awaitable[object], task.handler(ctx, payload)), ctx)
+                        if ctx.async_session_used:
+                            await ctx.async_session.flush()
+                except Exception as exc:
+                    failure = exc
+                self._ran(job, run, time.monotonic() - started)
+                await self._settle_async(job, task, ctx, failure)
+        except (DBAPIError, psycopg.Error) as exc:
+            log.error(
+                "job %d: could not record the outcome of attempt %d (%s); it will be"
+                " retried after its lease expires",
+                job.id,
+                job.attempts,
+                one_line(exc),
+            )
+            self._report(job.id, job.attempts, "lost", exc)
+        except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
+            log.exception("job %d: internal error while running it", job.id)
+
+    async def _settle_async(
+        self, job: _Claimed, task: Task, ctx: JobContext, failure: Exception | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        session = ctx.async_session if ctx.async_session_used else None
+        if session is not None and ctx.session_used:
+            failure = failure or RuntimeError(
+                "a handler writes through ctx.session or ctx.async_session, not both"
+            )
+        if session is None or ctx.session_used:
+            # No async session, or a sync one beside it: settle as a sync handler's job, on a
+            # thread of the loop's pool (a sync session blocks).
+            if session is not None:
+                await session.rollback()
+                await session.close()
+            await loop.run_in_executor(None, self._settle_outcome, job, task, ctx, failure)
+            return
+        fence = {"job_id": job.id, "attempt": job.attempts}
+        try:
+            if failure is None and not session.in_transaction():
+                assert self._completer is not None
+                self._completer.add(job.id, job.attempts)
+                return
+            # The fenced completion in the handler's own transaction, as for a sync handler.
+            done = (
+                failure is None
+                and (
+                    cast(CursorResult[Any], await session.execute(statements.complete(), fence))
+                ).rowcount
+                == 1
+            )
+            if done:
+                await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
+                self._report(job.id, job.attempts, "succeeded")
+                return
+            await session.rollback()
+        finally:
+            await session.close()
+        if failure is not None:
+            await loop.run_in_executor(None, self._record_failure, task, job, failure)
+        else:
+            await loop.run_in_executor(None, self._not_completed, job.id, job.attempts)
 
     def _settle_in_group(
         self,
@@ -1047,6 +1202,10 @@ class Worker:
                 timeout = held.task.timeout.total_seconds()
                 outcome = _FAILED_AS.get(row.status, "retried")
                 self._observe.finished(held.run, outcome, timeout, error)
+
+
+def _resolve(future: Future[None], _: object) -> None:
+    future.set_result(None)
 
 
 #: A failed attempt's outcome for observers, from the job's status after the failure.

@@ -195,3 +195,20 @@ def test_a_row_locked_elsewhere_does_not_stall_the_heartbeat(db: sa.Engine) -> N
         slow = conn.execute(sa.select(Job.status, Job.last_error).where(Job.id == slow_id)).one()
     assert slow.status == "queued"
     assert slow.last_error["type"] == "builtins.TimeoutError"
+
+
+def test_a_burst_runs_the_jobs_that_grouped_jobs_enqueue(db: sa.Engine) -> None:
+    """A group commits before its jobs count as finished, so a burst sees what they enqueued."""
+    queue = JobQueue()
+
+    @queue.task
+    def chain(ctx: JobContext, n: int) -> None:
+        ctx.session.execute(sa.insert(EFFECTS).values(n=n))
+        if n < 30:
+            queue.enqueue(ctx.session, chain, n + 1)
+
+    enqueue(db, queue, "chain", [1])
+    drain(queue, db, concurrency=1)
+
+    assert effect_counts(db) == Counter(range(1, 31))
+    assert statuses(db) == {"succeeded": 30}
