@@ -43,6 +43,24 @@ def test_outbox_example_runs(database_url: URL) -> None:
     assert statuses(database_url) == {"succeeded": 1}
 
 
+def test_signup_example_tests_pass(database_url: URL) -> None:
+    # The example test file is run as a user would run it: pytest, in a process of its own,
+    # with this repository's pytest settings (warnings are errors), against a fresh database.
+    env = {**os.environ, "DATABASE_URL": url_string(database_url)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_signup.py"],
+        cwd=EXAMPLES,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 passed" in result.stdout
+    assert statuses(database_url) == {}  # the committing test cleaned up after itself
+
+
 @pytest.mark.slow
 def test_demo_runs(database_url: URL) -> None:
     result = run_example("demo.py", database_url)
