@@ -6,6 +6,7 @@
     sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
     sa-jobqueue check [--max-wait DURATION ...] [--json]
+    sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
 
 Errors a user can fix (wrong URL, unreachable server, missing schema, an app that does not
 import) print one line on stderr and exit non-zero; they never dump a traceback. ``check``
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import FrameType
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError
@@ -36,10 +37,16 @@ from .database import check_schema, create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .health import Thresholds, check, span, worst
 from .models import DEAD, FINISHED_STATUSES, RUNNING, STATUSES
+from .observability import Observer
 from .operations import MAX_PAGE, count_purge, purge, stats
 from .queue import JobQueue
 from .reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
 from .validation import check_queue_name, check_task_name
+from .verify import add_parser as add_verify_parser
+from .verify import run as run_verify
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -131,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text lines, or one JSON object per line (default text)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def database_option(sub: argparse.ArgumentParser) -> None:
@@ -192,22 +205,42 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--burst", action="store_true", help="exit once no job is due instead of waiting for more"
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs the 'metrics' extra; 0: any free one)",
+    )
+    worker.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the metrics endpoint listens on (default 0.0.0.0, every interface)",
+    )
+    # Also accepted after the subcommand; given here, it overrides the one before it.
+    worker.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=argparse.SUPPRESS,
+        help="as before the subcommand: text, or json with a record per job transition",
+    )
 
     migrate = commands.add_parser("migrate", help="create or upgrade the sa_jobqueue tables")
     database_option(migrate)
     _operator_parsers(commands, database_option)
+    add_verify_parser(commands, database_option)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    _configure_logging(args.log_level, args.log_format)
     if not args.database_url:
         print("sa-jobqueue: no database: pass --database-url or set DATABASE_URL", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command == "verify":
+            return run_verify(args)  # exit 0 / 1 (lost or doubled) / 2 (could not run)
         if args.command == "migrate":
             return _migrate(args)
         if args.command in OPERATOR_COMMANDS:
@@ -216,6 +249,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobQueueError as exc:
         print(f"sa-jobqueue: {exc}", file=sys.stderr)
         return EXIT_ERROR
+
+
+LOG_FORMATS: Final = ("text", "json")
+
+
+def _configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level``: text lines, or JSON objects with each record's fields."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        from .joblog import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError("must be from 0 to 65535")
+    return port
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -260,6 +318,11 @@ def _worker(args: argparse.Namespace) -> int:
     engine = create_engine(args.database_url, pool_size=threads, max_overflow=2)
     control = create_control_engine(args.database_url, threads)
     _wait_for_database(control, args.wait_for_database)
+    observers = _observers(args, app)
+    metrics: MetricsServer | None = None
+    if args.metrics_port is not None:
+        metrics = _metrics_server(args, _queue_names(queues, app))
+        observers.append(metrics.observer)
     worker = Worker(
         app,
         engine,
@@ -271,6 +334,7 @@ def _worker(args: argparse.Namespace) -> int:
         control_engine=control,
         prefetch=args.prefetch,
         retention=args.retention,
+        observers=observers,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -287,13 +351,64 @@ def _worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    clean = worker.run(burst=args.burst)
+    try:
+        clean = worker.run(burst=args.burst)
+    finally:
+        if metrics is not None:
+            metrics.close()
     engine.dispose()
     control.dispose()
     if not clean:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
     return 0
+
+
+def _observers(args: argparse.Namespace, app: JobQueue) -> list[Observer]:
+    """Job records in JSON logs or at DEBUG; a span per job if the app's queue traces.
+
+    In text at INFO the worker's own lines already tell each failure, and every observer
+    costs each job a little: the job records are left out there.
+    """
+    observers: list[Observer] = []
+    if args.log_format == "json" or args.log_level == "DEBUG":
+        from .joblog import LoggingObserver
+
+        observers.append(LoggingObserver())
+    if app.tracing:
+        from .tracing import TracingObserver
+
+        observers.append(TracingObserver())
+    return observers
+
+
+def _queue_names(queues: list[str] | dict[str, int] | None, app: JobQueue) -> list[str]:
+    """The queues whose depth the metrics report even when empty: the ones served."""
+    if queues:
+        return list(queues)
+    return sorted({task.queue for task in app.tasks.values()} | {app.default_queue})
+
+
+def _metrics_server(args: argparse.Namespace, queues: list[str]) -> MetricsServer:
+    """Start the /metrics endpoint, reading queue depths through a connection of its own.
+
+    Its engine lives as long as the process (a pool of one): a scrape never waits for a
+    handler's or the claim loop's connection.
+    """
+    try:
+        from .metrics import start_metrics_server
+    except ImportError as exc:
+        raise JobQueueError(str(exc)) from None
+    engine = create_engine(args.database_url, pool_size=1, max_overflow=0)
+    try:
+        return start_metrics_server(
+            args.metrics_port, engine, addr=args.metrics_address, queues=queues
+        )
+    except OSError as exc:
+        engine.dispose()
+        raise JobQueueError(
+            f"cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {exc}"
+        ) from None
 
 
 # -- operating the queue: stats, jobs, check ---------------------------------------------------

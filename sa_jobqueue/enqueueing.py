@@ -58,12 +58,15 @@ class NewJobs:
     ``params`` holds the task, queue, priority, max_attempts, lease (seconds) and ``run_at`` or
     ``delay``; ``schedule`` names which of the last two (see ``statements.insert_job``).
     ``keys`` runs parallel to ``payloads`` (None: no uniqueness for that job).
+    ``trace_context`` is the enqueuer's W3C trace context as JSON text, for every job, when
+    the queue traces and a trace is active (see :mod:`sa_jobqueue.tracing`); else None.
     """
 
     params: dict[str, Any]
     schedule: str
     payloads: list[str]
     keys: list[str | None]
+    trace_context: str | None = None
 
     @property
     def queue(self) -> str:
@@ -81,13 +84,19 @@ def insert_one(conn: Connection, new: NewJobs, sent: set[str]) -> Enqueued:
     params = {**new.params, "payload": new.payloads[0]}
     key = new.keys[0]
     wake = new.queue not in sent
+    traced = new.trace_context is not None
+    if traced:
+        params["trace_context"] = new.trace_context
     if key is None:
-        job_id = conn.execute(statements.insert_job(new.schedule, wake), params).scalar_one()
+        job_id = conn.execute(
+            statements.insert_job(new.schedule, wake, traced=traced), params
+        ).scalar_one()
         sent.add(new.queue)
         return Enqueued(job_id)
     params["unique_key"] = key
+    insert = statements.insert_job(new.schedule, wake, unique=True, traced=traced)
     for _ in range(UNIQUE_ROUNDS):
-        row = conn.execute(statements.insert_job(new.schedule, wake, unique=True), params).first()
+        row = conn.execute(insert, params).first()
         if row is not None:
             sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
             return Enqueued(row[0])
@@ -103,9 +112,12 @@ def insert_one(conn: Connection, new: NewJobs, sent: set[str]) -> Enqueued:
 def insert_many(conn: Connection, new: NewJobs, sent: set[str]) -> list[Enqueued]:
     """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order."""
     bulk = {k if k in ("run_at", "delay") else f"b_{k}": v for k, v in new.params.items()}
+    if new.trace_context is not None:
+        bulk["b_trace_context"] = new.trace_context
     if all(key is None for key in new.keys):
         rows = conn.execute(
-            statements.insert_jobs(new.schedule), {**bulk, "payloads": new.payloads}
+            statements.insert_jobs(new.schedule, traced=new.trace_context is not None),
+            {**bulk, "payloads": new.payloads},
         )
         result = [Enqueued(job_id) for job_id in rows.scalars()]
     else:
@@ -127,7 +139,7 @@ def _insert_unique_many(conn: Connection, new: NewJobs, bulk: dict[str, Any]) ->
     todo = [i for i, key in enumerate(new.keys) if key is None or first[key] == i]
     for _ in range(UNIQUE_ROUNDS):
         rows = conn.execute(
-            statements.insert_jobs(new.schedule, unique=True),
+            statements.insert_jobs(new.schedule, unique=True, traced=new.trace_context is not None),
             {
                 **bulk,
                 "payloads": [new.payloads[i] for i in todo],

@@ -32,6 +32,7 @@ from sqlalchemy import (
     Select,
     Text,
     Update,
+    and_,
     any_,
     bindparam,
     cast,
@@ -205,6 +206,38 @@ def due_per_queue() -> Select[str, int, timedelta]:
         .where(claimable(), j.status == QUEUED, j.visible_at <= func.now())
         .group_by(j.queue)
         .order_by(j.queue)
+    )
+
+
+@cache
+def live_per_queue() -> Select[str, int, int, int, timedelta | None]:
+    """Per queue: queued, due and running jobs, and how long the oldest due job has waited.
+
+    For metrics scraped every few seconds: it reads only the rows in the claim index (queued
+    and running), never the finished history, so its cost follows the backlog, not the table.
+    """
+    queued = j.status == QUEUED
+    due = and_(queued, j.visible_at <= func.now())
+    return (
+        select(
+            j.queue,
+            func.count().filter(queued),
+            func.count().filter(due),
+            func.count().filter(j.status == RUNNING),
+            elapsed(func.min(j.visible_at).filter(due)),
+        )
+        .where(claimable())
+        .group_by(j.queue)
+        .order_by(j.queue)
+    )
+
+
+@cache
+def local_statement_timeout() -> Select[str]:
+    """``SET LOCAL statement_timeout`` to ``:timeout_ms``: for the rest of this transaction."""
+    # set_config() rather than SET LOCAL, which takes no bind parameters.
+    return select(
+        func.set_config(literal("statement_timeout"), bindparam("timeout_ms", type_=Text), True)
     )
 
 

@@ -86,6 +86,10 @@ class JobQueue:
     What it does not promise: that a job runs exactly once. Execution is at-least-once (a
     worker can die after the work but before recording it); writes made through the handler's
     ``ctx.session`` are the exception and take effect exactly once.
+
+    ``tracing=True`` (needs ``opentelemetry-api``, the ``tracing`` extra) stores the current
+    OpenTelemetry trace context in each job enqueued inside a span, and makes ``sa-jobqueue
+    worker`` run each job in a span linked to it; see :mod:`sa_jobqueue.tracing`.
     """
 
     def __init__(
@@ -93,9 +97,18 @@ class JobQueue:
         *,
         default_queue: str = "default",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        tracing: bool = False,
     ) -> None:
         self.default_queue = check_queue_name(default_queue)
         self.max_payload_bytes = max_payload_bytes
+        #: Whether enqueues record the trace context (and the CLI worker traces each job).
+        self.tracing = tracing
+        self._trace_context: Callable[[], str | None] | None = None
+        if tracing:
+            # Imported only when asked for: without tracing, OpenTelemetry is never loaded.
+            from .tracing import current_trace_context
+
+            self._trace_context = current_trace_context
         self._tasks: dict[str, Task] = {}
         self._schedules: dict[str, Schedule] = {}
 
@@ -370,7 +383,10 @@ class JobQueue:
             )
             for payload, key in zip(payloads, unique_keys, strict=True)
         ]
-        return NewJobs(params, schedule, encoded, keys)
+        # Taken here, before any I/O and in the caller's thread or task: the span that is
+        # current where enqueue was called is the one the job's run will point back to.
+        trace = self._trace_context() if self._trace_context is not None else None
+        return NewJobs(params, schedule, encoded, keys, trace)
 
     def _job_params(
         self,

@@ -90,7 +90,7 @@ def _visible_at(schedule: str) -> ColumnElement[datetime]:
 
 
 @cache
-def insert_job(schedule: str, wake: bool, unique: bool = False) -> Insert:
+def insert_job(schedule: str, wake: bool, unique: bool = False, traced: bool = False) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
 
     ``:lease`` and ``:delay`` are seconds (see :func:`seconds`).
@@ -100,7 +100,15 @@ def insert_job(schedule: str, wake: bool, unique: bool = False) -> Insert:
 
     With ``unique`` the row carries ``:unique_key`` and is not inserted (no row comes back)
     while a live job of the task holds that key; :func:`find_unique` then finds that job.
+
+    With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
+    statement without it, so tracing switched off changes nothing, not even the SQL text.
     """
+    optional: dict[str, Any] = {}
+    if unique:
+        optional["unique_key"] = bindparam("unique_key", type_=Text)
+    if traced:
+        optional["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
     stmt = pg_insert(jobs_table).values(
         queue=bindparam("queue"),
         task=bindparam("task"),
@@ -109,7 +117,7 @@ def insert_job(schedule: str, wake: bool, unique: bool = False) -> Insert:
         max_attempts=bindparam("max_attempts"),
         lease=seconds("lease"),
         visible_at=_visible_at(schedule),
-        **({"unique_key": bindparam("unique_key", type_=Text)} if unique else {}),
+        **optional,
     )
     if unique:
         stmt = _unless_key_is_live(stmt)
@@ -129,14 +137,15 @@ def _unless_key_is_live(stmt: PgInsert) -> PgInsert:
 
 
 @cache
-def insert_jobs(schedule: str, unique: bool = False) -> Insert:
+def insert_jobs(schedule: str, unique: bool = False, traced: bool = False) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
     Parameters are those of :func:`insert_job` prefixed ``b_`` (``run_at`` and ``delay``
     excepted), plus ``payloads``. With ``unique``, also ``unique_keys`` (an array as long as
     ``payloads``, NULL for a job without a key): a row whose key a live job of the task holds
     is skipped, and each returned row says which key it carries: ``(id, unique_key)``. The
-    keys of one batch must differ from each other.
+    keys of one batch must differ from each other. With ``traced``, every row carries the one
+    ``:b_trace_context`` (JSON text): a batch is enqueued from one place in one trace.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -149,6 +158,9 @@ def insert_jobs(schedule: str, unique: bool = False) -> Insert:
         given
     )
     names = list(_JOB_COLUMNS)
+    if traced:
+        rows = rows.add_columns(cast(bindparam("b_trace_context", type_=Text), JSONB))
+        names.append("trace_context")
     if unique:
         rows = rows.add_columns(given.c.unique_key)
         names.append("unique_key")

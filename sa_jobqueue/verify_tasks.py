@@ -1,0 +1,86 @@
+"""The task ``sa-jobqueue verify`` runs in real worker processes; not for use on its own.
+
+verify starts the unchanged worker command, ``python -m sa_jobqueue worker
+sa_jobqueue.verify_tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
+and ``DATABASE_URL`` the database. Importing this module points every connection the process
+opens at that schema: a listener on SQLAlchemy's ``do_connect`` adds ``-c search_path=<schema>``
+to the connection's startup options (next to the worker's own statement timeouts), so the
+claim loop, the heartbeat, the handlers' sessions and the schema check all work inside it.
+Without the variable the import fails: these jobs must never run against your own tables.
+
+A worker whose verify process is gone (killed with SIGKILL, so it could not clean up) sends
+itself SIGTERM within a second or so, and exits after its running jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Engine, event, insert
+
+from .database import create_engine
+from .queue import JobQueue
+from .tasks import JobContext
+from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, join_options, schema_options
+from .verify_report import results, runs
+
+_schema = os.environ.get(SCHEMA_ENV, "")
+_database_url = os.environ.get("DATABASE_URL", "")
+if not _schema or not _database_url:
+    raise RuntimeError(
+        f"{__name__} is run by the workers `sa-jobqueue verify` starts"
+        f" ({SCHEMA_ENV} and DATABASE_URL must be set)"
+    )
+_options = schema_options(_schema)
+
+
+@event.listens_for(Engine, "do_connect")
+def _into_verify_schema(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    # Every engine of this process (the worker's and ours below): the CLI's control engine
+    # passes options of its own, which this joins rather than replaces.
+    cparams["options"] = join_options(cparams.get("options"), _options)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1)
+    os.kill(os.getpid(), signal.SIGTERM)  # the worker's graceful shutdown
+
+
+if os.environ.get(PARENT_ENV, "").isdigit():
+    threading.Thread(
+        target=_watch_parent,
+        args=(int(os.environ[PARENT_ENV]),),
+        name="sa_jobqueue-verify-parent",
+        daemon=True,
+    ).start()
+
+#: The executions record: autocommit, outside the job's transaction, so it survives a rollback
+#: and a SIGKILL. Connections are opened as handler threads need them.
+_recorder = create_engine(
+    _database_url, isolation_level="AUTOCOMMIT", pool_size=16, max_overflow=-1, pool_pre_ping=False
+)
+
+queue = JobQueue(default_queue=QUEUE)
+
+
+@queue.task(name=TASK)
+def verify_job(ctx: JobContext, payload: Any) -> None:
+    """Record the execution, "work" ``payload["ms"]`` milliseconds, write the result once."""
+    pid = os.getpid()
+    with _recorder.connect() as conn:
+        started = conn.execute(
+            insert(runs)
+            .values(job_id=ctx.job_id, attempt=ctx.attempt, pid=pid)
+            .returning(runs.c.started_at)
+        ).scalar_one()
+    if payload.get("ms"):
+        time.sleep(payload["ms"] / 1000)
+    # Through ctx.session: committed together with the job's completion, or not at all.
+    ctx.session.execute(
+        insert(results).values(job_id=ctx.job_id, attempt=ctx.attempt, pid=pid, started_at=started)
+    )
