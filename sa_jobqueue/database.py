@@ -83,9 +83,14 @@ def create_control_engine(url: str | URL, concurrency: int) -> Engine:
     Handlers get an engine without these limits: how long their queries may run is the
     application's business.
     """
+    url = normalise_url(url)
+    # Keep the URL's own server options (a search_path, say): ours are added to them, since
+    # connect_args would otherwise replace them and the claim would look at another schema.
+    given = url.query.get("options")
+    own = " ".join(given) if isinstance(given, tuple) else given
     return create_engine(
-        url,
-        connect_args={"options": CONTROL_OPTIONS},
+        url.difference_update_query(["options"]),
+        connect_args={"options": f"{own} {CONTROL_OPTIONS}" if own else CONTROL_OPTIONS},
         isolation_level="AUTOCOMMIT",
         # The claim loop, the heartbeat and the completer, plus one per job recording a
         # failure at once.

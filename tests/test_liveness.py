@@ -180,6 +180,19 @@ def test_the_workers_own_connections_carry_statement_and_lock_timeouts(
     }
 
 
+def test_the_workers_own_connections_keep_the_urls_server_options(database_url: URL) -> None:
+    """A search_path given in the URL reaches the claim's connections too, timeouts added."""
+    url = database_url.update_query_dict({"options": "-c search_path=elsewhere,public"})
+    control = create_control_engine(url, concurrency=1)
+    try:
+        with control.connect() as conn:
+            path = conn.exec_driver_sql("SHOW search_path").scalar_one()
+            timeout = conn.exec_driver_sql("SHOW statement_timeout").scalar_one()
+    finally:
+        control.dispose()
+    assert (path, timeout) == ("elsewhere,public", "30s")
+
+
 def test_a_payload_python_cannot_decode_goes_dead_without_hurting_its_batch(
     db: sa.Engine,
 ) -> None:
