@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-jobs", type=int, help="jobs in the latency run (default 200)")
     p.add_argument("--latency-rate", type=float, default=20.0, help="jobs/s (default 20)")
     p.add_argument("--history", type=int, help="finished rows pre-inserted (default 1000000)")
-    p.add_argument("--history-drain", type=int, help="jobs drained over it (default 5000)")
+    p.add_argument("--history-drain", type=int, help="jobs drained over it (default 40000)")
     p.add_argument("--pinned", type=int, help="jobs in the pinned-snapshot drain (default 200000)")
     p.add_argument("--max-drain-seconds", type=float,
                    help="cut a drain short after this long (default 10; quick 8): slow systems "
@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "drain": 5_000 if quick else 20_000,
         "latency_jobs": 40 if quick else 200,
         "history": 200_000 if quick else 1_000_000,
-        "history_drain": 2_000 if quick else 5_000,
+        "history_drain": 5_000 if quick else 40_000,
         "pinned": 20_000 if quick else 200_000,
         "max_drain_seconds": 8.0 if quick else 10.0,
     }
