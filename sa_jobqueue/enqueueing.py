@@ -67,6 +67,8 @@ class NewJobs:
     payloads: list[str]
     keys: list[str | None]
     trace_context: str | None = None
+    #: The job's own retry policy (Backoff.to_json as JSON text), if enqueue was given one.
+    backoff: str | None = None
 
     @property
     def queue(self) -> str:
@@ -87,14 +89,17 @@ def insert_one(conn: Connection, new: NewJobs, sent: set[str]) -> Enqueued:
     traced = new.trace_context is not None
     if traced:
         params["trace_context"] = new.trace_context
+    policy = new.backoff is not None
+    if policy:
+        params["backoff"] = new.backoff
     if key is None:
         job_id = conn.execute(
-            statements.insert_job(new.schedule, wake, traced=traced), params
+            statements.insert_job(new.schedule, wake, traced=traced, backoff=policy), params
         ).scalar_one()
         sent.add(new.queue)
         return Enqueued(job_id)
     params["unique_key"] = key
-    insert = statements.insert_job(new.schedule, wake, unique=True, traced=traced)
+    insert = statements.insert_job(new.schedule, wake, unique=True, traced=traced, backoff=policy)
     for _ in range(UNIQUE_ROUNDS):
         row = conn.execute(insert, params).first()
         if row is not None:
@@ -114,9 +119,15 @@ def insert_many(conn: Connection, new: NewJobs, sent: set[str]) -> list[Enqueued
     bulk = {k if k in ("run_at", "delay") else f"b_{k}": v for k, v in new.params.items()}
     if new.trace_context is not None:
         bulk["b_trace_context"] = new.trace_context
+    if new.backoff is not None:
+        bulk["b_backoff"] = new.backoff
     if all(key is None for key in new.keys):
         rows = conn.execute(
-            statements.insert_jobs(new.schedule, traced=new.trace_context is not None),
+            statements.insert_jobs(
+                new.schedule,
+                traced=new.trace_context is not None,
+                backoff=new.backoff is not None,
+            ),
             {**bulk, "payloads": new.payloads},
         )
         result = [Enqueued(job_id) for job_id in rows.scalars()]
@@ -139,7 +150,12 @@ def _insert_unique_many(conn: Connection, new: NewJobs, bulk: dict[str, Any]) ->
     todo = [i for i, key in enumerate(new.keys) if key is None or first[key] == i]
     for _ in range(UNIQUE_ROUNDS):
         rows = conn.execute(
-            statements.insert_jobs(new.schedule, unique=True, traced=new.trace_context is not None),
+            statements.insert_jobs(
+                new.schedule,
+                unique=True,
+                traced=new.trace_context is not None,
+                backoff=new.backoff is not None,
+            ),
             {
                 **bulk,
                 "payloads": [new.payloads[i] for i in todo],

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0004"
+SCHEMA_REVISION: Final = "sajq_0005"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -104,6 +104,8 @@ class Job(Base):
     unique_key: Mapped[str | None] = mapped_column(Text)
     #: The W3C trace context of the code that enqueued the job, when tracing is on.
     trace_context: Mapped[Any | None] = mapped_column(JSONB)
+    #: The job's own retry policy ({"base", "cap", "jitter"}), when enqueue overrode the task's.
+    backoff: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -250,13 +251,16 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
+        backoff: Backoff | None = None,
         unique_key: str | None = None,
     ) -> Enqueued:
         """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
 
         ``run_at`` is a timezone-aware datetime, or a timedelta counted from the database's
         ``now()``; by default the job is due at once. ``priority``: lower runs first. Options
-        left out come from the task's declaration. Bad input raises InvalidJobError (or
+        left out come from the task's declaration (``backoff`` too: given here, it is kept
+        with the job and used for its retries instead of the task's). Bad input raises
+        InvalidJobError (or
         UnknownTaskError) before any SQL is sent, so the caller's transaction stays usable.
         Never commits and never flushes the session.
 
@@ -268,7 +272,7 @@ class JobQueue:
         after yours began raises a serialization error instead (retry the transaction).
         """
         new = self._new_jobs(
-            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key]
+            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key], backoff
         )
         conn = _connection(session)
         return insert_one(conn, new, _sent_notifications(conn))
@@ -284,6 +288,7 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
+        backoff: Backoff | None = None,
         unique_key: str | None = None,
     ) -> Enqueued:
         """:meth:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees.
@@ -292,7 +297,7 @@ class JobQueue:
         commits; bad input raises before any SQL is sent.
         """
         new = self._new_jobs(
-            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key]
+            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key], backoff
         )
         return await run_async(
             session, lambda conn: insert_one(conn, new, _sent_notifications(conn))
@@ -309,6 +314,7 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
+        backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
     ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one statement; return their ids in order.
@@ -323,7 +329,9 @@ class JobQueue:
         """
         items = list(payloads)
         keys = [None] * len(items) if unique_keys is None else list(unique_keys)
-        new = self._new_jobs(task, items, run_at, priority, queue, max_attempts, lease, keys)
+        new = self._new_jobs(
+            task, items, run_at, priority, queue, max_attempts, lease, keys, backoff
+        )
         if not items:
             return []
         conn = _connection(session)
@@ -340,12 +348,15 @@ class JobQueue:
         queue: str | None = None,
         max_attempts: int | None = None,
         lease: timedelta | None = None,
+        backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
         items = list(payloads)
         keys = [None] * len(items) if unique_keys is None else list(unique_keys)
-        new = self._new_jobs(task, items, run_at, priority, queue, max_attempts, lease, keys)
+        new = self._new_jobs(
+            task, items, run_at, priority, queue, max_attempts, lease, keys, backoff
+        )
         if not items:
             return []
         return await run_async(
@@ -362,6 +373,7 @@ class JobQueue:
         max_attempts: int | None,
         lease: timedelta | None,
         unique_keys: Sequence[str | None],
+        backoff: Backoff | None = None,
     ) -> NewJobs:
         """Check and encode everything enqueue was given; no I/O.
 
@@ -386,7 +398,10 @@ class JobQueue:
         # Taken here, before any I/O and in the caller's thread or task: the span that is
         # current where enqueue was called is the one the job's run will point back to.
         trace = self._trace_context() if self._trace_context is not None else None
-        return NewJobs(params, schedule, encoded, keys, trace)
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise InvalidJobError(f"backoff must be a Backoff, not {type(backoff).__name__}")
+        policy = None if backoff is None else json.dumps(backoff.to_json())
+        return NewJobs(params, schedule, encoded, keys, trace, policy)
 
     def _job_params(
         self,

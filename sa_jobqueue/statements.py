@@ -90,7 +90,9 @@ def _visible_at(schedule: str) -> ColumnElement[datetime]:
 
 
 @cache
-def insert_job(schedule: str, wake: bool, unique: bool = False, traced: bool = False) -> Insert:
+def insert_job(
+    schedule: str, wake: bool, unique: bool = False, traced: bool = False, backoff: bool = False
+) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
 
     ``:lease`` and ``:delay`` are seconds (see :func:`seconds`).
@@ -103,12 +105,15 @@ def insert_job(schedule: str, wake: bool, unique: bool = False, traced: bool = F
 
     With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
     statement without it, so tracing switched off changes nothing, not even the SQL text.
+    With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text).
     """
     optional: dict[str, Any] = {}
     if unique:
         optional["unique_key"] = bindparam("unique_key", type_=Text)
     if traced:
         optional["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
+    if backoff:
+        optional["backoff"] = cast(bindparam("backoff", type_=Text), JSONB)
     stmt = pg_insert(jobs_table).values(
         queue=bindparam("queue"),
         task=bindparam("task"),
@@ -137,7 +142,9 @@ def _unless_key_is_live(stmt: PgInsert) -> PgInsert:
 
 
 @cache
-def insert_jobs(schedule: str, unique: bool = False, traced: bool = False) -> Insert:
+def insert_jobs(
+    schedule: str, unique: bool = False, traced: bool = False, backoff: bool = False
+) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
     Parameters are those of :func:`insert_job` prefixed ``b_`` (``run_at`` and ``delay``
@@ -161,6 +168,9 @@ def insert_jobs(schedule: str, unique: bool = False, traced: bool = False) -> In
     if traced:
         rows = rows.add_columns(cast(bindparam("b_trace_context", type_=Text), JSONB))
         names.append("trace_context")
+    if backoff:
+        rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
+        names.append("backoff")
     if unique:
         rows = rows.add_columns(given.c.unique_key)
         names.append("unique_key")
@@ -360,6 +370,7 @@ def claim() -> Update:
             j.max_attempts,
             j.lease,
             j.trace_context,
+            j.backoff,
         )
     )
 

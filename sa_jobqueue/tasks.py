@@ -45,6 +45,23 @@ class Backoff:
         if not 0 <= self.jitter <= 1:
             raise TaskDefinitionError("Backoff.jitter is a fraction from 0 to 1")
 
+    def to_json(self) -> dict[str, float]:
+        """The policy as stored with a job enqueued with it (seconds and a fraction)."""
+        return {
+            "base": self.base.total_seconds(),
+            "cap": self.cap.total_seconds(),
+            "jitter": self.jitter,
+        }
+
+    @classmethod
+    def from_json(cls, stored: dict[str, float]) -> Backoff:
+        """The policy :meth:`to_json` stored."""
+        return cls(
+            base=timedelta(seconds=stored["base"]),
+            cap=timedelta(seconds=stored["cap"]),
+            jitter=stored["jitter"],
+        )
+
     def delay(self, attempt: int) -> timedelta:
         """The wait before the attempt after ``attempt`` (1-based), jitter included."""
         # Cap the exponent first: 2**attempt for a large attempt count is a huge int, and

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Discard, JobContext, JobQueue, Retry, Worker
+from sa_jobqueue import Backoff, Discard, InvalidJobError, JobContext, JobQueue, Retry, Worker
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job
 
@@ -120,3 +120,38 @@ def test_retry_refuses_a_negative_or_non_timedelta_delay() -> None:
         Retry(after=timedelta(seconds=-1))
     with pytest.raises(TypeError):
         Retry(after=5)  # type: ignore[arg-type]
+
+
+def test_a_job_enqueued_with_its_own_backoff_retries_on_it(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(
+        max_attempts=3,
+        backoff=Backoff(base=timedelta(hours=1), cap=timedelta(hours=2), jitter=0),
+    )
+    def flaky(ctx: JobContext, payload: None) -> None:
+        raise ValueError("down")
+
+    own = Backoff(base=timedelta(seconds=100), cap=timedelta(hours=2), jitter=0)
+    with Session(db) as session:
+        default = queue.enqueue(session, flaky, None)
+        single = queue.enqueue(session, flaky, None, backoff=own)
+        (bulk,) = queue.enqueue_many(session, flaky, [None], backoff=own)
+        session.commit()
+    drain(queue, db)
+
+    due = {job_id: row(db, job_id)[4] for job_id in (default, single, bulk)}
+    assert 3590 < due[default] <= 3600
+    assert 90 < due[single] <= 100
+    assert 90 < due[bulk] <= 100
+
+
+def test_a_backoff_that_is_not_a_backoff_is_refused(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def noop(ctx: JobContext, payload: None) -> None:
+        pass
+
+    with Session(db) as session, pytest.raises(InvalidJobError, match="Backoff"):
+        queue.enqueue(session, noop, None, backoff=timedelta(seconds=1))  # type: ignore[arg-type]

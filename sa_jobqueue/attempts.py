@@ -1,0 +1,115 @@
+"""What a worker keeps about the jobs it has claimed, and how it groups its queues."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+from queue import SimpleQueue
+
+from .models import CANCELLED, DEAD
+from .observability import JobRun
+from .tasks import Backoff, JobContext, Task
+
+#: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
+#: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
+#: between 1 and PREFETCH_MAX_FACTOR times the concurrency.
+PREFETCH_FAST = 0.05
+PREFETCH_SLOW = 1.0
+PREFETCH_MAX_FACTOR = 8
+
+
+@dataclass
+class Held:
+    """What the heartbeat needs to know about one job this worker is running."""
+
+    attempt: int
+    lease: timedelta
+    renew_at: float  # time.monotonic() of the next renewal
+    ctx: JobContext | None = None
+    task: Task | None = None
+    deadline: float | None = None  # time.monotonic() when the task's timeout runs out
+    grouped: bool = False  # finished, its completion waiting for its group's commit
+    run: JobRun | None = None  # for observers
+    backoff: Backoff | None = None  # the job's own retry policy, if enqueue gave one
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    queue: str
+    task: str
+    payload: str  # JSON text, decoded per job
+    status: str
+    attempts: int
+    max_attempts: int
+    lease: timedelta
+    trace_context: dict[str, str] | None
+    backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
+
+    def run(self) -> JobRun:
+        return JobRun(
+            self.id, self.task, self.queue, self.attempts, self.max_attempts, self.trace_context
+        )
+
+
+class Lane:
+    """Queues that share a set of job threads and a claim buffer.
+
+    A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
+    queue: each then claims into its own threads and buffer, and a busy queue cannot take the
+    threads of another.
+    """
+
+    def __init__(self, queues: list[str], concurrency: int, prefetch: int | None) -> None:
+        self.queues = queues
+        self.concurrency = concurrency
+        # Jobs claimed ahead of free threads, so that one claim brings a batch. Left unset,
+        # the buffer adapts: it doubles while jobs drain it within PREFETCH_FAST (short jobs:
+        # fewer, larger claims) and halves while they take longer than PREFETCH_SLOW (long
+        # jobs: do not sit on work another worker could start).
+        self.adaptive = prefetch is None
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.max_prefetch = PREFETCH_MAX_FACTOR * concurrency
+        self.filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
+        self.saturated = False  # the last claim left work behind
+        self.rotation = 0
+        self.held = 0  # claimed and not finished (under the worker's lock)
+        # 2 when async handlers run on the event loop beside sync ones on threads: each kind
+        # gets the room of a whole lane, so one kind cannot fill the other's slots.
+        self.kinds = 1
+        # Claimed jobs on their way to a job thread; None tells a thread to finish.
+        self.ready: SimpleQueue[tuple[Future[None], Claimed] | None] = SimpleQueue()
+        # How many of the lane's async handlers run at once (made on the event loop).
+        self.async_slots: asyncio.Semaphore | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Jobs the lane holds at most: running, plus claimed and waiting for a thread."""
+        return (self.concurrency + self.prefetch) * self.kinds
+
+    @property
+    def low_water(self) -> int:
+        """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
+        round trip overlaps with the other half running, and each claim brings a batch."""
+        return self.capacity - self.prefetch * self.kinds // 2
+
+    def adapt(self) -> None:
+        if not self.adaptive or not self.filled_at:
+            return
+        drained_in = time.monotonic() - self.filled_at
+        if drained_in < PREFETCH_FAST:
+            self.prefetch = min(max(self.prefetch * 2, 1), self.max_prefetch)
+        elif drained_in > PREFETCH_SLOW:
+            self.prefetch = max(self.prefetch // 2, 1)
+
+
+def policy(job: Claimed, task: Task) -> Backoff:
+    """The retry policy of a job: its own, if enqueue gave one, else its task's."""
+    return task.backoff if job.backoff is None else Backoff.from_json(job.backoff)
+
+
+#: A failed attempt's outcome for observers, from the job's status after the failure.
+FAILED_AS: dict[str, str] = {DEAD: "dead", CANCELLED: "cancelled"}
