@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-drain-seconds", type=float,
                    help="cut a drain short after this long (default 10; quick 8): slow systems "
                    "are measured over what they finished by then")  # fmt: skip
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                   help="where the JSON results go (default bench/results)")  # fmt: skip
     p.add_argument("--sa-concurrency", type=int, default=10,
                    help="sa_jobqueue worker --concurrency (default 10: the CLI's)")  # fmt: skip
     args = p.parse_args(argv)
@@ -524,9 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
     minutes = (time.monotonic() - started) / 60
     print(f"Total time: {minutes:.1f} min")
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS_DIR / f"{stamp}.json"
+    path = args.results_dir / f"{stamp}.json"
     document = {
         "info": info,
         "options": {k: v for k, v in vars(args).items()},
@@ -549,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    print(f"Results: {path.relative_to(ROOT)}")
+    print(f"Results: {path}")
     failed = any(row.failures for rows in run.tables.values() for row in rows)
     return 1 if failed else 0
 
