@@ -51,35 +51,17 @@ class HandlerSession(Session):
         Session.commit(self)
 
 
-#: The savepoint each job of a shared transaction writes in. One constant name: a savepoint
-#: named like an older one hides it, so ROLLBACK TO always means the current job's.
-JOB_SAVEPOINT = "sajq_job"
-
-
 class GroupSession(HandlerSession):
     """The Session of a job that shares its thread's transaction with other jobs.
 
-    Its writes go into a savepoint of that transaction, opened when the session is made.
-    ``rollback()`` rolls back to that savepoint (this job's writes only) and starts the
-    session afresh; the shared transaction is committed by the worker, never by the session.
+    Its transaction is a savepoint of the shared one (``join_transaction_mode=
+    "create_savepoint"``): ``rollback()``, a failed flush, or closing it without
+    :meth:`commit_for_real` rolls back to the savepoint, this job's writes only; the shared
+    transaction is committed by the worker, never by the session.
     """
 
     def __init__(self, bind: Connection) -> None:
-        super().__init__(bind=bind, join_transaction_mode="rollback_only")
-        driver = bind.connection.driver_connection
-        assert driver is not None
-        self._driver = driver
-        # Straight through the driver: a statement of our own, no need for SQLAlchemy's
-        # execution machinery, which costs more than the round trip here.
-        self._driver.execute(f"SAVEPOINT {JOB_SAVEPOINT}")
-
-    def rollback(self) -> None:
-        """Discard this job's writes (and the session's objects); keep the other jobs'."""
-        # After ROLLBACK TO the savepoint still exists, so later writes stay this job's.
-        self._driver.execute(f"ROLLBACK TO SAVEPOINT {JOB_SAVEPOINT}")
-        # close() forgets the objects and the failed state and, for a session joined with
-        # "rollback_only", leaves the shared transaction alone; the session can be used again.
-        Session.close(self)
+        super().__init__(bind=bind, join_transaction_mode="create_savepoint")
 
 
 class AttemptStopped(Exception):

@@ -113,7 +113,10 @@ class Heartbeat(JobRunner):
         if row is not None:
             log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
             if held.run is not None:
-                self._timed_out.add((job_id, held.attempt))
+                key = (job_id, held.attempt)
+                with self._lock:  # the handler may have returned meanwhile (see _ran)
+                    if self._settling.pop(key, None) is None:
+                        self._timed_out.add(key)
                 timeout = held.task.timeout.total_seconds()
                 outcome = FAILED_AS.get(row.status, "retried")
                 self._observe.finished(held.run, outcome, timeout, error)

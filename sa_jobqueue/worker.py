@@ -154,6 +154,7 @@ class Worker(Heartbeat):
         self._completer: Completer | None = None
         self._loop: EventLoopThread | None = None  # only for a queue with async handlers
         self._burst = False
+        self._groups_open = 0
 
     # -- public -----------------------------------------------------------------------------
 
@@ -261,7 +262,7 @@ class Worker(Heartbeat):
                     log.info("claiming again: the database is back")
                 outage = 0
             with self._lock:
-                running = len(self._futures)
+                running = len(self._futures) + self._groups_open
                 room = any(lane.saturated and lane.held < lane.capacity for lane in self._lanes)
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)

@@ -212,3 +212,33 @@ def test_a_burst_runs_the_jobs_that_grouped_jobs_enqueue(db: sa.Engine) -> None:
 
     assert effect_counts(db) == Counter(range(1, 31))
     assert statuses(db) == {"succeeded": 30}
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["raises", "swallows"])
+def test_a_failed_statement_in_a_group_costs_only_its_own_job(db: sa.Engine, swallow: bool) -> None:
+    """A job whose insert fails (a duplicate key) amid a group of jobs that succeed.
+
+    Whether the handler lets the error out or swallows it, only that job fails: the other
+    jobs' writes and completions commit together, and nothing completes without its write.
+    """
+    queue = JobQueue()
+    with db.begin() as conn:
+        conn.exec_driver_sql("CREATE UNIQUE INDEX ON effects (n)")
+        conn.execute(sa.insert(EFFECTS).values(n=-1))
+
+    @queue.task(max_attempts=1)
+    def write(ctx: JobContext, n: int) -> None:
+        try:
+            ctx.session.execute(sa.insert(EFFECTS).values(n=n))
+        except sa.exc.IntegrityError:
+            if not swallow:
+                raise
+
+    enqueue(db, queue, "write", [0])  # a first run, alone, makes the task known to be fast
+    drain(queue, db, concurrency=1)
+    enqueue(db, queue, "write", [1, 2, 3, -1, 4, 5, 6, 7])
+    drain(queue, db, concurrency=1, prefetch=100)
+
+    assert effect_counts(db) == Counter([-1, 0, 1, 2, 3, 4, 5, 6, 7])
+    assert statuses(db) == {"succeeded": 8, "dead": 1}
+    assert transactions(db) < 8  # the others did share transactions
