@@ -462,21 +462,22 @@ def _task(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _page(value: str) -> int:
+def _whole(value: str) -> int:
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+
+
+def _page(value: str) -> int:
+    number = _whole(value)
     if not 1 <= number <= MAX_PAGE:
         raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PAGE}")
     return number
 
 
 def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    number = _whole(value)
     if number < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return number

@@ -260,9 +260,8 @@ class JobQueue:
         ``now()``; by default the job is due at once. ``priority``: lower runs first. Options
         left out come from the task's declaration (``backoff`` too: given here, it is kept
         with the job and used for its retries instead of the task's). Bad input raises
-        InvalidJobError (or
-        UnknownTaskError) before any SQL is sent, so the caller's transaction stays usable.
-        Never commits and never flushes the session.
+        InvalidJobError (or UnknownTaskError) before any SQL is sent, so the caller's
+        transaction stays usable. Never commits and never flushes the session.
 
         ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
         a queued or running job of the same task holds this key, nothing is added and the
