@@ -1,7 +1,7 @@
 """A tour of sa_jobqueue against a real PostgreSQL server, in well under a minute.
 
-    python examples/demo.py                                    # embedded PostgreSQL (pgserver)
-    DATABASE_URL=postgresql://user@host/scratch python examples/demo.py
+    python examples/demo.py                                       # embedded PostgreSQL (pgserver)
+    python examples/demo.py --database-url postgresql://user@host/app   # a database of yours
 
 1. Outbox: an order and the job that confirms it are written in one transaction; a
    transaction that rolls back leaves neither.
@@ -11,17 +11,34 @@
    with its error kept.
 4. Summary: jobs by status, throughput, effect rows against jobs, the dead job's error.
 
-It drops and recreates its own ``demo_*`` tables and empties ``sa_jobqueue_jobs`` in the
-database it is given: point DATABASE_URL at a throwaway database.
+It never touches data it did not create. It runs on the embedded server (``pgserver``, data in
+``.demo-pgdata/``) unless ``--database-url`` names a database; ``$DATABASE_URL`` is never read,
+since it usually points at the application's own database. Either way it works in a schema of
+its own, ``sajq_demo_<12 hex digits>``, created for the run (CREATE SCHEMA fails rather than
+reuse an existing one): every connection gets ``-c search_path=<that schema>``, so sa_jobqueue's
+migrations, its table, the demo's tables and the worker all live there, and the schema is
+dropped at the end, also after an error or Ctrl-C. A schema rather than a database of its own,
+because creating a schema needs only the CREATE privilege on the database, which an
+application's role usually has, where CREATE DATABASE needs CREATEDB, which it usually lacks.
+
+Not promised: ``pg_notify`` reaches every listener of the database, so workers of yours on it
+see (and ignore) the demo's wake-ups; a pooler that drops startup options (PgBouncer in
+transaction mode) cannot carry the search_path, and the demo then stops before creating
+anything but its (empty) schema; a demo process that is SIGKILLed leaves its schema behind
+(``DROP SCHEMA sajq_demo_... CASCADE`` removes it).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -34,16 +51,21 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import BigInteger, Engine, func, select, text
+from sqlalchemy import BigInteger, Engine, func, select
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.pool import NullPool
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from sa_jobqueue import Backoff, JobContext, JobInfo, JobQueue, Worker
-from sa_jobqueue.database import create_engine, describe
+from sa_jobqueue.database import create_engine, describe, normalise_url
 from sa_jobqueue.migrations import upgrade
 from sa_jobqueue.models import Job
 
 N_JOBS = 5_000
 CONCURRENCY = 8
+#: The run's schema is this prefix and 12 random hex digits: a name no one else has chosen.
+SCHEMA_PREFIX = "sajq_demo_"
 
 console = Console()
 queue = JobQueue()
@@ -184,13 +206,59 @@ def clock(moment: datetime) -> str:
 # -- the four parts --------------------------------------------------------------------------
 
 
-def reset(engine: Engine) -> None:
-    """Install sa_jobqueue's schema, recreate the demo tables, empty the job table."""
-    upgrade(engine)  # the same as `sa-jobqueue migrate`; a no-op when already at head
-    DemoBase.metadata.drop_all(engine)
+@contextmanager
+def demo_database(given: str | None) -> Iterator[str]:
+    """Yield the URL to work in: ``given``, else a database on the embedded server."""
+    if given is not None:
+        yield given
+        return
+    # examples/_database.py prefers $DATABASE_URL to the embedded server; the demo never takes
+    # it (it usually points at the application's database), so hide it from this process.
+    os.environ.pop("DATABASE_URL", None)
+    with database_url("sajq_demo") as url:
+        yield url
+
+
+@contextmanager
+def own_schema(url: str) -> Iterator[tuple[URL, str]]:
+    """Create a fresh schema in ``url``'s database; yield a URL that lands in it; drop it.
+
+    The URL carries the schema as a startup option (``-c search_path=...``), so every
+    connection made from it (the engine's pool, and the worker's own listener and control
+    connections, which are made from the engine's URL) works there and nowhere else.
+    """
+    base = normalise_url(url)
+    schema = SCHEMA_PREFIX + secrets.token_hex(6)  # lowercase letters and digits: no quoting
+    given = base.query.get("options")
+    options = " ".join(given) if isinstance(given, tuple) else given
+    inside = base.update_query_dict(
+        {"options": f"{options} -c search_path={schema}" if options else f"-c search_path={schema}"}
+    )
+    admin = create_engine(base, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(CreateSchema(schema))  # fails, rather than reuse, if the name is taken
+        try:
+            yield inside, schema
+        finally:
+            with admin.connect() as conn:
+                conn.execute(DropSchema(schema, cascade=True))
+            console.print(f"dropped schema {schema} and everything the demo made in it")
+    finally:
+        admin.dispose()
+
+
+def install(engine: Engine, schema: str) -> None:
+    """Check that connections land in the demo's schema, then install both sets of tables."""
+    landed = scalar(engine, select(func.current_schema()))
+    if landed != schema:
+        # Installing now would put the tables wherever the connection landed: the user's.
+        raise SystemExit(
+            f"connections ignore the search_path startup option (they land in {landed!r}); a"
+            " pooler such as PgBouncer in transaction mode drops it: use the server directly"
+        )
+    upgrade(engine)  # the same as `sa-jobqueue migrate`, here inside the demo's schema
     DemoBase.metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE sa_jobqueue_jobs RESTART IDENTITY"))
 
 
 def outbox(engine: Engine) -> int:
@@ -254,6 +322,8 @@ def drain(engine: Engine) -> Throughput:
         engine,
         concurrency=CONCURRENCY,
         queues=["default"],
+        # No pruning: its advisory lock is shared by every worker on the database, yours too.
+        retention=None,
     )
     progress = Progress(
         TextColumn("[bold]record_effect"),
@@ -310,6 +380,7 @@ def retries(engine: Engine) -> JobInfo:
         concurrency=1,
         queues=["flaky"],
         poll_interval=timedelta(milliseconds=50),
+        retention=None,
     )
     seen: tuple[str, int] | None = None
     with BackgroundWorker(worker) as background:
@@ -378,25 +449,47 @@ def summary(
         raise SystemExit("effect rows do not match the jobs")
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="A tour of sa_jobqueue: outbox, throughput, retries, summary.",
+        epilog="$DATABASE_URL is never used: without --database-url the demo runs on an"
+        " embedded PostgreSQL server.",
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="run in a new schema of this database, dropped at the end; nothing else in the"
+        " database is touched (default: the embedded server, data in .demo-pgdata/)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
     started = time.perf_counter()
-    with database_url("sajq_demo") as url:
-        engine = create_engine(url, pool_size=CONCURRENCY + 4, max_overflow=4)
+    with demo_database(args.database_url) as url, own_schema(url) as (inside, schema):
+        engine = create_engine(inside, pool_size=CONCURRENCY + 4, max_overflow=4)
         try:
             version = scalar(engine, select(func.current_setting("server_version")))
+            where = (
+                "the embedded PostgreSQL (pgserver)"
+                if args.database_url is None
+                else describe(engine.url.difference_update_query(["options"]))
+            )
             console.print(
                 Panel(
-                    f"PostgreSQL {version} at {describe(engine.url)}",
+                    f"PostgreSQL {version} at {where}\n"
+                    f"working in schema {schema}, dropped at the end",
                     title="sa_jobqueue demo",
                     border_style="blue",
                 )
             )
-            reset(engine)
+            install(engine, schema)
             order_id = outbox(engine)
             throughput = drain(engine)
             dead = retries(engine)
