@@ -99,6 +99,10 @@ class Completer:
                         "job_ids": [job_id for job_id, _ in batch],
                         "attempt_list": [attempt for _, attempt in batch],
                     },
+                    # A connection lost on the way (a silent network cut at its deadline)
+                    # most likely never delivered the statement: try once more on a fresh
+                    # one rather than leave the jobs to run again after their leases.
+                    again=True,
                 )
             }
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine, inspect
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection, Engine, event, inspect
+from sqlalchemy.engine import URL, ExceptionContext, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
+from .deadlines import DEADLINE_OPTION, DEADLINES, socket_of
 from .errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
 from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
 
@@ -64,47 +68,222 @@ CONNECT_ARGS: dict[str, Any] = {
 }
 #: Server-side limits for the worker's own statements (claim, lease renewal, outcomes). Each
 #: is a single indexed statement that takes milliseconds; anything near these limits is a
-#: stuck lock or server, and failing lets the worker retry instead of hanging.
-CONTROL_OPTIONS = (
-    "-c statement_timeout=30s -c lock_timeout=10s -c idle_in_transaction_session_timeout=30s"
-)
+#: stuck lock or server, and failing lets the worker retry instead of hanging. They stay below
+#: the worker's client-side deadline (:data:`sa_jobqueue.deadlines.STATEMENT_DEADLINE`), so a
+#: live server always answers first.
+CONTROL_SETTINGS: dict[str, str] = {
+    "statement_timeout": "10s",
+    "lock_timeout": "5s",
+    "idle_in_transaction_session_timeout": "30s",
+}
+
+#: How the connections reach PostgreSQL. ``"session"``: directly, or through a pooler that
+#: gives each client a server connection of its own for as long as it stays connected
+#: (PgBouncer's session mode). ``"transaction"``: through a pooler that hands out a server
+#: connection per transaction (PgBouncer's transaction mode, Supabase's pooler port), so
+#: nothing may outlive a transaction: no startup options, no prepared statements, no LISTEN,
+#: no session-level advisory lock or SET.
+Pooler = Literal["session", "transaction"]
+POOLERS: tuple[Pooler, ...] = ("session", "transaction")
+#: Execution option on the engines :func:`create_engine` makes, recording their pooler.
+POOLER_OPTION = "sa_jobqueue_pooler"
 
 
-def create_engine(url: str | URL, **kwargs: Any) -> Engine:
+def create_engine(
+    url: str | URL,
+    *,
+    pooler: Pooler = "session",
+    settings: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Engine:
     """A SQLAlchemy engine on psycopg 3 with timeouts on connecting and TCP keepalives.
+
+    ``settings`` are server settings (``{"statement_timeout": "10s"}``) for every connection,
+    added to those of the URL's own ``options`` (``?options=-csearch_path%3Dapp``). With
+    ``pooler="session"`` they travel as libpq startup options. With ``pooler="transaction"``
+    a transaction pooler would refuse those (PgBouncer: "unsupported startup parameter"), so
+    each transaction starts with ``set_config(..., is_local => true)`` instead, which ends with
+    the transaction and never leaks to the pooler's next client; and psycopg prepares no
+    statements, since the next transaction may run on another server connection.
 
     No ``pool_pre_ping`` unless you ask for it: it costs a round trip at every checkout (a
     third of a single enqueue's time here, and one per job for a worker's handlers). Without
     it, a connection broken by a server restart fails once, and SQLAlchemy then replaces every
     connection the pool had made before; a job that fails that way is retried.
     """
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
+    url = normalise_url(url)
     connect_args = {**CONNECT_ARGS, **kwargs.pop("connect_args", {})}
-    return sa.create_engine(normalise_url(url), connect_args=connect_args, **kwargs)
+    # The URL's own options (a search_path, say) are kept, and ours added to them.
+    options = [_url_options(url), connect_args.pop("options", None)]
+    url = url.difference_update_query(["options"])
+    if pooler == "session":
+        options.append(_render_options(settings or {}))
+        joined = " ".join(part for part in options if part)
+        if joined:
+            connect_args["options"] = joined
+        engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+    else:
+        local: dict[str, str] = {}
+        for part in options:
+            local.update(_parse_options(part or ""))
+        local.update(settings or {})
+        connect_args["prepare_threshold"] = None
+        engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+        if local:
+            _set_local_in_every_transaction(engine, local)
+    engine.update_execution_options(**{POOLER_OPTION: pooler})
+    return engine
 
 
-def create_control_engine(url: str | URL, concurrency: int) -> Engine:
+def pooler_of(engine: Engine) -> Pooler:
+    """The pooler an engine was made for by :func:`create_engine` (``"session"`` otherwise)."""
+    value = engine.get_execution_options().get(POOLER_OPTION, "session")
+    return "transaction" if value == "transaction" else "session"
+
+
+def create_control_engine(
+    url: str | URL, concurrency: int, *, pooler: Pooler = "session"
+) -> Engine:
     """The engine for a worker's own statements: autocommit, with statement timeouts.
 
     Handlers get an engine without these limits: how long their queries may run is the
-    application's business.
+    application's business. A pooled connection is pinged at checkout, under the same
+    client-side deadline as every statement of the worker's (:mod:`sa_jobqueue.deadlines`),
+    so one that went silent while it sat in the pool is replaced, not waited on.
     """
-    url = normalise_url(url)
-    # Keep the URL's own server options (a search_path, say): ours are added to them, since
-    # connect_args would otherwise replace them and the claim would look at another schema.
-    given = url.query.get("options")
-    own = " ".join(given) if isinstance(given, tuple) else given
-    return create_engine(
-        url.difference_update_query(["options"]),
-        connect_args={"options": f"{own} {CONTROL_OPTIONS}" if own else CONTROL_OPTIONS},
+    engine = create_engine(
+        url,
+        pooler=pooler,
+        settings=CONTROL_SETTINGS,
         isolation_level="AUTOCOMMIT",
-        # The heartbeat's statements are rare: a ping first costs little, and a renewal that
-        # fails on a stale connection would leave leases unrenewed for a while.
-        pool_pre_ping=True,
         # The claim loop, the heartbeat and the completer, plus one per job recording a
         # failure at once.
         pool_size=3,
         max_overflow=concurrency,
     )
+
+    @event.listens_for(engine, "checkout")
+    def ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        try:
+            with DEADLINES.guard(socket_of(dbapi_connection)):
+                dbapi_connection.execute(";")  # an empty query: one round trip
+        except Exception as exc:
+            # The pool replaces the connection and tries again (three times).
+            raise DisconnectionError(str(exc)) from exc
+
+    return engine
+
+
+def _url_options(url: URL) -> str | None:
+    given = url.query.get("options")
+    return " ".join(given) if isinstance(given, tuple) else given
+
+
+def _render_options(settings: Mapping[str, str]) -> str:
+    """Settings as libpq ``options`` text: ``-c name=value``, spaces escaped."""
+
+    def escape(text: str) -> str:
+        return text.replace("\\", "\\\\").replace(" ", "\\ ")
+
+    return " ".join(f"-c {escape(name)}={escape(value)}" for name, value in settings.items())
+
+
+def _parse_options(text: str) -> dict[str, str]:
+    """The ``-c name=value`` (or ``--name=value``) settings of a libpq ``options`` text.
+
+    A transaction pooler cannot carry startup options, so their settings are applied in each
+    transaction instead; any other server switch has no such form, and is refused.
+    """
+    words: list[str] = []
+    word, escaped = "", False
+    for char in text:
+        if escaped:
+            word, escaped = word + char, False
+        elif char == "\\":
+            escaped = True
+        elif char.isspace():
+            if word:
+                words.append(word)
+            word = ""
+        else:
+            word += char
+    if word:
+        words.append(word)
+    settings: dict[str, str] = {}
+    pending = False
+    for item in words:
+        if pending:
+            assignment, pending = item, False
+        elif item == "-c":
+            pending = True
+            continue
+        elif item.startswith(("-c", "--")):
+            assignment = item[2:]
+        else:
+            assignment = ""
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise DatabaseUnavailableError(
+                f"the connection option {item!r} cannot be used through a transaction pooler:"
+                " only settings (-c name=value) can, applied in every transaction"
+            )
+        settings[name.replace("-", "_")] = value
+    if pending:
+        raise DatabaseUnavailableError("the connection options end with -c and no setting")
+    return settings
+
+
+def _set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) -> None:
+    """Apply ``settings`` with SET LOCAL semantics at the start of every transaction.
+
+    A connection in autocommit mode has no transaction to put them in, so each statement it
+    runs gets one of its own: ``BEGIN`` and the settings in one round trip before it, and
+    ``COMMIT`` (or ``ROLLBACK``) after, three round trips where there was one. The worker
+    runs few statements per job (claims and completions are batched), so this costs little;
+    it is the price of timeouts that hold behind a transaction pooler.
+    """
+    assignments = sql.SQL(", ").join(
+        sql.SQL("set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
+        for name, value in settings.items()
+    )
+    apply = sql.SQL("SELECT {}").format(assignments)
+    begin_and_apply = sql.SQL("BEGIN; {}").format(apply)
+    key = "sa_jobqueue_own_transaction"
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def before(conn: Connection, cursor: Any, *_: Any) -> None:
+        raw = cursor.connection
+        if raw.info.transaction_status != TransactionStatus.IDLE:
+            return  # inside a transaction that has its settings already
+        with _guarded(conn, raw):
+            if raw.autocommit:
+                raw.execute(begin_and_apply)  # no parameters: one simple query, two statements
+                conn.info[key] = True
+            else:
+                raw.execute(apply)  # psycopg sends BEGIN first
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def after(conn: Connection, cursor: Any, *_: Any) -> None:
+        if conn.info.pop(key, False):
+            with _guarded(conn, cursor.connection):
+                cursor.connection.execute(b"COMMIT")
+
+    @event.listens_for(engine, "handle_error")
+    def failed(context: ExceptionContext) -> None:
+        conn = context.connection
+        if conn is not None and conn.info.pop(key, False) and context.cursor is not None:
+            with contextlib.suppress(Exception):  # the connection may be gone
+                context.cursor.connection.execute(b"ROLLBACK")
+
+
+def _guarded(conn: Connection, raw: Any) -> contextlib.AbstractContextManager[None]:
+    """The worker's deadline for our own round trips on a connection that has one."""
+    seconds = conn.get_execution_options().get(DEADLINE_OPTION)
+    if seconds is None:
+        return contextlib.nullcontext()
+    return DEADLINES.guard(socket_of(raw), seconds)
 
 
 class HeldConnection:
@@ -119,15 +298,27 @@ class HeldConnection:
         self._engine = engine
         self._conn: Connection | None = None
 
-    def rows(self, statement: sa.Executable, params: dict[str, Any]) -> list[Any]:
-        """Run one statement and fetch all its rows."""
-        if self._conn is None:
-            self._conn = self._engine.connect()
-        try:
-            return list(self._conn.execute(statement, params).all())
-        except BaseException:
-            self.close()
-            raise
+    def rows(
+        self, statement: sa.Executable, params: dict[str, Any], *, again: bool = False
+    ) -> list[Any]:
+        """Run one statement and fetch all its rows.
+
+        With ``again``, a statement whose connection was lost (dropped by the server, or cut
+        at its deadline) runs once more on a fresh one: for statements that are safe to repeat.
+        """
+        for last in (not again, True):
+            if self._conn is None:
+                self._conn = self._engine.connect()
+            try:
+                return list(self._conn.execute(statement, params).all())
+            except DBAPIError as exc:
+                self.close()
+                if last or not exc.connection_invalidated:
+                    raise
+            except BaseException:
+                self.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from .database import CONNECT_ARGS
+from .database import CONNECT_ARGS, Pooler
 from .errors import PayloadError
 from .tasks import JobContext
 
@@ -94,9 +94,10 @@ class EventLoopThread:
     the worker's database URL, made on first use; :meth:`close` disposes of it.
     """
 
-    def __init__(self, url: URL, pool_size: int) -> None:
+    def __init__(self, url: URL, pool_size: int, pooler: Pooler = "session") -> None:
         self._url = url
         self._pool_size = pool_size
+        self._pooler = pooler
         self._engine: AsyncEngine | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -116,7 +117,12 @@ class EventLoopThread:
                 ) from exc
             self._engine = create_async_engine(
                 self._url,
-                connect_args=dict(CONNECT_ARGS),
+                connect_args=(
+                    # No prepared statements where the next transaction may land elsewhere.
+                    {**CONNECT_ARGS, "prepare_threshold": None}
+                    if self._pooler == "transaction"
+                    else dict(CONNECT_ARGS)
+                ),
                 pool_size=self._pool_size,
                 pool_pre_ping=True,
             )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from . import statements
 from .attempts import FAILED_AS, Held
+from .deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
 from .execution import one_line
 from .running import JobRunner
 
@@ -68,7 +69,12 @@ class Heartbeat(JobRunner):
         """
         ids = list(held)
         params = {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]}
+        # A renewal stuck on a silent connection is given up in time to retry on a fresh one
+        # before the shortest lease runs out (a third of it, as renewals are spaced).
+        shortest = min(h.lease.total_seconds() for h in held.values())
+        deadline = max(1.0, min(STATEMENT_DEADLINE, shortest / 3))
         with self._single.connect() as conn:
+            conn.execution_options(**{DEADLINE_OPTION: deadline})
             rows = conn.execute(statements.extend_leases(), params)
             kept = {row.id: row.cancel_requested for row in rows}
             busy: set[int] = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Collection
 
 import psycopg
@@ -12,12 +13,16 @@ from sqlalchemy import Engine
 
 from . import statements
 from .database import CONNECT_ARGS
+from .deadlines import DEADLINES, socket_of
 from .execution import one_line
 
 log = logging.getLogger("sa_jobqueue.worker")
 
 #: Longest wait before reconnecting after the LISTEN connection failed (seconds).
 RECONNECT_CAP = 5.0
+#: After this long without a notification, the listener makes sure its connection still
+#: answers (seconds).
+LISTEN_PING = 10.0
 
 
 def listen(
@@ -39,10 +44,19 @@ def listen(
                     log.info("listener reconnected")
                 failures = 0
                 wake.set()
+                heard = time.monotonic()
                 while not stopping.is_set():
                     for note in raw.notifies(timeout=0.5):
+                        heard = time.monotonic()
                         if note.payload in queues:
                             wake.set()
+                    if time.monotonic() - heard > LISTEN_PING:
+                        # Silence may be a quiet queue or a network that forwards nothing:
+                        # only an answer tells them apart. No answer in time drops the
+                        # connection, and the loop connects afresh.
+                        with DEADLINES.guard(socket_of(raw)):
+                            raw.execute("SELECT 1")
+                        heard = time.monotonic()
         except Exception as exc:
             if failures == 0:
                 log.warning("listener connection lost (%s); reconnecting", one_line(exc))

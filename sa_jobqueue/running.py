@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from . import statements
 from .attempts import FAILED_AS, Claimed, Held, Lane, policy
 from .completions import Completer
+from .deadlines import DEADLINES, socket_of
 from .errors import PayloadError, UnknownTaskError
 from .execution import (
     EventLoopThread,
@@ -85,6 +86,11 @@ class _Group:
     @property
     def due(self) -> bool:
         return len(self.done) >= GROUP_MAX_JOBS or time.monotonic() - self.opened >= GROUP_MAX_AGE
+
+
+def _deadline(conn: Connection) -> contextlib.AbstractContextManager[None]:
+    """The worker's client-side deadline for its completion on a handler's connection."""
+    return DEADLINES.guard(socket_of(conn.connection.dbapi_connection))
 
 
 def _aborted(conn: Connection) -> bool:
@@ -252,20 +258,21 @@ class JobRunner:
             return
         try:
             done: set[int] = set()
-            if jobs:
-                done = set(
-                    group.conn.execute(
-                        statements.complete_many(),
-                        {
-                            "job_ids": [job.id for job in jobs],
-                            "attempt_list": [job.attempts for job in jobs],
-                        },
-                    ).scalars()
-                )
-            if len(done) == len(jobs):
-                group.conn.commit()
-            else:
-                group.conn.rollback()
+            with _deadline(group.conn):
+                if jobs:
+                    done = set(
+                        group.conn.execute(
+                            statements.complete_many(),
+                            {
+                                "job_ids": [job.id for job in jobs],
+                                "attempt_list": [job.attempts for job in jobs],
+                            },
+                        ).scalars()
+                    )
+                if len(done) == len(jobs):
+                    group.conn.commit()
+                else:
+                    group.conn.rollback()
         except SQLAlchemyError as exc:
             # Nothing of these jobs was written, their completions included: they are still
             # running in the database, and run again once their leases expire.
@@ -444,15 +451,16 @@ class JobRunner:
                 return
             # The fenced completion in the handler's own transaction: its writes and the
             # job's success commit together, or (stale attempt, cancel) roll back together.
-            if (
-                failure is None
-                and session is not None
-                and session.connection().execute(statements.complete(), fence).rowcount == 1
-            ):
-                session.commit_for_real()
-                self._report(job.id, job.attempts, "succeeded")
-                log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
-                return
+            if failure is None and session is not None:
+                conn = session.connection()
+                with _deadline(conn):
+                    done = conn.execute(statements.complete(), fence).rowcount == 1
+                    if done:
+                        session.commit_for_real()
+                if done:
+                    self._report(job.id, job.attempts, "succeeded")
+                    log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+                    return
             if session is not None:
                 session.rollback()
         finally:

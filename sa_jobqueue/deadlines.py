@@ -1,0 +1,177 @@
+"""Client-side deadlines for the worker's own statements.
+
+A server-side ``statement_timeout`` only helps while the server hears us. A middlebox or pooler
+that keeps a TCP session open, answers its keepalives and forwards nothing leaves a statement
+waiting for an answer that never comes: the server never saw it, so no timeout of the server's
+fires, and the kernel sees a healthy connection. Only the client can notice.
+
+:class:`Deadlines` keeps one watchdog thread. A statement is *armed* with the socket it waits
+on and a deadline; if it is still armed when the deadline passes, the watchdog shuts the socket
+down (``shutdown(2)``, both ways). The thread blocked in the driver then wakes at once with a
+"connection lost" error, SQLAlchemy discards that connection instead of pooling it, and the
+caller goes on over a fresh one.
+
+What this does not do: it never touches a statement of a handler's own (how long those may run
+is the application's business), and it cannot tell whether the server ran a statement whose
+answer was lost; every statement it guards is one that is safe to retry or to leave to the
+lease (claims, fenced transitions, lease renewal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import ExceptionContext
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: How long the worker waits for any one of its own statements before it gives the connection
+#: up (seconds). Above the server-side ``statement_timeout`` the worker's connections carry
+#: (see :data:`sa_jobqueue.database.CONTROL_SETTINGS`), so a slow but live server answers with
+#: its own error first; below a third of the default 30 s lease, so a lease renewal stuck on a
+#: silent connection is retried on a fresh one before the lease runs out.
+STATEMENT_DEADLINE = 15.0
+#: Execution option that overrides the deadline for one connection's statements (seconds).
+DEADLINE_OPTION = "sa_jobqueue_deadline"
+
+_INFO_KEY = "sa_jobqueue_deadline_token"
+
+
+class Deadlines:
+    """One watchdog thread that cuts the connections of statements past their deadline."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # token -> (deadline, socket fd, seconds it was given)
+        self._armed: dict[int, tuple[float, int, float]] = {}
+        self._cut: set[int] = set()
+        self._tokens = itertools.count()
+        self._changed = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._silent = False  # an outage was reported and nothing has come back since
+        self._wake_at = float("inf")  # when the watchdog looks next
+
+    def arm(self, fd: int, seconds: float) -> int:
+        """Watch the socket ``fd`` for ``seconds``; returns the token to :meth:`disarm` with."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            token = next(self._tokens)
+            self._armed[token] = (deadline, fd, seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="sa_jobqueue-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif deadline < self._wake_at:
+                self._changed.notify()  # earlier than the watchdog planned to look again
+        return token
+
+    def disarm(self, token: int) -> bool:
+        """Stop watching; True if the watchdog cut the connection meanwhile."""
+        with self._lock:
+            self._armed.pop(token, None)
+            if token in self._cut:
+                self._cut.discard(token)
+                return True
+        if self._silent:
+            self._silent = False
+            log.info("the database answers again")
+        return False
+
+    @contextlib.contextmanager
+    def guard(self, fd: int | None, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:
+        """Arm for the ``with`` block (nothing when ``fd`` is None)."""
+        if fd is None:
+            yield
+            return
+        token = self.arm(fd, seconds)
+        try:
+            yield
+        finally:
+            self.disarm(token)
+
+    def _watch(self) -> None:
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                for token, (deadline, fd, seconds) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        self._cut.add(token)
+                        # Under the lock: the statement's thread cannot disarm and close the
+                        # socket meanwhile, so the descriptor cannot have been reused.
+                        _shut(fd)
+                        if not self._silent:
+                            self._silent = True
+                            log.warning(
+                                "the database did not answer within %g s; dropped that"
+                                " connection, going on over fresh ones",
+                                seconds,
+                            )
+                self._wake_at = min((d for d, _, _ in self._armed.values()), default=float("inf"))
+                wait = self._wake_at - now
+                self._changed.wait(None if wait == float("inf") else max(wait, 0.01))
+
+
+def _shut(fd: int) -> None:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the peer
+    finally:
+        sock.close()
+
+
+#: The watchdog every worker in this process shares.
+DEADLINES = Deadlines()
+
+
+def socket_of(dbapi_connection: Any) -> int | None:
+    """The socket a psycopg connection talks over, or None if it has none (closed)."""
+    try:
+        return int(dbapi_connection.fileno())
+    except Exception:
+        return None
+
+
+def guard_statements(engine: Engine, seconds: float = STATEMENT_DEADLINE) -> None:
+    """Give every statement run through ``engine`` a client-side deadline.
+
+    ``engine`` may be an option engine (``engine.execution_options(...)``): the deadline then
+    holds for its connections only, not for the engine it was made from. A connection's own
+    ``execution_options(sa_jobqueue_deadline=...)`` overrides ``seconds``.
+    """
+    engine.update_execution_options(**{DEADLINE_OPTION: seconds})
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def arm(conn: Any, cursor: Any, *_: Any) -> None:
+        fd = socket_of(cursor.connection)
+        if fd is not None:
+            limit = conn.get_execution_options()[DEADLINE_OPTION]
+            conn.info[_INFO_KEY] = DEADLINES.arm(fd, limit)
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def disarm(conn: Any, *_: Any) -> None:
+        token = conn.info.pop(_INFO_KEY, None)
+        if token is not None:
+            DEADLINES.disarm(token)
+
+    @event.listens_for(engine, "handle_error")
+    def discard(context: ExceptionContext) -> None:
+        conn = context.connection
+        token = None if conn is None else conn.info.pop(_INFO_KEY, None)
+        if token is not None and DEADLINES.disarm(token):
+            context.is_disconnect = True  # never back into the pool
