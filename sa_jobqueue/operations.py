@@ -121,12 +121,15 @@ def select_jobs(
     task: bool,
     older_than: bool,
     after: bool,
+    newest_first: bool = False,
 ) -> Select[Any]:
     """Up to ``:limit`` jobs in id order, filtered by the parameters that are switched on.
 
     ``:statuses`` (an array), ``:queue``, ``:task``, ``:older_than`` (seconds since
     ``created_at``) and ``:after_id`` (keyset pagination: the last id of the previous page).
-    One statement per combination of filters, each with stable text.
+    ``newest_first`` reverses the order, and with it the keyset: "after" is then a lower id,
+    so a page never repeats or skips a row of the previous one. One statement per
+    combination of filters, each with stable text.
     """
     conditions: list[ColumnElement[bool]] = []
     if statuses:
@@ -138,11 +141,12 @@ def select_jobs(
     if older_than:
         conditions.append(j.created_at < func.now() - seconds("older_than"))
     if after:
-        conditions.append(j.id > bindparam("after_id", type_=BigInteger))
+        after_id = bindparam("after_id", type_=BigInteger)
+        conditions.append(j.id < after_id if newest_first else j.id > after_id)
     return (
         select(*(j[c] for c in columns))
         .where(*conditions)
-        .order_by(j.id)
+        .order_by(j.id.desc() if newest_first else j.id)  # the primary key, read either way
         .limit(bindparam("limit", type_=Integer))
     )
 

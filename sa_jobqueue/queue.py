@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from sqlalchemy import Connection, select
 from sqlalchemy.engine.base import Transaction
+from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
 from sqlalchemy.orm import Session, scoped_session
 
 from . import operations, statements
@@ -411,6 +412,11 @@ class JobQueue:
         max_attempts: int | None,
         lease: timedelta | None,
     ) -> tuple[dict[str, Any], str]:
+        if callable(task) and not isinstance(task, Task):
+            # A function passed as the task (print, or a handler whose Task was not kept):
+            # a TypeError saying what to pass. Anything else is taken for a name, and a bad
+            # one is an InvalidNameError as ever.
+            raise TypeError(self._not_a_task(task))
         definition = task if isinstance(task, Task) else self.get_task(check_task_name(task))
         run_at = check_run_at(run_at)
         params: dict[str, Any] = {
@@ -429,6 +435,17 @@ class JobQueue:
             params["delay"] = run_at.total_seconds()
             return params, "after"
         return params, "now"
+
+    def _not_a_task(self, task: object) -> str:
+        """What enqueue says when given something that is neither a Task nor a name."""
+        message = (
+            "enqueue takes a registered task (the Task that @queue.task returned) or a task"
+            f" name string, not {task!r} ({type(task).__name__})"
+        )
+        named = [t.name for t in self._tasks.values() if t.handler is task]
+        if named:
+            message += f"; it is the handler of task {named[0]!r}: pass that name instead"
+        return message
 
     def cancel(self, session: Session | scoped_session[Session] | Connection, job_id: int) -> bool:
         """Cancel a job in the caller's transaction; True if it was queued or running.
@@ -507,6 +524,7 @@ class JobQueue:
         older_than: timedelta | None = None,
         limit: int = 100,
         after_id: int | None = None,
+        newest_first: bool = False,
     ) -> list[JobInfo]:
         """Read up to ``limit`` jobs in id order (oldest first), in the caller's transaction.
 
@@ -515,6 +533,11 @@ class JobQueue:
         last id you got as ``after_id`` (keyset pagination: stable while rows come and go,
         and as cheap for the thousandth page as for the first). Bad filters raise
         InvalidJobError before any SQL is sent. ``limit`` is at most 10,000.
+
+        ``newest_first`` reads the highest ids first, and ``after_id`` then means the jobs
+        with lower ids: the next page goes on in the same direction. Ids are handed out in
+        insert order, so this is the order jobs were enqueued in, not ``created_at``'s order
+        (a transaction's jobs take their creation time from its start).
         """
         params: dict[str, Any] = {"limit": operations.check_limit(limit)}
         if status is not None:
@@ -536,6 +559,7 @@ class JobQueue:
             task=task is not None,
             older_than=older_than is not None,
             after=after_id is not None,
+            newest_first=bool(newest_first),
         )
         rows = _connection(session).execute(statement, params)
         return [JobInfo(**row._asdict()) for row in rows]
@@ -572,7 +596,21 @@ def _connection(session: Session | scoped_session[Session] | Connection) -> Conn
     # Session.connection() joins the session's transaction (beginning it if needed) without
     # flushing pending objects: we add the job row and touch nothing else of the caller's.
     if isinstance(session, Session | scoped_session):
-        return session.connection()
+        try:
+            bind: object = session.get_bind()
+        except SQLAlchemyError:
+            bind = None  # no single bind to look at: connection() says what is wrong
+        # An asyncio driver works only inside SQLAlchemy's greenlet bridge (the Session that
+        # AsyncSession.run_sync hands over); outside it, refuse before connecting, which
+        # would fail deep in SQLAlchemy and leave a never-awaited coroutine behind.
+        if type(bind).__module__.startswith("sqlalchemy.ext.asyncio") or (
+            getattr(getattr(bind, "dialect", None), "is_async", False) and _outside_bridge()
+        ):
+            raise TypeError(_ASYNC_BIND)
+        try:
+            return session.connection()
+        except MissingGreenlet as exc:  # _outside_bridge could not tell
+            raise TypeError(_ASYNC_BIND) from exc
     if isinstance(session, Connection):
         return session
     hint = ""
@@ -582,6 +620,22 @@ def _connection(session: Session | scoped_session[Session] | Connection) -> Conn
         "enqueue needs a SQLAlchemy Session, scoped_session or Connection,"
         f" not {type(session).__name__}{hint}"
     )
+
+
+def _outside_bridge() -> bool:
+    """True when surely not running inside SQLAlchemy's greenlet bridge; False if unsure."""
+    # sqlalchemy.util is not public API: if in_greenlet moves, say "unsure" and let the
+    # connection attempt tell instead.
+    from sqlalchemy.util import concurrency
+
+    in_greenlet = getattr(concurrency, "in_greenlet", None)
+    return in_greenlet is not None and not in_greenlet()
+
+
+_ASYNC_BIND: Final = (
+    "this Session is bound to an async engine (an asyncio driver), which sync code cannot"
+    " use: enqueue through an AsyncSession with await aenqueue (acancel, aget_job, ...)"
+)
 
 
 def _sent_notifications(conn: Connection) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,11 @@ class Task:
     ``unique_key``, if given, maps a payload to the job's unique key (a str, or None for no
     uniqueness): while a queued or running job of this task holds a key, enqueueing another
     job with that key adds nothing and returns the live job's id (see ``JobQueue.enqueue``).
+
+    The handler is called as ``handler(ctx, payload)``; one that cannot be called that way
+    (too few or too many required parameters, a required keyword-only one) is refused with
+    TaskDefinitionError here, not at its first run. What the handler does with its arguments
+    is not checked.
     """
 
     name: str
@@ -147,9 +153,30 @@ class Task:
             check_lease(self.lease)
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
+        _check_handler(self.name, self.handler)
 
     def __call__(self, ctx: JobContext, payload: Any) -> object:
         return self.handler(ctx, payload)
+
+
+def _check_handler(name: str, handler: object) -> None:
+    """Refuse a handler that cannot be called as ``handler(ctx, payload)``."""
+    if not callable(handler):
+        raise TaskDefinitionError(
+            f"task {name!r}: the handler must be a function, not {type(handler).__name__}"
+        )
+    try:
+        signature = inspect.signature(handler)  # follows functools.wraps to the wrapped one
+    except (TypeError, ValueError):
+        return  # some builtins and extension callables have none: nothing to check
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        label = getattr(handler, "__qualname__", type(handler).__name__)
+        raise TaskDefinitionError(
+            f"task {name!r}: the handler is called as handler(ctx, payload), which"
+            f" {label}{signature} cannot take ({exc})"
+        ) from None
 
 
 class JobContext:
