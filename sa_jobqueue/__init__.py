@@ -12,6 +12,8 @@ The promise:
   same transaction as the job's fenced completion, or not at all.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .enqueueing import Enqueued
 from .errors import (
     AppImportError,
@@ -30,6 +32,13 @@ from .errors import (
 from .queue import JobInfo, JobQueue
 from .tasks import Backoff, Discard, JobContext, Retry, Task
 from .worker import Worker
+
+try:
+    #: This release's version, from the installed distribution (pyproject.toml's, one source).
+    __version__ = version("sa_jobqueue")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+del PackageNotFoundError, version
 
 __all__ = [
     "AppImportError",
@@ -53,4 +62,5 @@ __all__ = [
     "TaskDefinitionError",
     "UnknownTaskError",
     "Worker",
+    "__version__",
 ]

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import inspect
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
 
 import sa_jobqueue
 from sa_jobqueue import errors
 
+#: Dunder names that are part of the API too (as httpx exports its ``__version__``).
+PUBLIC_DUNDERS = {"__version__"}
+
 
 def test_all_is_sorted_and_complete() -> None:
     assert sa_jobqueue.__all__ == sorted(sa_jobqueue.__all__)
-    public = {name for name in vars(sa_jobqueue) if not name.startswith("_")}
+    public = {
+        name for name in vars(sa_jobqueue) if not name.startswith("_") or name in PUBLIC_DUNDERS
+    }
     modules = {name for name in public if inspect.ismodule(getattr(sa_jobqueue, name))}
     assert public - modules == set(sa_jobqueue.__all__)
 
 
+def test_version_is_the_distributions() -> None:
+    pyproject = tomllib.loads(
+        (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    )
+    assert sa_jobqueue.__version__ == version("sa_jobqueue") == pyproject["project"]["version"]
+
+
 def test_every_exported_name_has_a_docstring() -> None:
-    for name in sa_jobqueue.__all__:
+    for name in sorted(set(sa_jobqueue.__all__) - PUBLIC_DUNDERS):
         obj = getattr(sa_jobqueue, name)
         assert inspect.getdoc(obj), f"{name} has no docstring"
         for attr, member in vars(obj).items():
