@@ -7,11 +7,15 @@
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
     sa-jobqueue check [--max-wait DURATION ...] [--json]
     sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
+    sa-jobqueue --version
+
+``--log-level`` and ``--log-format`` go before the subcommand or after it.
 
 Errors a user can fix (wrong URL, unreachable server, missing schema, an app that does not
-import) print one line on stderr and exit non-zero; they never dump a traceback. ``check``
-exits 0 when all is well, 1 on a warning and 2 on a critical finding (or when it cannot
-reach the database).
+import) print one line on stderr and exit non-zero; they never dump a traceback, unless asked
+for with ``--log-level DEBUG``. ``check`` exits 0 when all is well, 1 on a warning and 2 on a
+critical finding (or when it cannot reach the database). Output cut short by its reader
+(``| head``) ends the command quietly with status 141, as SIGPIPE ends other tools.
 """
 
 from __future__ import annotations
@@ -23,16 +27,20 @@ import os
 import re
 import signal
 import sys
+import sysconfig
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from . import __version__
 from .database import check_schema, create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .health import Thresholds, check, span, worst
@@ -50,10 +58,18 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+#: The reader of our output went away (``sa-jobqueue jobs list --json | head``): 128 + SIGPIPE
+#: (13), the status a shell shows for ``cat`` or ``grep`` ended that way.
+EXIT_BROKEN_PIPE: Final = 141
 
 
 def load_app(spec: str) -> JobQueue:
-    """Import ``module:attribute`` and return the JobQueue it names."""
+    """Import ``module:attribute`` and return the JobQueue it names.
+
+    When the module raises while being imported (or does not parse), the AppImportError
+    names the exception and the innermost line of the application's own code it came from,
+    not a line in the standard library, an installed package or sa_jobqueue.
+    """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise AppImportError(f"expected module:attribute (e.g. myapp.jobs:queue), got {spec!r}")
@@ -62,7 +78,11 @@ def load_app(spec: str) -> JobQueue:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise AppImportError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        first = reason.strip().splitlines()[0] if reason.strip() else ""
+        raise AppImportError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {first}{_where(exc)}"
+        ) from exc
     try:
         app = getattr(module, attribute)
     except AttributeError:
@@ -70,6 +90,43 @@ def load_app(spec: str) -> JobQueue:
     if not isinstance(app, JobQueue):
         raise AppImportError(f"{spec} is a {type(app).__name__}, not a sa_jobqueue.JobQueue")
     return app
+
+
+def _where(exc: BaseException) -> str:
+    """`` (path, line N)`` of the application's line ``exc`` came from, or "" if none is."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f" ({_shown(exc.filename)}, line {exc.lineno})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_application(f.filename)]
+    return f" ({_shown(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
+
+
+def _is_application(filename: str) -> bool:
+    """Whether ``filename`` is the user's code: not importlib's, a library's, or ours."""
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return False
+    return not os.path.realpath(filename).startswith(_LIBRARIES)
+
+
+#: Where code that is not the application's lives: the standard library, installed packages
+#: and sa_jobqueue itself (installed or, in development, a checkout); each ends in a separator.
+_LIBRARIES: Final = tuple(
+    {
+        os.path.join(os.path.realpath(directory), "")
+        for directory in (
+            *(sysconfig.get_path(n) for n in ("stdlib", "platstdlib", "purelib", "platlib")),
+            os.path.dirname(__file__),
+        )
+    }
+)
+
+
+def _shown(filename: str) -> str:
+    """A path relative to the current directory when it is below it, as the user typed it."""
+    path = Path(filename).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _seconds(value: str) -> timedelta:
@@ -131,19 +188,56 @@ def _lanes(
     return {name: concurrency if n is None else n for name, n in queues}
 
 
+LOG_FORMATS: Final = ("text", "json")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: The level when --log-level is not given. Alembic's own records are shown only when a level
+#: is given (see _configure_logging).
+DEFAULT_LOG_LEVEL: Final = "INFO"
+
+#: Options every command takes, before its name or after it (after it, it wins): one entry
+#: each, the flag and its add_argument settings; _add_global_options puts them everywhere.
+GLOBAL_OPTIONS: Final[tuple[tuple[str, dict[str, Any]], ...]] = (
+    (
+        "--log-level",
+        {
+            "choices": LOG_LEVELS,
+            "default": None,
+            "help": f"least severe records logged (default {DEFAULT_LOG_LEVEL}; Alembic's"
+            " own only when given as INFO or DEBUG; DEBUG also shows an error's traceback)",
+        },
+    ),
+    (
+        "--log-format",
+        {
+            "choices": LOG_FORMATS,
+            "default": "text",
+            "help": "text lines, or one JSON object per line (default text; json adds a record"
+            " per job transition to a worker's log)",
+        },
+    ),
+)
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool = True) -> None:
+    """Give ``parser`` and each of its subcommands, at every depth, the GLOBAL_OPTIONS.
+
+    Only the top level has the defaults. On a subcommand an option left out sets nothing
+    (``SUPPRESS``), so it does not undo the same option given before the subcommand's name.
+    """
+    for flag, settings in GLOBAL_OPTIONS:
+        default = settings["default"] if top else argparse.SUPPRESS
+        parser.add_argument(flag, **{**settings, "default": default})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias is the same parser
+                _add_global_options(sub, top=False)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sa-jobqueue", description="A job queue in your PostgreSQL database."
     )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
-    parser.add_argument(
-        "--log-format",
-        default="text",
-        choices=LOG_FORMATS,
-        help="text lines, or one JSON object per line (default text)",
-    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def database_option(sub: argparse.ArgumentParser) -> None:
@@ -217,22 +311,34 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="address the metrics endpoint listens on (default 0.0.0.0, every interface)",
     )
-    # Also accepted after the subcommand; given here, it overrides the one before it.
-    worker.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=argparse.SUPPRESS,
-        help="as before the subcommand: text, or json with a record per job transition",
-    )
 
     migrate = commands.add_parser("migrate", help="create or upgrade the sa_jobqueue tables")
     database_option(migrate)
     _operator_parsers(commands, database_option)
     add_verify_parser(commands, database_option)
+    _add_global_options(parser)  # last: every subcommand exists by now
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``sa-jobqueue`` command with ``argv`` (default: the process's); its exit status."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Flushed here: a reader that went away is seen now, in the handler below, rather
+            # than as an "Exception ignored" message when the interpreter exits.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): nothing went wrong. What is still buffered
+        # goes to /dev/null, so that the interpreter's own flush at exit stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level, args.log_format)
     if not args.database_url:
@@ -247,15 +353,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _operate(args)
         return _worker(args)
     except JobQueueError as exc:
+        if args.log_level == "DEBUG":
+            traceback.print_exception(exc, file=sys.stderr)  # its cause's too, chained
         print(f"sa-jobqueue: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
-LOG_FORMATS: Final = ("text", "json")
+def _configure_logging(level: str | None, log_format: str) -> None:
+    """Log to stderr at ``level``: text lines, or JSON objects with each record's fields.
 
-
-def _configure_logging(level: str, log_format: str) -> None:
-    """Log to stderr at ``level``: text lines, or JSON objects with each record's fields."""
+    Alembic logs at INFO as it works (its plugins, each revision applied); those records are
+    kept only when a level is given, so a plain ``sa-jobqueue migrate`` prints one line.
+    """
+    logging.getLogger("alembic").setLevel(level or "WARNING")
     handler = logging.StreamHandler()
     if log_format == "json":
         from .joblog import JsonFormatter
@@ -263,7 +373,7 @@ def _configure_logging(level: str, log_format: str) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler])
+    logging.basicConfig(level=level or DEFAULT_LOG_LEVEL, handlers=[handler])
 
 
 def _port(value: str) -> int:
@@ -513,12 +623,19 @@ def _operator_parsers(
             "--older-than", type=_duration, metavar="DURATION", help=f"only jobs {age} (7d, 2h)"
         )
 
-    listing = actions.add_parser("list", help="jobs in id order, oldest first")
+    listing = actions.add_parser(
+        "list", help="jobs in id order, oldest first unless --newest-first"
+    )
     database_option(listing)
     filters(listing, "created longer ago than this")
     listing.add_argument("--status", type=_statuses, help="comma-separated statuses")
     listing.add_argument("--limit", type=_page, default=50, help="at most this many (default 50)")
     listing.add_argument("--after", type=int, metavar="ID", help="start after this id (next page)")
+    listing.add_argument(
+        "--newest-first",
+        action="store_true",
+        help="highest id first; --after then pages on to lower ids",
+    )
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     show = actions.add_parser("show", help="one job in full, its error's traceback included")
@@ -671,6 +788,7 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
             older_than=args.older_than,
             limit=args.limit,
             after_id=args.after,
+            newest_first=args.newest_first,
         )
         now = _now(conn)
     if args.json:
@@ -678,7 +796,7 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
         return 0
     print(job_list(found, now))
     if len(found) == args.limit:
-        print(f"(more: --after {found[-1].id})")
+        print(f"(more: --after {found[-1].id}{' --newest-first' if args.newest_first else ''})")
     return 0
 
 

@@ -118,6 +118,13 @@ class Worker(Heartbeat):
             names = list(queues) if queues else _default_queues(queue)
             self._lanes = [Lane(names, concurrency, prefetch)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
+        for name in undeclared_queues(queue, self.queues):
+            log.warning(
+                "serving queue %r, which no registered task declares (a typo?); only jobs"
+                " enqueued with queue=%r run there",
+                name,
+                name,
+            )
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
@@ -478,3 +485,14 @@ class Worker(Heartbeat):
 def _default_queues(queue: JobQueue) -> list[str]:
     names = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
     return sorted(names)
+
+
+def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
+    """The queues of ``served`` that no task of ``queue`` declares, in order.
+
+    The JobQueue's ``default_queue`` is not counted: it is where a task declared without a
+    queue goes. A queue listed here is not necessarily wrong (enqueue's ``queue=`` can send
+    any task's jobs anywhere), which is why the worker warns and does not refuse.
+    """
+    declared = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
+    return [name for name in served if name not in declared]

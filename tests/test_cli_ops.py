@@ -179,6 +179,20 @@ def test_jobs_list_filters_and_pages(run: Run, engine: sa.Engine) -> None:
     assert [job["id"] for job in older] == [old]
 
 
+def test_jobs_list_newest_first_pages_backwards(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        sent = [add_job(conn, queue="mail", task="send") for _ in range(5)]
+        add_job(conn, queue="mail", task="other")
+
+    assert run("jobs", "list", "--task", "send", "--newest-first", "--limit", "2") == 0
+    listed = [int(line.split()[0]) for line in run.out.splitlines()[1:-1]]
+    assert listed == [sent[4], sent[3]]
+    assert run.out.splitlines()[-1] == f"(more: --after {sent[3]} --newest-first)"
+
+    rest = run.json("jobs", "list", "--task", "send", "--newest-first", "--after", str(sent[3]))
+    assert [job["id"] for job in rest] == [sent[2], sent[1], sent[0]]
+
+
 def test_jobs_list_refuses_bad_filters(run: Run) -> None:
     for args in (["--status", "exploded"], ["--older-than", "5 weeks"], ["--limit", "0"]):
         with pytest.raises(SystemExit) as exited:
