@@ -8,6 +8,7 @@ refused before any SQL is sent, and scheduling options end up in the row as give
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 import os
@@ -508,6 +509,17 @@ class Opaque:
     pass
 
 
+class _Level(enum.IntEnum):
+    HIGH = 1
+
+
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 BAD_PAYLOADS = [
     pytest.param({1, 2}, id="set"),
     pytest.param({"s": frozenset({1})}, id="nested-frozenset"),
@@ -538,6 +550,11 @@ BAD_PAYLOADS = [
     pytest.param({"t": (1, 2)}, id="nested-tuple"),
     pytest.param([[1, (2,)]], id="tuple-in-list"),
     pytest.param({"text": "lone surrogate \ud800"}, id="lone-surrogate"),
+    # What jsonb or the worker would hand back changed (see tests/test_payload_fidelity.py).
+    pytest.param({"z": [1.0, -0.0]}, id="negative-zero"),
+    pytest.param({"n": 10**4300}, id="int-over-4300-digits"),
+    pytest.param({"level": _Level.HIGH}, id="int-enum"),
+    pytest.param(_deep(201), id="nested-over-200-levels"),
 ]
 
 #: (options for enqueue, the exception they must raise). The task is "work_a" unless given.
