@@ -12,7 +12,8 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      ├── TaskDefinitionError (ValueError)    a task is declared twice, or with bad options
      ├── SchemaError                         the database lacks the schema this version needs
      │    ├── SchemaMissingError
-     │    └── SchemaOutdatedError
+     │    ├── SchemaOutdatedError
+     │    └── SchemaManagedElsewhereError    another route of installing it owns the schema
      ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
      └── AppImportError                      the worker's ``module:attribute`` could not be loaded
 
@@ -67,6 +68,15 @@ class SchemaMissingError(SchemaError):
 
 class SchemaOutdatedError(SchemaError):
     """The sa_jobqueue schema is older than this version needs: run `sa-jobqueue migrate`."""
+
+
+class SchemaManagedElsewhereError(SchemaError):
+    """The sa_jobqueue schema was installed by another route: upgrade it the way it was installed.
+
+    Raised instead of installing the tables a second time: our revisions are recorded in a
+    version table other than the one this route keeps (an application's ``alembic_version``),
+    or in none at all (``metadata.create_all``). The message says what was found and what to run.
+    """
 
 
 class DatabaseUnavailableError(JobQueueError):

@@ -4,28 +4,44 @@ The revisions in ``versions/`` carry the branch label ``sa_jobqueue`` and ids pr
 ``sajq_``, on a base of their own, so they can join an application's Alembic history::
 
     # alembic.ini of your application (path_separator = space)
-    version_locations = %(here)s/alembic/versions sa_jobqueue:migrations/versions
+    version_locations = %(here)s/migrations/versions sa_jobqueue:migrations/versions
 
-and ``alembic upgrade heads`` applies ours next to yours. Run on their own (``sa-jobqueue
-migrate`` or ``alembic upgrade head`` from this repository) they record their revision in a
-version table of their own, ``sa_jobqueue_alembic_version``, so they never meet an
-application's ``alembic_version``. Pick one of the two ways per database.
+and ``alembic upgrade heads`` applies ours next to yours.
+Run on their own (``sa-jobqueue migrate`` or ``alembic upgrade head`` from this repository) they
+record their revision in a version table of their own, ``sa_jobqueue_alembic_version``, so they
+never meet an application's ``alembic_version``. Pick one of the two ways per database: our own
+route finding our revisions in ``alembic_version`` does nothing at our head and refuses to
+install the tables again below it (:class:`~sa_jobqueue.errors.SchemaManagedElsewhereError`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine
 
+from ..errors import JobQueueError, SchemaManagedElsewhereError, SchemaOutdatedError
 from ..models import metadata
+
+__all__ = [
+    "APPLICATION_VERSION_TABLE",
+    "VERSION_LOCATION",
+    "VERSION_TABLE",
+    "run_env",
+    "upgrade",
+]
 
 #: Where ``sa-jobqueue migrate`` and this repository's alembic.ini record the applied revision.
 VERSION_TABLE: Final = "sa_jobqueue_alembic_version"
 #: Our revisions, as a package resource that works from an installed wheel.
 VERSION_LOCATION: Final = "sa_jobqueue:migrations/versions"
+#: Where an application's Alembic history records revisions, ours included when they joined it
+#: (Alembic's default name; a history that renamed its version table is not looked for).
+APPLICATION_VERSION_TABLE: Final = "alembic_version"
 
 
 def run_env(context: Any) -> None:
@@ -33,6 +49,8 @@ def run_env(context: Any) -> None:
 
     The connection comes from ``config.attributes["connection"]`` when a program passes one
     (``sa-jobqueue migrate``), else from ``-x url=...``, ``DATABASE_URL`` or ``sqlalchemy.url``.
+    A program gets our errors as they are; the ``alembic`` command gets their message as one
+    line (SystemExit), not a traceback.
     """
     import os
 
@@ -54,11 +72,20 @@ def run_env(context: Any) -> None:
     try:
         with engine.connect() as conn:
             _migrate(context, conn)
+    except JobQueueError as exc:
+        raise SystemExit(str(exc)) from exc
     finally:
         engine.dispose()
 
 
-def _migrate(context: Any, connection: Any) -> None:
+def _migrate(context: Any, connection: Connection) -> None:
+    began = not connection.in_transaction()
+    try:
+        if _installed_by_the_application(context.script, connection):
+            return
+    finally:
+        if began and connection.in_transaction():
+            connection.rollback()  # only read; Alembic begins its own transaction below
     context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()
@@ -66,8 +93,71 @@ def _migrate(context: Any, connection: Any) -> None:
         connection.commit()
 
 
+def _recorded(connection: Connection, table: str) -> list[str]:
+    """Our revisions recorded in version table ``table`` (none if it does not exist)."""
+    if connection.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+        return []
+    versions = sa.table(table, sa.column("version_num", sa.Text))
+    rows = connection.execute(
+        sa.select(versions.c.version_num)
+        .where(versions.c.version_num.startswith("sajq_", autoescape=True))
+        .order_by(versions.c.version_num)
+    )
+    return list(rows.scalars())
+
+
+def _installed_by_the_application(script: ScriptDirectory, connection: Connection) -> bool:
+    """Whether our own route must leave this database alone, because an application's Alembic
+    history installed our schema: True when that history has it at our head (nothing to do);
+    SchemaManagedElsewhereError when it has it below (installing again would fail on the
+    existing tables) or above (this package is too old for it).
+
+    Only our own version table decides otherwise: once it records a revision, this route owns
+    the schema and Alembic carries on as usual. Reads in the connection's transaction and
+    leaves it open (Alembic's ``begin_transaction`` carries on in it).
+    """
+    known = {rev.revision for rev in script.walk_revisions()}
+    ours = _recorded(connection, VERSION_TABLE)
+    if ours:
+        unknown = [rev for rev in ours if rev not in known]
+        if unknown:
+            raise SchemaOutdatedError(
+                f"found sa_jobqueue's schema at revision {unknown[0]} in {VERSION_TABLE}, newer"
+                f" than this version of sa_jobqueue knows ({', '.join(script.get_heads())}):"
+                " upgrade the sa_jobqueue package"
+            )
+        return False
+    theirs = _recorded(connection, APPLICATION_VERSION_TABLE)
+    if not theirs:
+        return False
+    heads = set(script.get_heads())
+    if set(theirs) <= heads:
+        return True
+    found = (
+        f"found sa_jobqueue's schema at revision {', '.join(theirs)} in {APPLICATION_VERSION_TABLE}"
+    )
+    if any(rev not in known for rev in theirs):
+        raise SchemaManagedElsewhereError(
+            f"{found}, newer than this version of sa_jobqueue knows ({', '.join(sorted(heads))}):"
+            " upgrade the sa_jobqueue package"
+        )
+    raise SchemaManagedElsewhereError(
+        f"{found} (your application's Alembic history): run `alembic upgrade heads` in your"
+        " project instead"
+    )
+
+
 def upgrade(engine: Engine, revision: str = "heads") -> None:
-    """Bring the database's sa_jobqueue schema up to ``revision`` (default: the newest)."""
+    """Bring the database's sa_jobqueue schema up to ``revision`` (default: the newest).
+
+    Records the revision in ``sa_jobqueue_alembic_version``. A database whose application's
+    ``alembic_version`` already records our head is left as it is; one where it records an
+    older or unknown revision of ours raises SchemaManagedElsewhereError, as does one whose
+    tables exist with no revision of ours recorded anywhere (``metadata.create_all``).
+
+    Not guaranteed: an application history whose version table is not named
+    ``alembic_version`` is not looked for.
+    """
     config = Config()
     config.set_main_option("script_location", "sa_jobqueue:migrations")
     config.set_main_option("path_separator", "space")

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.errors import SchemaManagedElsewhereError
+
 revision = "sajq_0001"
 down_revision = None
 branch_labels = ("sa_jobqueue",)
@@ -23,6 +25,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _refuse_existing_tables()
     op.create_table(
         "sa_jobqueue_jobs",
         sa.Column("id", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
@@ -76,6 +79,39 @@ def upgrade() -> None:
         "sa_jobqueue_jobs",
         ["queue", "priority", "visible_at", "id"],
         postgresql_where=sa.text("status IN ('queued', 'running')"),
+    )
+
+
+def _refuse_existing_tables() -> None:
+    """Stop with one clear sentence where CREATE TABLE would fail with DuplicateTable: the
+    tables exist, but the version table this history keeps records none of our revisions."""
+    context = op.get_context()
+    if context.as_sql:
+        return  # offline (--sql): no database to look at
+    bind = op.get_bind()
+    if bind.execute(sa.select(sa.func.to_regclass("sa_jobqueue_jobs"))).scalar() is None:
+        return
+    elsewhere = []
+    for table in ("sa_jobqueue_alembic_version", "alembic_version"):
+        if table == context.version_table:
+            continue
+        if bind.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+            continue
+        versions = sa.table(table, sa.column("version_num", sa.Text))
+        found = bind.execute(
+            sa.select(versions.c.version_num).where(versions.c.version_num.startswith("sajq_"))
+        ).scalars()
+        elsewhere += [f"{revision} in {table}" for revision in found]
+    if elsewhere:
+        raise SchemaManagedElsewhereError(
+            "table sa_jobqueue_jobs already exists, installed by another route (revision"
+            f" {', '.join(elsewhere)}): keep upgrading it that way, or move it to this history"
+            " with `alembic stamp <that revision>` here"
+        )
+    raise SchemaManagedElsewhereError(
+        "table sa_jobqueue_jobs already exists, with no sa_jobqueue revision recorded for it"
+        " (made with metadata.create_all?): record the revision it matches with"
+        " `alembic stamp <revision>` instead of upgrading"
     )
 
 
