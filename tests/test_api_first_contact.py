@@ -19,7 +19,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import InvalidJobError, InvalidNameError, JobContext, JobQueue, Task, TaskDefinitionError
+from sa_jobqueue import (
+    InvalidJobError,
+    InvalidNameError,
+    JobContext,
+    JobQueue,
+    Task,
+    TaskDefinitionError,
+)
 from sa_jobqueue.models import jobs_table
 from tests.job_states import add_dead, add_job
 
