@@ -41,7 +41,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from . import __version__
-from .database import check_schema, create_control_engine, create_engine, ping
+from .database import POOLER_ENV, POOLERS, check_schema, create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .health import Thresholds, check, span, worst
 from .models import DEAD, FINISHED_STATUSES, RUNNING, STATUSES
@@ -204,6 +204,17 @@ GLOBAL_OPTIONS: Final[tuple[tuple[str, dict[str, Any]], ...]] = (
             "default": None,
             "help": f"least severe records logged (default {DEFAULT_LOG_LEVEL}; Alembic's"
             " own only when given as INFO or DEBUG; DEBUG also shows an error's traceback)",
+        },
+    ),
+    (
+        "--pooler",
+        {
+            "choices": POOLERS,
+            "default": os.environ.get(POOLER_ENV, "session"),
+            "help": "what stands between us and PostgreSQL: 'session' (a direct connection, or"
+            " PgBouncer in session mode) or 'transaction' (PgBouncer in transaction mode:"
+            " no LISTEN, no prepared statements, settings per transaction); default"
+            " $SA_JOBQUEUE_POOLER or session",
         },
     ),
     (
@@ -389,7 +400,7 @@ def _port(value: str) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from .migrations import upgrade
 
-    engine = create_engine(args.database_url)
+    engine = create_engine(args.database_url, pooler=args.pooler)
     ping(engine)
     upgrade(engine)
     print("sa-jobqueue: schema is up to date")
@@ -425,8 +436,8 @@ def _worker(args: argparse.Namespace) -> int:
     queues = _lanes(args.queues, args.concurrency)
     threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
     # One connection per handler thread; the worker's own statements use a second engine.
-    engine = create_engine(args.database_url, pool_size=threads, max_overflow=2)
-    control = create_control_engine(args.database_url, threads)
+    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=threads, max_overflow=2)
+    control = create_control_engine(args.database_url, threads, pooler=args.pooler)
     _wait_for_database(control, args.wait_for_database)
     observers = _observers(args, app)
     metrics: MetricsServer | None = None
@@ -509,7 +520,7 @@ def _metrics_server(args: argparse.Namespace, queues: list[str]) -> MetricsServe
         from .metrics import start_metrics_server
     except ImportError as exc:
         raise JobQueueError(str(exc)) from None
-    engine = create_engine(args.database_url, pool_size=1, max_overflow=0)
+    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=1, max_overflow=0)
     try:
         return start_metrics_server(
             args.metrics_port, engine, addr=args.metrics_address, queues=queues
@@ -529,7 +540,7 @@ OPERATOR_COMMANDS: Final = ("stats", "jobs", "check")
 CHECK_EXIT: Final = {"ok": 0, "warning": 1, "critical": 2}
 #: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
 #: server fails instead of hanging a terminal or a monitoring probe.
-OPERATOR_OPTIONS: Final = "-c statement_timeout=60s -c lock_timeout=10s"
+OPERATOR_SETTINGS: Final = {"statement_timeout": "60s", "lock_timeout": "10s"}
 #: Jobs requeued per transaction by ``jobs retry`` with filters.
 RETRY_PAGE: Final = 500
 
@@ -711,11 +722,10 @@ def _operator_parsers(
 def _operator_engine(args: argparse.Namespace) -> Engine:
     return create_engine(
         args.database_url,
+        pooler=args.pooler,
+        settings=OPERATOR_SETTINGS,
         poolclass=NullPool,
-        connect_args={
-            "options": OPERATOR_OPTIONS,
-            "application_name": f"sa-jobqueue {args.command}",
-        },
+        connect_args={"application_name": f"sa-jobqueue {args.command}"},
     )
 
 

@@ -85,6 +85,8 @@ CONTROL_SETTINGS: dict[str, str] = {
 #: no session-level advisory lock or SET.
 Pooler = Literal["session", "transaction"]
 POOLERS: tuple[Pooler, ...] = ("session", "transaction")
+#: The environment variable the CLI reads its ``--pooler`` default from.
+POOLER_ENV = "SA_JOBQUEUE_POOLER"
 #: Execution option on the engines :func:`create_engine` makes, recording their pooler.
 POOLER_OPTION = "sa_jobqueue_pooler"
 
@@ -98,13 +100,16 @@ def create_engine(
 ) -> Engine:
     """A SQLAlchemy engine on psycopg 3 with timeouts on connecting and TCP keepalives.
 
-    ``settings`` are server settings (``{"statement_timeout": "10s"}``) for every connection,
-    added to those of the URL's own ``options`` (``?options=-csearch_path%3Dapp``). With
-    ``pooler="session"`` they travel as libpq startup options. With ``pooler="transaction"``
-    a transaction pooler would refuse those (PgBouncer: "unsupported startup parameter"), so
-    each transaction starts with ``set_config(..., is_local => true)`` instead, which ends with
-    the transaction and never leaks to the pooler's next client; and psycopg prepares no
-    statements, since the next transaction may run on another server connection.
+    ``settings`` are server settings (``{"statement_timeout": "10s"}``) for every connection.
+    With ``pooler="session"`` (a direct connection, or PgBouncer in session mode) each new
+    connection sets them once with ``set_config``; the URL's own ``options``
+    (``?options=-csearch_path%3Dapp``) go to the server as given. With
+    ``pooler="transaction"`` no setting may outlive a transaction, and a transaction pooler
+    refuses startup options (PgBouncer: "unsupported startup parameter: options"): so each
+    transaction starts by applying the URL's ``-c`` settings and ``settings`` with
+    ``set_config(..., is_local => true)``, which end with it and never reach the pooler's next
+    client, and psycopg prepares no statements, since the next transaction may run on another
+    server connection.
 
     No ``pool_pre_ping`` unless you ask for it: it costs a round trip at every checkout (a
     third of a single enqueue's time here, and one per job for a worker's handlers). Without
@@ -115,21 +120,17 @@ def create_engine(
         raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
     url = normalise_url(url)
     connect_args = {**CONNECT_ARGS, **kwargs.pop("connect_args", {})}
-    # The URL's own options (a search_path, say) are kept, and ours added to them.
-    options = [_url_options(url), connect_args.pop("options", None)]
-    url = url.difference_update_query(["options"])
     if pooler == "session":
-        options.append(_render_options(settings or {}))
-        joined = " ".join(part for part in options if part)
-        if joined:
-            connect_args["options"] = joined
         engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+        if settings:
+            _set_on_connect(engine, settings)
     else:
-        local: dict[str, str] = {}
-        for part in options:
-            local.update(_parse_options(part or ""))
+        local = _parse_options(
+            " ".join(filter(None, [_url_options(url), connect_args.pop("options", None)]))
+        )
         local.update(settings or {})
         connect_args["prepare_threshold"] = None
+        url = url.difference_update_query(["options"])
         engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
         if local:
             _set_local_in_every_transaction(engine, local)
@@ -181,15 +182,6 @@ def _url_options(url: URL) -> str | None:
     return " ".join(given) if isinstance(given, tuple) else given
 
 
-def _render_options(settings: Mapping[str, str]) -> str:
-    """Settings as libpq ``options`` text: ``-c name=value``, spaces escaped."""
-
-    def escape(text: str) -> str:
-        return text.replace("\\", "\\\\").replace(" ", "\\ ")
-
-    return " ".join(f"-c {escape(name)}={escape(value)}" for name, value in settings.items())
-
-
 def _parse_options(text: str) -> dict[str, str]:
     """The ``-c name=value`` (or ``--name=value``) settings of a libpq ``options`` text.
 
@@ -235,6 +227,36 @@ def _parse_options(text: str) -> dict[str, str]:
     return settings
 
 
+def _set_config(settings: Mapping[str, str], *, local: bool) -> sql.Composed:
+    """``SELECT set_config(name, value, local), ...`` for ``settings``, values as literals."""
+    return sql.SQL("SELECT {}").format(
+        sql.SQL(", ").join(
+            sql.SQL("set_config({}, {}, {})").format(
+                sql.Literal(name), sql.Literal(value), sql.Literal(local)
+            )
+            for name, value in settings.items()
+        )
+    )
+
+
+def _set_on_connect(engine: Engine, settings: Mapping[str, str]) -> None:
+    """Apply ``settings`` once on every new connection, for as long as it lives.
+
+    A statement rather than the ``options`` startup parameter, which PgBouncer refuses even
+    in session mode.
+    """
+    apply = _set_config(settings, local=False)
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True  # nothing to commit, nothing to roll back
+        try:
+            dbapi_connection.execute(apply)
+        finally:
+            dbapi_connection.autocommit = autocommit
+
+
 def _set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) -> None:
     """Apply ``settings`` with SET LOCAL semantics at the start of every transaction.
 
@@ -244,11 +266,7 @@ def _set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str])
     runs few statements per job (claims and completions are batched), so this costs little;
     it is the price of timeouts that hold behind a transaction pooler.
     """
-    assignments = sql.SQL(", ").join(
-        sql.SQL("set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
-        for name, value in settings.items()
-    )
-    apply = sql.SQL("SELECT {}").format(assignments)
+    apply = _set_config(settings, local=True)
     begin_and_apply = sql.SQL("BEGIN; {}").format(apply)
     key = "sa_jobqueue_own_transaction"
 
@@ -273,9 +291,9 @@ def _set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str])
     @event.listens_for(engine, "handle_error")
     def failed(context: ExceptionContext) -> None:
         conn = context.connection
-        if conn is not None and conn.info.pop(key, False) and context.cursor is not None:
+        if conn is not None and conn.info.pop(key, False):
             with contextlib.suppress(Exception):  # the connection may be gone
-                context.cursor.connection.execute(b"ROLLBACK")
+                conn.connection.dbapi_connection.execute(b"ROLLBACK")  # type: ignore[union-attr]
 
 
 def _guarded(conn: Connection, raw: Any) -> contextlib.AbstractContextManager[None]:

@@ -62,7 +62,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .database import create_engine, normalise_url, ping
+from .database import POOLER_ENV, Pooler, create_engine, normalise_url, ping
 from .errors import JobQueueError
 from .models import FINISHED_STATUSES, RUNNING, SUCCEEDED, jobs_table, workers_table
 from .queue import JobQueue
@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=timedelta(seconds=args.timeout),
         listen=args.listen,
         keep=args.keep,
+        pooler=args.pooler,
     )
 
     def say(message: str) -> None:
@@ -280,12 +281,11 @@ def verify(
     schema = SCHEMA_PREFIX + secrets.token_hex(6)
     admin = create_engine(
         url,
+        pooler=settings.pooler,
+        settings={"lock_timeout": "10s"},
         poolclass=NullPool,
         isolation_level="AUTOCOMMIT",
-        connect_args={
-            "application_name": "sa-jobqueue verify",
-            "options": join_options(_url_options(url), "-c lock_timeout=10s"),
-        },
+        connect_args={"application_name": "sa-jobqueue verify"},
     )
     ping(admin)
     try:
@@ -294,7 +294,8 @@ def verify(
     except DBAPIError as exc:
         raise SetupError(f"cannot create schema {schema}: {_reason(exc)}") from exc
     logs = Path(tempfile.mkdtemp(prefix="sa_jobqueue_verify_"))
-    engine = _schema_engine(url, schema)
+    url = _schema_url(url, schema)
+    engine = _schema_engine(url, settings.pooler)
     workers = _Workers(url, schema, settings, logs)
     dropped = False
     report: Report | None = None
@@ -326,14 +327,25 @@ def verify(
     return report
 
 
-def _schema_engine(url: URL, schema: str) -> Engine:
-    # connect_args replaces the URL's own ``options`` (SQLAlchemy merges by key): keep them.
+def _schema_url(url: URL, schema: str) -> URL:
+    """``url`` with ``schema`` alone on its search_path, in its ``options``.
+
+    Every engine keeps a URL's options, as startup options or, behind a transaction pooler,
+    as settings applied in every transaction (see :func:`sa_jobqueue.database.create_engine`),
+    so every connection of the run lands in the schema, the workers' included.
+    """
     options = join_options(_url_options(url), schema_options(schema))
+    return url.update_query_dict({"options": options})
+
+
+def _schema_engine(url: URL, pooler: Pooler = "session") -> Engine:
+    """An engine on a URL made by :func:`_schema_url`."""
     return create_engine(
         url,
+        pooler=pooler,
         pool_size=2,
         max_overflow=2,
-        connect_args={"options": options, "application_name": "sa-jobqueue verify"},
+        connect_args={"application_name": "sa-jobqueue verify"},
     )
 
 
@@ -358,9 +370,8 @@ def _install(engine: Engine, schema: str) -> None:
         landed = conn.execute(select(func.current_schema())).scalar()
     if landed != schema:
         raise SetupError(
-            f"connections ignore the search_path startup option (they land in {landed!r}):"
-            " a pooler such as PgBouncer in transaction mode drops it; run verify through"
-            " a session-mode pool or against the server directly"
+            f"connections ignore the search_path option (they land in {landed!r}): behind"
+            " PgBouncer in transaction mode, run verify with --pooler transaction"
         )
     upgrade(engine)
     metadata.create_all(engine)
@@ -397,6 +408,7 @@ class _Workers:
             "DATABASE_URL": url.render_as_string(hide_password=False),
             SCHEMA_ENV: schema,
             PARENT_ENV: str(os.getpid()),
+            POOLER_ENV: settings.pooler,
         }
 
     def start(self) -> subprocess.Popen[bytes]:

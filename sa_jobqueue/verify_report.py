@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy import Connection, func, select
 
+from .database import Pooler
 from .models import SUCCEEDED, jobs_table
 
 j = jobs_table.c
@@ -80,6 +81,8 @@ class Settings:
     timeout: timedelta = timedelta(minutes=5)
     listen: bool = True
     keep: bool = False
+    #: What stands between verify and PostgreSQL (see sa_jobqueue.database.Pooler).
+    pooler: Pooler = "session"
 
 
 @dataclass

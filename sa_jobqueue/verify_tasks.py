@@ -2,11 +2,11 @@
 
 verify starts the unchanged worker command, ``python -m sa_jobqueue worker
 sa_jobqueue.verify_tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
-and ``DATABASE_URL`` the database. Importing this module points every connection the process
-opens at that schema: a listener on SQLAlchemy's ``do_connect`` adds ``-c search_path=<schema>``
-to the connection's startup options (next to the worker's own statement timeouts), so the
-claim loop, the heartbeat, the handlers' sessions and the schema check all work inside it.
-Without the variable the import fails: these jobs must never run against your own tables.
+and ``DATABASE_URL`` the database, with ``-c search_path=<schema>`` in its ``options``: every
+engine of the process keeps those (as startup options, or applied in every transaction behind
+a transaction pooler), so the claim loop, the heartbeat, the handlers' sessions and the schema
+check all work inside the schema. Without both the import fails: these jobs must never run
+against your own tables.
 
 A worker whose verify process is gone (killed with SIGKILL, so it could not clean up) sends
 itself SIGTERM within a second or so, and exits after its running jobs.
@@ -20,12 +20,13 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import Engine, event, insert
+from sqlalchemy import insert
+from sqlalchemy.engine import make_url
 
-from .database import create_engine
+from .database import POOLER_ENV, Pooler, create_engine
 from .queue import JobQueue
 from .tasks import JobContext
-from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, join_options, schema_options
+from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, schema_options
 from .verify_report import results, runs
 
 _schema = os.environ.get(SCHEMA_ENV, "")
@@ -35,14 +36,11 @@ if not _schema or not _database_url:
         f"{__name__} is run by the workers `sa-jobqueue verify` starts"
         f" ({SCHEMA_ENV} and DATABASE_URL must be set)"
     )
-_options = schema_options(_schema)
-
-
-@event.listens_for(Engine, "do_connect")
-def _into_verify_schema(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> None:
-    # Every engine of this process (the worker's and ours below): the CLI's control engine
-    # passes options of its own, which this joins rather than replaces.
-    cparams["options"] = join_options(cparams.get("options"), _options)
+_pooler: Pooler = "transaction" if os.environ.get(POOLER_ENV) == "transaction" else "session"
+# verify puts the schema in the URL's options, which every engine of the process honours (as
+# startup options, or per transaction behind a transaction pooler): make sure it did.
+if schema_options(_schema) not in str(make_url(_database_url).query.get("options", "")):
+    raise RuntimeError(f"{__name__}: DATABASE_URL does not point into schema {_schema}")
 
 
 def _watch_parent(parent: int) -> None:
@@ -62,7 +60,12 @@ if os.environ.get(PARENT_ENV, "").isdigit():
 #: The executions record: autocommit, outside the job's transaction, so it survives a rollback
 #: and a SIGKILL. Connections are opened as handler threads need them.
 _recorder = create_engine(
-    _database_url, isolation_level="AUTOCOMMIT", pool_size=16, max_overflow=-1, pool_pre_ping=False
+    _database_url,
+    pooler=_pooler,
+    isolation_level="AUTOCOMMIT",
+    pool_size=16,
+    max_overflow=-1,
+    pool_pre_ping=False,
 )
 
 queue = JobQueue(default_queue=QUEUE)

@@ -39,7 +39,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import operations, periodic, statements
 from .attempts import Claimed, Held, Lane
 from .completions import Completer
-from .database import HeldConnection, check_schema
+from .database import HeldConnection, check_schema, pooler_of
+from .deadlines import guard_statements
 from .execution import (
     EventLoopThread,
     one_line,
@@ -144,7 +145,14 @@ class Worker(Heartbeat):
         # The worker's own statements (claim, lease renewal, failure, timeout) each run on their
         # own in autocommit: no row lock can outlive its statement, so a worker frozen between
         # statement and COMMIT (SIGSTOP, a paused VM) cannot keep jobs hidden from SKIP LOCKED.
+        # Each has a client-side deadline too (a silent network never hangs the worker).
         self._single = (control_engine or engine).execution_options(isolation_level="AUTOCOMMIT")
+        guard_statements(self._single)
+        self.pooler = pooler_of(control_engine or engine)
+        if self.pooler == "transaction" and listen:
+            # LISTEN needs a session of its own; behind a transaction pooler the poll serves.
+            log.info("no LISTEN behind a transaction pooler: polling every %s", poll_interval)
+            self.listen = False
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -179,7 +187,9 @@ class Worker(Heartbeat):
             self._single, self._not_completed, self._completed, self._unrecorded
         )
         if self._async_tasks:
-            self._loop = EventLoopThread(self.engine.url, pool_size=self.concurrency)
+            self._loop = EventLoopThread(
+                self.engine.url, pool_size=self.concurrency, pooler=self.pooler
+            )
         job_threads = [
             (
                 lane,

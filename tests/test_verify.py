@@ -130,7 +130,7 @@ def schema_engine(database_url: URL) -> Iterator[tuple[str, sa.Engine]]:
     admin = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     with admin.connect() as conn:
         conn.execute(sa.schema.CreateSchema(schema))
-    engine = verify._schema_engine(database_url, schema)
+    engine = verify._schema_engine(verify._schema_url(database_url, schema))
     try:
         verify._install(engine, schema)
         yield schema, engine

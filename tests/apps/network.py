@@ -1,0 +1,42 @@
+"""The tasks the network tests (tests/test_network.py) run in real worker subprocesses.
+
+``write`` inserts one row through ``ctx.session``: the exactly-once effect, committed with the
+job's completion. ``touch`` writes nothing to the database; it appends ``job_id attempt pid``
+to the file named by ``SAJQ_TEST_RUNS_FILE``, so every execution is counted even where the
+database cannot be reached (each line is one ``write(2)`` on an ``O_APPEND`` descriptor, which
+concurrent processes never interleave).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import sqlalchemy as sa
+
+from sa_jobqueue import JobContext, JobQueue
+from tests.apps import common
+
+metadata = sa.MetaData()
+
+#: No unique key on ``job_id``: a second effect of a job would be counted, not refused.
+effects = common.effects_table("network_effects", metadata, one_per_job=False)
+
+queue = JobQueue()
+
+
+@queue.task
+def write(ctx: JobContext, payload: Any) -> None:
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+
+
+@queue.task
+def touch(ctx: JobContext, payload: Any) -> None:
+    line = f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode()
+    fd = os.open(os.environ["SAJQ_TEST_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
