@@ -23,7 +23,7 @@ from sa_jobqueue.migrations import VERSION_TABLE, upgrade
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table
 
 from .conftest import url_string
-from .test_migrations import REPO_ROOT, run, tables, versions
+from .test_migrations import REPO_ROOT, run, tables, versions, write_app
 
 APP_VERSION_TABLE = "alembic_version"
 #: A revision of the application's own, recorded next to ours in its alembic_version.
@@ -184,3 +184,23 @@ def test_tables_without_a_recorded_revision_are_left_alone(
     assert jobs_table.name in line
     assert "stamp" in line
     assert VERSION_TABLE not in tables(engine)
+
+
+def test_the_applications_history_refuses_tables_our_route_installed(
+    tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+) -> None:
+    """The mirror case: installed by ``sa-jobqueue migrate``, then upgraded by an application
+    whose history our revisions joined. Its alembic_version records none of ours."""
+    upgrade(engine)
+    app = write_app(tmp_path / "shopapp-project")
+    url = url_string(empty_database_url)
+
+    result = run(["-m", "alembic", "-x", f"url={url}", "upgrade", "heads"], cwd=app)
+
+    assert result.returncode != 0
+    assert "DuplicateTable" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # the application's env.py shows a traceback
+    assert "SchemaManagedElsewhereError" in last
+    assert f"{SCHEMA_REVISION} in {VERSION_TABLE}" in last
+    assert "alembic stamp" in last
+    assert versions(engine, VERSION_TABLE) == [SCHEMA_REVISION]

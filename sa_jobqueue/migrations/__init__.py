@@ -1,12 +1,15 @@
-"""sa_jobqueue's Alembic revisions and the code both of our Alembic environments run.
+"""sa_jobqueue's Alembic revisions, the code both of our Alembic environments run, and the hooks
+an application's env.py uses when our revisions join its history.
 
 The revisions in ``versions/`` carry the branch label ``sa_jobqueue`` and ids prefixed
 ``sajq_``, on a base of their own, so they can join an application's Alembic history::
 
     # alembic.ini of your application (path_separator = space)
     version_locations = %(here)s/migrations/versions sa_jobqueue:migrations/versions
+    revision_environment = true
 
-and ``alembic upgrade heads`` applies ours next to yours.
+with :func:`include_object` and :func:`process_revision_directives` passed to
+``context.configure()`` in its env.py, and ``alembic upgrade heads`` applies ours next to yours.
 Run on their own (``sa-jobqueue migrate`` or ``alembic upgrade head`` from this repository) they
 record their revision in a version table of their own, ``sa_jobqueue_alembic_version``, so they
 never meet an application's ``alembic_version``. Pick one of the two ways per database: our own
@@ -26,11 +29,14 @@ from sqlalchemy import Connection, Engine
 
 from ..errors import JobQueueError, SchemaManagedElsewhereError, SchemaOutdatedError
 from ..models import metadata
+from ._hooks import include_object, process_revision_directives
 
 __all__ = [
     "APPLICATION_VERSION_TABLE",
     "VERSION_LOCATION",
     "VERSION_TABLE",
+    "include_object",
+    "process_revision_directives",
     "run_env",
     "upgrade",
 ]
