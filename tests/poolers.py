@@ -44,6 +44,25 @@ def _upstream(server: URL) -> str:
     return f"host={host} port={server.port or 5432}"
 
 
+def _run_as(server: URL) -> str | None:
+    """Whom pgbouncer runs as: it refuses to run as root, so then as the server's own user.
+
+    That user can reach the server's Unix socket (the embedded server's lives in its data
+    directory, open to its owner alone), and is given pgbouncer's directory.
+    """
+    if os.geteuid() != 0:
+        return None
+    host = server.host or str(server.query.get("host", ""))
+    if host.startswith("/"):
+        owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
+        if owner != "root":
+            return owner
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name).pw_name
+    raise RuntimeError("no user to run pgbouncer as")
+
+
 class PgBouncer:
     """One pgbouncer process in front of the test server, in ``pool_mode``."""
 
@@ -51,9 +70,7 @@ class PgBouncer:
         assert PGBOUNCER is not None
         self.server = server
         self.port = free_port()
-        # pgbouncer refuses to run as root: it then runs as the server's usual system user,
-        # which must be able to read its configuration and write its log.
-        self._user = "postgres" if os.geteuid() == 0 else None
+        self._user = _run_as(server)
         self.dir = Path(tempfile.mkdtemp(prefix="sajq-pgbouncer-"))
         user = server.username or "postgres"
         (self.dir / "users.txt").write_text(f'"{user}" "{server.password or ""}"\n')
