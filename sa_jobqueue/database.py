@@ -26,8 +26,10 @@ MIGRATE_HINT = "run `sa-jobqueue migrate` (or `alembic upgrade heads` in your Al
 def normalise_url(url: str | URL) -> URL:
     """Parse a database URL and make it use psycopg 3, the driver sa_jobqueue runs on.
 
-    Plain ``postgresql://`` (SQLAlchemy would pick psycopg2) and the URLs of the other common
-    PostgreSQL drivers are switched to ``postgresql+psycopg://``; anything else is refused.
+    Plain ``postgresql://`` and ``postgres://`` (which SQLAlchemy alone would give to psycopg2)
+    mean psycopg 3 here, as does ``postgresql+psycopg_async://`` (the same driver). A URL that
+    names another driver (``+psycopg2``, ``+asyncpg``, ...) is refused rather than quietly run
+    on a driver it did not ask for.
     """
     try:
         parsed = make_url(url)
@@ -39,10 +41,10 @@ def normalise_url(url: str | URL) -> URL:
             f"sa_jobqueue needs PostgreSQL, not {parsed.get_backend_name()!r}"
         )
     driver = parsed.get_driver_name() if "+" in parsed.drivername else ""
-    if driver not in ("", "psycopg", "psycopg2", "asyncpg", "psycopg_async"):
+    if driver not in ("", "psycopg", "psycopg_async"):
         raise DatabaseUnavailableError(
-            f"unsupported driver {parsed.drivername!r}: sa_jobqueue uses psycopg 3"
-            " (postgresql+psycopg://...)"
+            f"the URL names the driver {driver!r}, but sa_jobqueue runs on psycopg 3:"
+            f" write it as postgresql+psycopg://... (or postgresql://...)"
         )
     return parsed.set(drivername="postgresql+psycopg")
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sa_jobqueue import (
     Backoff,
+    DatabaseUnavailableError,
     InvalidJobError,
     InvalidNameError,
     InvalidScheduleError,
@@ -42,6 +43,7 @@ from sa_jobqueue import (
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job, jobs_table
 from sa_jobqueue.statements import CHANNEL
+from tests.workers import run_cli
 
 # -- the application's side: a business table on a MetaData of its own ------------------------
 
@@ -1020,12 +1022,26 @@ def test_task_object_can_be_passed_to_enqueue(engine: sa.Engine) -> None:
     [
         "postgresql://u@h/db",
         "postgres://u@h/db",
-        "postgresql+psycopg2://u@h/db",
-        "postgresql+asyncpg://u@h/db",
         "postgresql+psycopg://u@h/db",
+        "postgresql+psycopg_async://u@h/db",
     ],
 )
-def test_postgres_urls_of_common_drivers_run_on_psycopg3(url: str) -> None:
+def test_postgres_urls_of_psycopg3_run_on_psycopg3(url: str) -> None:
     from sa_jobqueue.database import normalise_url
 
     assert normalise_url(url).drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql+psycopg2://u@h/db", "postgresql+asyncpg://u@h/db", "postgresql+pg8000://h"]
+)
+def test_urls_naming_another_driver_are_refused_not_switched(url: str) -> None:
+    from sa_jobqueue.database import normalise_url
+
+    driver = url.split("+")[1].split(":")[0]
+    with pytest.raises(DatabaseUnavailableError, match=f"names the driver '{driver}'"):
+        normalise_url(url)
+    done = run_cli("stats", "--database-url", url)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "psycopg 3" in done.stderr

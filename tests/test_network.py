@@ -254,3 +254,16 @@ def test_a_statement_cut_at_its_deadline_discards_its_connection(database_url: U
             assert conn.execute(sa.select(1)).scalar_one() == 1
     finally:
         control.dispose()
+
+
+@needs_pgbouncer
+@pytest.mark.slow
+def test_verify_runs_through_pgbouncer_in_transaction_mode(
+    database_url: URL, transaction_pooler: PgBouncer
+) -> None:
+    pooled = transaction_pooler.url(database_url).render_as_string(hide_password=False)
+    done = run_cli(
+        "verify", "--database-url", pooled, "--pooler", "transaction", "--jobs", "300",
+        "--workers", "2", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
