@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from .deadlines import DEADLINE_OPTION, DEADLINES, socket_of
+from .deadlines import DEADLINE_OPTION, DEADLINES
 from .errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
 from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
 
@@ -128,7 +128,7 @@ def create_engine(
             _set_on_connect(engine, settings)
     else:
         local = _parse_options(
-            " ".join(filter(None, [_url_options(url), connect_args.pop("options", None)]))
+            " ".join(filter(None, [url_options(url), connect_args.pop("options", None)]))
         )
         local.update(settings or {})
         connect_args["prepare_threshold"] = None
@@ -142,7 +142,11 @@ def create_engine(
 
 def pooler_of(engine: Engine) -> Pooler:
     """The pooler an engine was made for by :func:`create_engine` (``"session"`` otherwise)."""
-    value = engine.get_execution_options().get(POOLER_OPTION, "session")
+    return as_pooler(engine.get_execution_options().get(POOLER_OPTION))
+
+
+def as_pooler(value: object) -> Pooler:
+    """``"transaction"`` if ``value`` says so, else ``"session"``, the default."""
     return "transaction" if value == "transaction" else "session"
 
 
@@ -170,7 +174,7 @@ def create_control_engine(
     @event.listens_for(engine, "checkout")
     def ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         try:
-            with DEADLINES.guard(socket_of(dbapi_connection)):
+            with DEADLINES.guard(dbapi_connection):
                 dbapi_connection.execute(";")  # an empty query: one round trip
         except Exception as exc:
             # The pool replaces the connection and tries again (three times).
@@ -179,7 +183,8 @@ def create_control_engine(
     return engine
 
 
-def _url_options(url: URL) -> str | None:
+def url_options(url: URL) -> str | None:
+    """The URL's own libpq ``options`` text (``?options=...``), if it has any."""
     given = url.query.get("options")
     return " ".join(given) if isinstance(given, tuple) else given
 
@@ -303,7 +308,7 @@ def _guarded(conn: Connection, raw: Any) -> contextlib.AbstractContextManager[No
     seconds = conn.get_execution_options().get(DEADLINE_OPTION)
     if seconds is None:
         return contextlib.nullcontext()
-    return DEADLINES.guard(socket_of(raw), seconds)
+    return DEADLINES.guard(raw, seconds)
 
 
 class HeldConnection:
@@ -326,19 +331,21 @@ class HeldConnection:
         With ``again``, a statement whose connection was lost (dropped by the server, or cut
         at its deadline) runs once more on a fresh one: for statements that are safe to repeat.
         """
-        for last in (not again, True):
-            if self._conn is None:
-                self._conn = self._engine.connect()
-            try:
-                return list(self._conn.execute(statement, params).all())
-            except DBAPIError as exc:
-                self.close()
-                if last or not exc.connection_invalidated:
-                    raise
-            except BaseException:
-                self.close()
+        try:
+            return self._rows(statement, params)
+        except DBAPIError as exc:
+            if not (again and exc.connection_invalidated):
                 raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._rows(statement, params)
+
+    def _rows(self, statement: sa.Executable, params: dict[str, Any]) -> list[Any]:
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        try:
+            return list(self._conn.execute(statement, params).all())
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -88,8 +88,10 @@ class Deadlines:
         return False
 
     @contextlib.contextmanager
-    def guard(self, fd: int | None, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:
-        """Arm for the ``with`` block (nothing when ``fd`` is None)."""
+    def guard(self, connection: Any, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:
+        """Arm for the ``with`` block the socket of ``connection``, a psycopg connection
+        (nothing if it has none any more)."""
+        fd = socket_of(connection)
         if fd is None:
             yield
             return

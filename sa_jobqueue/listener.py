@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from . import statements
 from .database import CONNECT_ARGS
-from .deadlines import DEADLINES, socket_of
+from .deadlines import DEADLINES
 from .execution import one_line
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -54,7 +54,7 @@ def listen(
                         # Silence may be a quiet queue or a network that forwards nothing:
                         # only an answer tells them apart. No answer in time drops the
                         # connection, and the loop connects afresh.
-                        with DEADLINES.guard(socket_of(raw)):
+                        with DEADLINES.guard(raw):
                             raw.execute("SELECT 1")
                         heard = time.monotonic()
         except Exception as exc:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from . import statements
 from .attempts import FAILED_AS, Claimed, Held, Lane, policy
 from .completions import Completer
-from .deadlines import DEADLINES, socket_of
+from .deadlines import DEADLINES
 from .errors import PayloadError, UnknownTaskError
 from .execution import (
     EventLoopThread,
@@ -90,7 +90,7 @@ class _Group:
 
 def _deadline(conn: Connection) -> contextlib.AbstractContextManager[None]:
     """The worker's client-side deadline for its completion on a handler's connection."""
-    return DEADLINES.guard(socket_of(conn.connection.dbapi_connection))
+    return DEADLINES.guard(conn.connection.dbapi_connection)
 
 
 def _aborted(conn: Connection) -> bool:

@@ -62,7 +62,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .database import POOLER_ENV, Pooler, create_engine, normalise_url, ping
+from .database import POOLER_ENV, Pooler, create_engine, normalise_url, ping, url_options
 from .errors import JobQueueError
 from .models import FINISHED_STATUSES, RUNNING, SUCCEEDED, jobs_table, workers_table
 from .queue import JobQueue
@@ -334,7 +334,7 @@ def _schema_url(url: URL, schema: str) -> URL:
     as settings applied in every transaction (see :func:`sa_jobqueue.database.create_engine`),
     so every connection of the run lands in the schema, the workers' included.
     """
-    options = join_options(_url_options(url), schema_options(schema))
+    options = join_options(url_options(url), schema_options(schema))
     return url.update_query_dict({"options": options})
 
 
@@ -347,11 +347,6 @@ def _schema_engine(url: URL, pooler: Pooler = "session") -> Engine:
         max_overflow=2,
         connect_args={"application_name": "sa-jobqueue verify"},
     )
-
-
-def _url_options(url: URL) -> str | None:
-    value = url.query.get("options")
-    return " ".join(value) if isinstance(value, tuple) else value
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
-from .database import POOLER_ENV, Pooler, create_engine
+from .database import POOLER_ENV, as_pooler, create_engine, url_options
 from .queue import JobQueue
 from .tasks import JobContext
 from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, schema_options
@@ -36,10 +36,10 @@ if not _schema or not _database_url:
         f"{__name__} is run by the workers `sa-jobqueue verify` starts"
         f" ({SCHEMA_ENV} and DATABASE_URL must be set)"
     )
-_pooler: Pooler = "transaction" if os.environ.get(POOLER_ENV) == "transaction" else "session"
+_pooler = as_pooler(os.environ.get(POOLER_ENV))
 # verify puts the schema in the URL's options, which every engine of the process honours (as
 # startup options, or per transaction behind a transaction pooler): make sure it did.
-if schema_options(_schema) not in str(make_url(_database_url).query.get("options", "")):
+if schema_options(_schema) not in (url_options(make_url(_database_url)) or ""):
     raise RuntimeError(f"{__name__}: DATABASE_URL does not point into schema {_schema}")
 
 

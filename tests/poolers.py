@@ -36,12 +36,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _host(server: URL) -> str:
+    """The test server's host, or the directory of its Unix socket (the embedded server's)."""
+    return server.host or str(server.query.get("host", "")) or "/tmp"
+
+
 def _upstream(server: URL) -> str:
     """pgbouncer's connection string for the test server (TCP, or its Unix socket)."""
-    host = server.host or str(server.query.get("host", ""))
-    if not host or host.startswith("/"):
-        return f"host={host or '/tmp'} port={server.port or 5432}"
-    return f"host={host} port={server.port or 5432}"
+    return f"host={_host(server)} port={server.port or 5432}"
 
 
 def _run_as(server: URL) -> str | None:
@@ -52,7 +54,7 @@ def _run_as(server: URL) -> str | None:
     """
     if os.geteuid() != 0:
         return None
-    host = server.host or str(server.query.get("host", ""))
+    host = _host(server)
     if host.startswith("/"):
         owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
         if owner != "root":
@@ -129,10 +131,9 @@ class SilentProxy:
     """A TCP proxy to the test server whose open connections can all be made to go silent."""
 
     def __init__(self, server: URL) -> None:
-        host = server.host or str(server.query.get("host", ""))
-        port = server.port or 5432
+        host, port = _host(server), server.port or 5432
         # The embedded server listens on a Unix socket only.
-        self._unix = f"{host or '/tmp'}/.s.PGSQL.{port}" if not host or host[0] == "/" else None
+        self._unix = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else None
         self._tcp = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
