@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from sa_jobqueue import worker as worker_module
 from sa_jobqueue.database import create_engine
 from tests.conftest import url_string
 from tests.job_states import add_job
-from tests.workers import REPO_ROOT, run_cli, subprocess_env
+from tests.workers import CLI, REPO_ROOT, run_cli, subprocess_env
 
 #: A URL nothing listens on: the commands below fail or succeed before connecting.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/none"
@@ -195,9 +194,7 @@ def test_output_into_a_closed_pipe_exits_quietly(
     try:
         result = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "sa_jobqueue",
+                *CLI,
                 *command,
                 "--database-url",
                 url_string(database_url),
@@ -224,9 +221,7 @@ def test_a_reader_that_stops_early_ends_a_long_listing(
             add_job(conn, payload={"text": "x" * 200})
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "sa_jobqueue",
+            *CLI,
             "jobs",
             "list",
             "--json",

@@ -169,7 +169,7 @@ def test_the_default_mode_works_through_pgbouncer_in_session_mode(
         workers = Workers(APP, pooled, tmp_path)
         try:
             workers.start(concurrency=2, poll=30)  # a wake-up can only come from NOTIFY
-            wait_for(lambda: _listening(tables), timeout=20)
+            wait_for(lambda: listen_backends(tables), timeout=20)
             ids = enqueue(pooled, "write", 20)
             workers.wait(lambda: statuses(tables, ids) == {"succeeded": 20}, timeout=20)
             done = run_cli("stats", "--database-url", pooled.render_as_string(False))
@@ -182,18 +182,6 @@ def test_the_default_mode_works_through_pgbouncer_in_session_mode(
 def _registered(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(workers_table)).scalar_one())
-
-
-def _listening(engine: sa.Engine) -> bool:
-    with engine.connect() as conn:
-        return bool(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND query LIKE 'LISTEN%'"
-                )
-            ).scalar()
-        )
 
 
 @pytest.mark.slow

@@ -25,6 +25,8 @@ from sa_jobqueue.models import jobs_table
 from tests.support import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The ``sa-jobqueue`` command, as the tests start it.
+CLI = (sys.executable, "-m", "sa_jobqueue")
 j = jobs_table.c
 T = TypeVar("T")
 
@@ -40,7 +42,7 @@ def run_cli(
     *args: str, executable: Sequence[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m sa_jobqueue *args`` (or ``executable *args``) to its end, output captured."""
-    command = list(executable or [sys.executable, "-m", "sa_jobqueue"])
+    command = list(executable or CLI)
     return subprocess.run(
         [*command, *args],
         cwd=REPO_ROOT,
@@ -82,9 +84,7 @@ class Workers:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "sa_jobqueue",
+                    *CLI,
                     "--log-level",
                     self.app.log_level,
                     "worker",
