@@ -371,6 +371,20 @@ def ping(engine: Engine) -> None:
         ) from exc
 
 
+def recorded(conn: Connection, table: str) -> list[str]:
+    """Our revisions (``sajq_*``) recorded in Alembic version table ``table``, in order; none if
+    the table does not exist."""
+    if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+        return []
+    versions = sa.table(table, sa.column("version_num", sa.Text))
+    rows = conn.execute(
+        sa.select(versions.c.version_num)
+        .where(versions.c.version_num.startswith("sajq_", autoescape=True))
+        .order_by(versions.c.version_num)
+    )
+    return list(rows.scalars())
+
+
 def check_schema(bind: Engine | Connection) -> None:
     """Raise SchemaMissingError or SchemaOutdatedError unless the schema is at our head.
 
@@ -382,14 +396,7 @@ def check_schema(bind: Engine | Connection) -> None:
         table = jobs_table.name
         if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
             raise SchemaMissingError(f"table {table} does not exist: {MIGRATE_HINT}")
-        ours: list[str] = []
-        for version_table in VERSION_TABLES:
-            if conn.execute(sa.select(sa.func.to_regclass(version_table))).scalar() is None:
-                continue
-            versions = sa.table(version_table, sa.column("version_num", sa.Text))
-            ours += conn.execute(
-                sa.select(versions.c.version_num).where(versions.c.version_num.like("sajq_%"))
-            ).scalars()
+        ours = [rev for version_table in VERSION_TABLES for rev in recorded(conn, version_table)]
         if ours and SCHEMA_REVISION not in ours:
             raise SchemaOutdatedError(
                 f"the database's {BRANCH_LABEL} schema is at revision {ours[0]}, this version"

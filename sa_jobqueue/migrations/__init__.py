@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
+from ..database import recorded
 from ..errors import JobQueueError, SchemaManagedElsewhereError, SchemaOutdatedError
 from ..models import metadata
 from ._hooks import include_object, process_revision_directives
@@ -99,19 +99,6 @@ def _migrate(context: Any, connection: Connection) -> None:
         connection.commit()
 
 
-def _recorded(connection: Connection, table: str) -> list[str]:
-    """Our revisions recorded in version table ``table`` (none if it does not exist)."""
-    if connection.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
-        return []
-    versions = sa.table(table, sa.column("version_num", sa.Text))
-    rows = connection.execute(
-        sa.select(versions.c.version_num)
-        .where(versions.c.version_num.startswith("sajq_", autoescape=True))
-        .order_by(versions.c.version_num)
-    )
-    return list(rows.scalars())
-
-
 def _installed_by_the_application(script: ScriptDirectory, connection: Connection) -> bool:
     """Whether our own route must leave this database alone, because an application's Alembic
     history installed our schema: True when that history has it at our head (nothing to do);
@@ -123,7 +110,7 @@ def _installed_by_the_application(script: ScriptDirectory, connection: Connectio
     leaves it open (Alembic's ``begin_transaction`` carries on in it).
     """
     known = {rev.revision for rev in script.walk_revisions()}
-    ours = _recorded(connection, VERSION_TABLE)
+    ours = recorded(connection, VERSION_TABLE)
     if ours:
         unknown = [rev for rev in ours if rev not in known]
         if unknown:
@@ -133,7 +120,7 @@ def _installed_by_the_application(script: ScriptDirectory, connection: Connectio
                 " upgrade the sa_jobqueue package"
             )
         return False
-    theirs = _recorded(connection, APPLICATION_VERSION_TABLE)
+    theirs = recorded(connection, APPLICATION_VERSION_TABLE)
     if not theirs:
         return False
     heads = set(script.get_heads())
