@@ -493,8 +493,12 @@ class Worker(Heartbeat):
 
 
 def _default_queues(queue: JobQueue) -> list[str]:
-    names = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
-    return sorted(names)
+    return sorted(_declared_queues(queue))
+
+
+def _declared_queues(queue: JobQueue) -> set[str]:
+    """The queues the tasks declare, and the default queue (where undeclared ones go)."""
+    return {task.queue for task in queue.tasks.values()} | {queue.default_queue}
 
 
 def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
@@ -504,5 +508,5 @@ def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
     queue goes. A queue listed here is not necessarily wrong (enqueue's ``queue=`` can send
     any task's jobs anywhere), which is why the worker warns and does not refuse.
     """
-    declared = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
+    declared = _declared_queues(queue)
     return [name for name in served if name not in declared]
