@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from . import statements
+from ._sql import transitions
 from .database import HeldConnection
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -94,7 +94,7 @@ class Completer:
             done = {
                 row.id
                 for row in self._conn.rows(
-                    statements.complete_many(),
+                    transitions.complete_many(),
                     {
                         "job_ids": [job_id for job_id, _ in batch],
                         "attempt_list": [attempt for _, attempt in batch],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from sqlalchemy import Connection
 
-from . import statements
+from ._sql import enqueue as enqueue_sql
 from .errors import JobQueueError
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class NewJobs:
     """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
 
     ``params`` holds the task, queue, priority, max_attempts, lease (seconds) and ``run_at`` or
-    ``delay``; ``schedule`` names which of the last two (see ``statements.insert_job``).
+    ``delay``; ``schedule`` names which of the last two (see ``enqueue_sql.insert_job``).
     ``keys`` runs parallel to ``payloads`` (None: no uniqueness for that job).
     ``trace_context`` is the enqueuer's W3C trace context as JSON text, for every job, when
     the queue traces and a trace is active (see :mod:`sa_jobqueue.tracing`); else None.
@@ -94,19 +94,19 @@ def insert_one(conn: Connection, new: NewJobs, sent: set[str]) -> Enqueued:
         params["backoff"] = new.backoff
     if key is None:
         job_id = conn.execute(
-            statements.insert_job(new.schedule, wake, traced=traced, backoff=policy), params
+            enqueue_sql.insert_job(new.schedule, wake, traced=traced, backoff=policy), params
         ).scalar_one()
         sent.add(new.queue)
         return Enqueued(job_id)
     params["unique_key"] = key
-    insert = statements.insert_job(new.schedule, wake, unique=True, traced=traced, backoff=policy)
+    insert = enqueue_sql.insert_job(new.schedule, wake, unique=True, traced=traced, backoff=policy)
     for _ in range(UNIQUE_ROUNDS):
         row = conn.execute(insert, params).first()
         if row is not None:
             sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
             return Enqueued(row[0])
         found = conn.execute(
-            statements.find_unique(), {"task": new.task, "unique_keys": [key]}
+            enqueue_sql.find_unique(), {"task": new.task, "unique_keys": [key]}
         ).first()
         if found is not None:
             return Enqueued(found[1], created=False)
@@ -123,7 +123,7 @@ def insert_many(conn: Connection, new: NewJobs, sent: set[str]) -> list[Enqueued
         bulk["b_backoff"] = new.backoff
     if all(key is None for key in new.keys):
         rows = conn.execute(
-            statements.insert_jobs(
+            enqueue_sql.insert_jobs(
                 new.schedule,
                 traced=new.trace_context is not None,
                 backoff=new.backoff is not None,
@@ -134,7 +134,7 @@ def insert_many(conn: Connection, new: NewJobs, sent: set[str]) -> list[Enqueued
     else:
         result = _insert_unique_many(conn, new, bulk)
     if new.queue not in sent and any(job.created for job in result):
-        conn.execute(statements.notify(), {"queue": new.queue})
+        conn.execute(enqueue_sql.notify(), {"queue": new.queue})
         sent.add(new.queue)
     return result
 
@@ -150,7 +150,7 @@ def _insert_unique_many(conn: Connection, new: NewJobs, bulk: dict[str, Any]) ->
     todo = [i for i, key in enumerate(new.keys) if key is None or first[key] == i]
     for _ in range(UNIQUE_ROUNDS):
         rows = conn.execute(
-            statements.insert_jobs(
+            enqueue_sql.insert_jobs(
                 new.schedule,
                 unique=True,
                 traced=new.trace_context is not None,
@@ -180,7 +180,7 @@ def _insert_unique_many(conn: Connection, new: NewJobs, bulk: dict[str, Any]) ->
         live = {
             key: job_id
             for key, job_id in conn.execute(
-                statements.find_unique(),
+                enqueue_sql.find_unique(),
                 {"task": new.task, "unique_keys": [new.keys[i] for i in skipped]},
             )
         }

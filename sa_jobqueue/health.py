@@ -33,11 +33,11 @@ from sqlalchemy import (
     table,
 )
 
+from ._sql.common import seconds
 from .database import MIGRATE_HINT, check_schema
 from .errors import SchemaError
 from .models import DEAD, RUNNING, SCHEMA_REVISION, claimable, jobs_table, workers_table
 from .operations import check_age, due_per_queue, elapsed
-from .statements import seconds
 
 j = jobs_table.c
 w = workers_table.c

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from . import statements
+from ._sql import leases
 from .attempts import FAILED_AS, Held
 from .deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
 from .execution import one_line
@@ -75,11 +75,11 @@ class Heartbeat(JobRunner):
         deadline = max(1.0, min(STATEMENT_DEADLINE, shortest / 3))
         with self._single.connect() as conn:
             conn.execution_options(**{DEADLINE_OPTION: deadline})
-            rows = conn.execute(statements.extend_leases(), params)
+            rows = conn.execute(leases.extend_leases(), params)
             kept = {row.id: row.cancel_requested for row in rows}
             busy: set[int] = set()
             if len(kept) < len(ids):
-                busy = set(conn.execute(statements.still_held(), params).scalars()) - set(kept)
+                busy = set(conn.execute(leases.still_held(), params).scalars()) - set(kept)
         with self._lock:  # jobs that finished meanwhile were simply not renewed
             still = {i for i in ids if self._active.get(i) is held[i]}
         for job_id in still - set(kept) - busy:

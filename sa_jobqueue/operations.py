@@ -47,6 +47,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert, ReturningDelete
 
+from ._sql.admin import counts
+from ._sql.common import seconds
 from .errors import InvalidJobError
 from .models import (
     DEAD,
@@ -59,7 +61,6 @@ from .models import (
     jobs_table,
     workers_table,
 )
-from .statements import counts, seconds
 from .validation import MAX_ATTEMPTS, check_queue_name, check_task_name
 
 j = jobs_table.c
@@ -171,7 +172,7 @@ def purge_batch(queue: bool, task: bool) -> ReturningDelete[int]:
     never match, whatever ``:statuses`` holds.
     """
     # The ids are picked in a MATERIALIZED CTE (run exactly once, so it locks at most :batch
-    # rows; see statements.claim) walking the primary key upwards from the previous batch's
+    # rows; see claiming.claim) walking the primary key upwards from the previous batch's
     # last id. Starting each batch from the top instead would re-read the dead index entries
     # and heap tuples of every earlier batch, which no vacuum has removed yet.
     doomed = (
@@ -376,7 +377,7 @@ def check_limit(limit: object, name: str = "limit") -> int:
 
 
 def check_age(age: object, name: str = "older_than") -> float:
-    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue.statements.seconds`."""
+    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue.common_sql.seconds`."""
     if not isinstance(age, timedelta) or age < timedelta(0):
         raise InvalidJobError(f"{name} must be a timedelta of 0 or more, not {age!r}")
     return age.total_seconds()

@@ -53,7 +53,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from sqlalchemy import Connection, Engine
 
-from . import statements
+from ._sql import common as common_sql
+from ._sql import periodic as periodic_sql
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Task
 from .validation import TASK_NAME, check_unique_key, encode_payload
@@ -200,7 +201,7 @@ def _enqueue_due(
     conn: Connection, queue: JobQueue, schedules: list[Schedule], now: datetime | None
 ) -> int:
     if now is None:
-        now = conn.execute(statements.database_now()).scalar_one()
+        now = conn.execute(common_sql.database_now()).scalar_one()
     # In name order: two processes that each move several schedules in one transaction then
     # lock their rows in the same order, and cannot deadlock (even running different code).
     ordered = sorted(schedules, key=lambda s: s.name)
@@ -208,12 +209,12 @@ def _enqueue_due(
     if not due:
         return 0
     stored: dict[str, datetime] = {
-        name: last for name, last in conn.execute(statements.last_ticks(), {"names": list(due)})
+        name: last for name, last in conn.execute(periodic_sql.last_ticks(), {"names": list(due)})
     }
     new = [name for name in due if name not in stored]
     if new:
         # A schedule seen for the first time starts at ``now``: its first job is its next tick.
-        conn.execute(statements.add_schedules(), {"names": new, "now": now})
+        conn.execute(periodic_sql.add_schedules(), {"names": new, "now": now})
     enqueued = 0
     for name, (schedule, tick) in due.items():
         last = stored.get(name)
@@ -238,6 +239,6 @@ def _enqueue_due(
         }
         if key is not None:
             params["b_unique_key"] = key
-        if conn.execute(statements.enqueue_tick(key is not None), params).first() is not None:
+        if conn.execute(periodic_sql.enqueue_tick(key is not None), params).first() is not None:
             enqueued += 1
     return enqueued

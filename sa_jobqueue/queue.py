@@ -14,7 +14,9 @@ from sqlalchemy.engine.base import Transaction
 from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
 from sqlalchemy.orm import Session, scoped_session
 
-from . import operations, statements
+from . import operations
+from ._sql import admin as admin_sql
+from ._sql import enqueue as enqueue_sql
 from .enqueueing import Enqueued, NewJobs, insert_many, insert_one, run_async
 from .errors import InvalidJobError, TaskDefinitionError, UnknownTaskError
 from .models import Job, jobs_table
@@ -498,7 +500,7 @@ class JobQueue:
             return False
         sent = _sent_notifications(conn)
         if queue not in sent:
-            conn.execute(statements.notify(), {"queue": queue})
+            conn.execute(enqueue_sql.notify(), {"queue": queue})
             sent.add(queue)
         return True
 
@@ -569,7 +571,7 @@ class JobQueue:
     ) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""
         result: dict[str, dict[str, int]] = {}
-        for queue, status, n in _connection(session).execute(statements.counts()):
+        for queue, status, n in _connection(session).execute(admin_sql.counts()):
             result.setdefault(queue, {})[status] = n
         return result
 
@@ -580,9 +582,9 @@ assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
 
 def _cancel(conn: Connection, job_id: int) -> bool:
     params = {"job_id": job_id}
-    if conn.execute(statements.cancel_queued(), params).first() is not None:
+    if conn.execute(admin_sql.cancel_queued(), params).first() is not None:
         return True
-    return conn.execute(statements.request_cancel(), params).first() is not None
+    return conn.execute(admin_sql.request_cancel(), params).first() is not None
 
 
 def _get_job(conn: Connection, job_id: int) -> JobInfo | None:

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, CursorResult, Engine, RootTransaction, Row
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from . import statements
+from ._sql import transitions
 from .attempts import FAILED_AS, Claimed, Held, Lane, policy
 from .completions import Completer
 from .deadlines import DEADLINES
@@ -140,7 +140,7 @@ class JobRunner:
         try:
             with self._single.connect() as conn:
                 released = conn.execute(
-                    statements.release(),
+                    transitions.release(),
                     {
                         "job_ids": [job.id for job in jobs],
                         "attempt_list": [job.attempts for job in jobs],
@@ -180,7 +180,7 @@ class JobRunner:
         try:
             with self._single.connect() as conn:
                 fence = {"job_id": job_id, "attempt": attempt}
-                cancelled = conn.execute(statements.finish_cancelled(), fence).rowcount == 1
+                cancelled = conn.execute(transitions.finish_cancelled(), fence).rowcount == 1
         except SQLAlchemyError as exc:  # the job stays as it is; its lease settles it
             log.warning("job %d: could not settle attempt %d: %s", job_id, attempt, one_line(exc))
             self._report(job_id, attempt, "lost", exc)
@@ -262,7 +262,7 @@ class JobRunner:
                 if jobs:
                     done = set(
                         group.conn.execute(
-                            statements.complete_many(),
+                            transitions.complete_many(),
                             {
                                 "job_ids": [job.id for job in jobs],
                                 "attempt_list": [job.attempts for job in jobs],
@@ -359,7 +359,7 @@ class JobRunner:
         except (UnknownTaskError, PayloadError) as exc:
             # No later attempt could do better: straight to dead, with the reason.
             with self._single.connect() as conn:
-                conn.execute(statements.bury(), {**fence, "error": error_json(exc)})
+                conn.execute(transitions.bury(), {**fence, "error": error_json(exc)})
             log.error("job %d: %s; moved to dead", job.id, exc)
             if self._observe:
                 self._observe.finished(job.run(), "dead", None, exc)
@@ -454,7 +454,7 @@ class JobRunner:
             if failure is None and session is not None:
                 conn = session.connection()
                 with _deadline(conn):
-                    done = conn.execute(statements.complete(), fence).rowcount == 1
+                    done = conn.execute(transitions.complete(), fence).rowcount == 1
                     if done:
                         session.commit_for_real()
                 if done:
@@ -550,7 +550,7 @@ class JobRunner:
             done = (
                 failure is None
                 and (
-                    cast(CursorResult[Any], await session.execute(statements.complete(), fence))
+                    cast(CursorResult[Any], await session.execute(transitions.complete(), fence))
                 ).rowcount
                 == 1
             )
@@ -612,7 +612,7 @@ class JobRunner:
         """Record one failed attempt (fenced); the job's new status, or None if it was stale."""
         with self._single.connect() as conn:
             return conn.execute(
-                statements.fail(),
+                transitions.fail(),
                 {
                     "job_id": job_id,
                     "attempt": attempt,
@@ -661,10 +661,10 @@ class JobRunner:
         with self._single.connect() as conn:
             if isinstance(exc, Retry):
                 params = {**fence, "delay": exc.after.total_seconds()}
-                row = conn.execute(statements.snooze(), params).one_or_none()
+                row = conn.execute(transitions.snooze(), params).one_or_none()
             else:
                 params = {**fence, "error": error_json(exc)}
-                row = conn.execute(statements.bury(), params).one_or_none()
+                row = conn.execute(transitions.bury(), params).one_or_none()
         if row is None:
             self._report(job.id, job.attempts, "lost", exc)
             log.warning("job %d: attempt %d ended after losing its lease", job.id, job.attempts)

@@ -36,7 +36,8 @@ from datetime import timedelta
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import operations, periodic, statements
+from . import operations, periodic
+from ._sql import claiming, retention
 from .attempts import Claimed, Held, Lane
 from .completions import Completer
 from .database import HeldConnection, check_schema, pooler_of
@@ -330,7 +331,7 @@ class Worker(Heartbeat):
                 more = True
                 break
             rows = self._claimer.rows(
-                statements.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
+                claiming.claim(), {"from_queue": queue, "limit": free, "worker": self.name}
             )
             more = more or len(rows) == free
             for row in rows:
@@ -434,9 +435,9 @@ class Worker(Heartbeat):
         total = 0
         for _ in range(max_batches):
             with self.engine.begin() as conn:
-                if not conn.execute(statements.try_prune_lock()).scalar():
+                if not conn.execute(retention.try_prune_lock()).scalar():
                     return total
-                deleted = conn.execute(statements.prune(), params).rowcount
+                deleted = conn.execute(retention.prune(), params).rowcount
             total += deleted
             if deleted < PRUNE_BATCH:
                 break

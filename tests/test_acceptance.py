@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from sa_jobqueue._sql.claiming import LEASE_EXPIRED
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import acceptance
 from tests.apps.acceptance import effects, runs
 from tests.conftest import url_string

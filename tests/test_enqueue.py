@@ -40,9 +40,9 @@ from sa_jobqueue import (
     TaskDefinitionError,
     UnknownTaskError,
 )
+from sa_jobqueue._sql.common import CHANNEL
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job, jobs_table
-from sa_jobqueue.statements import CHANNEL
 from tests.workers import run_cli
 
 # -- the application's side: a business table on a MetaData of its own ------------------------

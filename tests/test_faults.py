@@ -28,10 +28,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from sa_jobqueue._sql.claiming import LEASE_EXPIRED
 from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import faults
 from tests.apps.faults import effects, runs
 from tests.support import wait_for

@@ -12,7 +12,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobContext, JobQueue, PayloadError, Worker
-from sa_jobqueue import statements as st
+from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine
 from sa_jobqueue.deadlines import STATEMENT_DEADLINE
 from sa_jobqueue.models import Job
@@ -148,7 +148,7 @@ def test_a_cancelled_job_whose_worker_died_is_not_run_again(db: sa.Engine) -> No
     with Session(db) as session, session.begin():
         job_id = queue.enqueue(session, "orphan")
     with db.begin() as conn:
-        conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+        conn.execute(claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
     with Session(db) as session, session.begin():
         assert queue.cancel(session, job_id) is True
     make_due(db, job_id)

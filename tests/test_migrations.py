@@ -33,7 +33,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
-from sa_jobqueue import statements
+from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import VERSION_TABLES, check_schema, create_engine
 from sa_jobqueue.errors import SchemaMissingError, SchemaOutdatedError
 from sa_jobqueue.migrations import VERSION_LOCATION, VERSION_TABLE
@@ -679,7 +679,7 @@ def _sql_literal(value: object) -> str:
 def test_claim_uses_the_partial_index(big_history: sa.Engine) -> None:
     """The claim as the worker sends it: psycopg binds the values, the planner sees them."""
     with big_history.connect() as conn, conn.begin() as tx:
-        compiled = statements.claim().compile(dialect=conn.dialect)
+        compiled = claiming.claim().compile(dialect=conn.dialect)
         plan = conn.exec_driver_sql(
             f"EXPLAIN (FORMAT JSON) {compiled.string}", compiled.construct_params(CLAIM_PARAMS)
         ).scalar_one()
@@ -694,7 +694,7 @@ def test_claim_uses_the_partial_index_in_a_generic_plan(big_history: sa.Engine) 
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
     # $n placeholders, each with a cast, so PREPARE can infer every parameter's type.
-    compiled = statements.claim().compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
+    compiled = claiming.claim().compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
     assert compiled.positiontup is not None
     assert {"from_queue", "limit", "worker"} <= set(compiled.positiontup)
     values = compiled.construct_params(CLAIM_PARAMS)

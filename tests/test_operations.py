@@ -19,6 +19,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_jobqueue import InvalidJobError, JobQueue
+from sa_jobqueue._sql.claiming import claim
+from sa_jobqueue._sql.common import CHANNEL
+from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.health import Finding, Thresholds, check, worst
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table, workers_table
@@ -31,7 +34,6 @@ from sa_jobqueue.operations import (
     touch_worker,
     unregister_worker,
 )
-from sa_jobqueue.statements import CHANNEL, claim, complete
 from tests.job_states import ERROR, add_dead, add_job, add_worker, ago, row, statuses
 from tests.support import wait_for
 

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue, Worker
-from sa_jobqueue import statements as st
+from sa_jobqueue._sql import retention
 from sa_jobqueue.models import Job
 from sa_jobqueue.worker import PRUNE_BATCH
 from tests.support import running, wait_for
@@ -81,9 +81,9 @@ def test_only_one_session_prunes_at_a_time(db: sa.Engine) -> None:
     age_finished(db, timedelta(days=2))
     worker = Worker(queue, db, listen=False)
     with db.connect() as holder:  # another worker, in the middle of pruning
-        holder.execute(sa.select(sa.func.pg_advisory_lock(st.PRUNE_LOCK)))
+        holder.execute(sa.select(sa.func.pg_advisory_lock(retention.PRUNE_LOCK)))
         assert worker.prune() == 0
-        holder.execute(sa.select(sa.func.pg_advisory_unlock(st.PRUNE_LOCK)))
+        holder.execute(sa.select(sa.func.pg_advisory_unlock(retention.PRUNE_LOCK)))
     assert worker.prune() == 5
 
 

@@ -25,8 +25,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from sa_jobqueue._sql.claiming import LEASE_EXPIRED
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.statements import LEASE_EXPIRED
 from tests.apps import lifecycle
 from tests.apps.lifecycle import effects, runs
 from tests.support import wait_for

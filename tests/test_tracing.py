@@ -24,7 +24,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Backoff, JobContext, JobQueue, Worker, statements
+from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
+from sa_jobqueue._sql import enqueue as enqueue_sql
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.observability import JobRun
 from sa_jobqueue.tracing import TracingObserver
@@ -230,10 +231,10 @@ def test_without_a_current_span_nothing_is_stored_and_the_insert_is_unchanged(
 def test_only_a_traced_insert_names_the_column() -> None:
     for traced in (False, True):
         texts = [
-            str(statements.insert_job("now", True, traced=traced)),
-            str(statements.insert_job("at", False, unique=True, traced=traced)),
-            str(statements.insert_jobs("after", traced=traced)),
-            str(statements.insert_jobs("now", unique=True, traced=traced)),
+            str(enqueue_sql.insert_job("now", True, traced=traced)),
+            str(enqueue_sql.insert_job("at", False, unique=True, traced=traced)),
+            str(enqueue_sql.insert_jobs("after", traced=traced)),
+            str(enqueue_sql.insert_jobs("now", unique=True, traced=traced)),
         ]
         assert all(("trace_context" in text) is traced for text in texts)
 

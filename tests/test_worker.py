@@ -15,7 +15,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
-from sa_jobqueue import statements as st
+from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job
 from tests.support import running, wait_for
@@ -154,7 +154,7 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
             make_due(db, job_id)
             with db.begin() as conn:
                 reclaimed = conn.execute(
-                    st.claim(), {"from_queue": "default", "limit": 10, "worker": "other"}
+                    claiming.claim(), {"from_queue": "default", "limit": 10, "worker": "other"}
                 ).all()
             assert [(r.id, r.attempts, r.status) for r in reclaimed] == [(job_id, 2, "running")]
             # The first worker's heartbeat finds its lease gone and tells the handler.
@@ -168,7 +168,7 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
     assert effects(db) == []
     # The live attempt completes normally.
     with db.begin() as conn:
-        done = conn.execute(st.complete(), {"job_id": job_id, "attempt": 2}).rowcount
+        done = conn.execute(transitions.complete(), {"job_id": job_id, "attempt": 2}).rowcount
     assert done == 1
     assert job(db, job_id).status == "succeeded"
 
@@ -191,14 +191,18 @@ def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
             assert started.wait(10)
             make_due(db, job_id)
             with db.begin() as conn:
-                conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "other"})
+                conn.execute(
+                    claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "other"}
+                )
             release.set()
             wait_for(lambda: not worker._futures, timeout=10)
         finally:
             release.set()  # let the handler return before the worker is stopped and joined
     row = job(db, job_id)
     assert (row.status, row.attempts) == ("running", 2)
-    assert row.last_error["message"] == st.LEASE_EXPIRED  # not overwritten by the stale attempt
+    assert (
+        row.last_error["message"] == claiming.LEASE_EXPIRED
+    )  # not overwritten by the stale attempt
 
 
 def test_expired_lease_is_reclaimed_by_the_claim_and_counts_an_attempt(db: sa.Engine) -> None:
@@ -212,7 +216,7 @@ def test_expired_lease_is_reclaimed_by_the_claim_and_counts_an_attempt(db: sa.En
     with Session(db) as session, session.begin():
         job_id = queue.enqueue(session, "once")
     with db.begin() as conn:  # a worker claims it, then dies without a trace
-        conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+        conn.execute(claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
     run_burst(queue, db)
     assert seen == []  # the lease has not expired yet
     make_due(db, job_id)
@@ -234,12 +238,12 @@ def test_reclaimed_job_with_no_attempts_left_goes_dead_without_running(db: sa.En
         job_id = queue.enqueue(session, "fragile")
         other = queue.enqueue(session, "fragile")
     with db.begin() as conn:
-        conn.execute(st.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+        conn.execute(claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
     make_due(db, job_id)
     run_burst(queue, db)
     row = job(db, job_id)
     assert (row.status, row.attempts) == ("dead", 1)
-    assert row.last_error == {"type": "LeaseExpired", "message": st.LEASE_EXPIRED}
+    assert row.last_error == {"type": "LeaseExpired", "message": claiming.LEASE_EXPIRED}
     assert row.finished_at is not None
     assert seen == [other]
 
@@ -473,7 +477,8 @@ def test_batched_transitions_find_their_rows_by_primary_key(db: sa.Engine, state
         ids = queue.enqueue_many(session, "idle", [None] * 5_000)
     with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE sa_jobqueue_jobs")
-        compiled = getattr(st, statement)().compile(
+        builder = getattr(leases if statement == "extend_leases" else transitions, statement)
+        compiled = builder().compile(
             dialect=conn.dialect, compile_kwargs={"render_postcompile": True}
         )
         params = {**compiled.params, "job_ids": ids[:50], "attempt_list": [1] * 50}

@@ -1,0 +1,55 @@
+"""What operators and the application do to jobs from outside a worker."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from sqlalchemy import (
+    BigInteger,
+    Select,
+    Update,
+    bindparam,
+    func,
+    select,
+    update,
+)
+
+from ..models import (
+    CANCELLED,
+    QUEUED,
+    RUNNING,
+    jobs_table,
+)
+from .common import j
+
+
+@cache
+def cancel_queued() -> Update:
+    """Cancel ``:job_id`` if it is still waiting; it will never run."""
+    return (
+        update(jobs_table)
+        .where(j.id == bindparam("job_id", type_=BigInteger), j.status == QUEUED)
+        .values(status=CANCELLED, finished_at=func.now())
+        .returning(j.id)
+    )
+
+
+@cache
+def request_cancel() -> Update:
+    """Ask the worker running ``:job_id`` to stop it; it ends ``cancelled``, not retried."""
+    return (
+        update(jobs_table)
+        .where(j.id == bindparam("job_id", type_=BigInteger), j.status == RUNNING)
+        .values(cancel_requested=True)
+        .returning(j.id)
+    )
+
+
+@cache
+def counts() -> Select[str, str, int]:
+    """Jobs per queue and status."""
+    return (
+        select(j.queue, j.status, func.count())
+        .group_by(j.queue, j.status)
+        .order_by(j.queue, j.status)
+    )

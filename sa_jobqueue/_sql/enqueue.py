@@ -1,0 +1,184 @@
+"""Inserting jobs: one, many, unique, and the wake-up sent with them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cache
+from typing import Any, Final
+
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    DateTime,
+    Insert,
+    Integer,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    column,
+    func,
+    insert,
+    literal,
+    select,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from ..models import (
+    jobs_table,
+    unique_live,
+)
+from .common import CHANNEL, j, seconds
+
+
+def due_at(schedule: str) -> ColumnElement[datetime]:
+    """When a new job becomes due: now, at ``:run_at``, or ``:delay`` seconds after now."""
+    if schedule == "at":
+        return bindparam("run_at", type_=DateTime(timezone=True))
+    if schedule == "after":
+        return func.now() + seconds("delay")
+    return func.now()
+
+
+@cache
+def insert_job(
+    schedule: str, wake: bool, unique: bool = False, traced: bool = False, backoff: bool = False
+) -> Insert:
+    """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
+
+    ``:lease`` and ``:delay`` are seconds (see :func:`seconds`).
+
+    With ``wake`` the same round trip also sends the queue's NOTIFY (see :func:`notify`); the
+    NOTIFY is part of RETURNING, so it is sent only when the row is really inserted.
+
+    With ``unique`` the row carries ``:unique_key`` and is not inserted (no row comes back)
+    while a live job of the task holds that key; :func:`find_unique` then finds that job.
+
+    With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
+    statement without it, so tracing switched off changes nothing, not even the SQL text.
+    With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text).
+    """
+    optional: dict[str, Any] = {}
+    if unique:
+        optional["unique_key"] = bindparam("unique_key", type_=Text)
+    if traced:
+        optional["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
+    if backoff:
+        optional["backoff"] = cast(bindparam("backoff", type_=Text), JSONB)
+    stmt = pg_insert(jobs_table).values(
+        queue=bindparam("queue"),
+        task=bindparam("task"),
+        payload=cast(bindparam("payload", type_=Text), JSONB),
+        priority=bindparam("priority"),
+        max_attempts=bindparam("max_attempts"),
+        lease=seconds("lease"),
+        visible_at=due_at(schedule),
+        **optional,
+    )
+    if unique:
+        stmt = unless_key_is_live(stmt)
+    return stmt.returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
+
+
+def unless_key_is_live(stmt: PgInsert) -> PgInsert:
+    """``ON CONFLICT ... DO NOTHING`` against the unique index, named by its predicate.
+
+    A plain INSERT would fail with a unique violation and abort the caller's transaction;
+    DO NOTHING leaves it usable. A conflict with a row that another transaction has inserted
+    but not committed waits for that transaction: if it rolls back, this row goes in.
+    """
+    return stmt.on_conflict_do_nothing(
+        index_elements=[j.task, j.unique_key], index_where=unique_live()
+    )
+
+
+@cache
+def insert_jobs(
+    schedule: str, unique: bool = False, traced: bool = False, backoff: bool = False
+) -> Insert:
+    """Insert many jobs of one task in one statement, from an array of JSON texts.
+
+    Parameters are those of :func:`insert_job` prefixed ``b_`` (``run_at`` and ``delay``
+    excepted), plus ``payloads``. With ``unique``, also ``unique_keys`` (an array as long as
+    ``payloads``, NULL for a job without a key): a row whose key a live job of the task holds
+    is skipped, and each returned row says which key it carries: ``(id, unique_key)``. The
+    keys of one batch must differ from each other. With ``traced``, every row carries the one
+    ``:b_trace_context`` (JSON text): a batch is enqueued from one place in one trace.
+    """
+    arrays = [bindparam("payloads", type_=ARRAY(Text))]
+    columns = [column("payload", Text)]
+    if unique:
+        arrays.append(bindparam("unique_keys", type_=ARRAY(Text)))
+        columns.append(column("unique_key", Text))
+    given = func.unnest(*arrays).table_valued(*columns).render_derived(name="p")
+    # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
+    rows = select(*job_columns(cast(given.c.payload, JSONB), due_at(schedule))).select_from(given)
+    names = list(JOB_COLUMNS)
+    if traced:
+        rows = rows.add_columns(cast(bindparam("b_trace_context", type_=Text), JSONB))
+        names.append("trace_context")
+    if backoff:
+        rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
+        names.append("backoff")
+    if unique:
+        rows = rows.add_columns(given.c.unique_key)
+        names.append("unique_key")
+        stmt = unless_key_is_live(pg_insert(jobs_table).from_select(names, rows))
+        return stmt.returning(j.id, j.unique_key)
+    return insert(jobs_table).from_select(names, rows).returning(j.id)
+
+
+#: The columns of a new job that :func:`job_columns` gives values for, in its order.
+JOB_COLUMNS: Final = (
+    "queue",
+    "task",
+    "payload",
+    "priority",
+    "max_attempts",
+    "lease",
+    "visible_at",
+)
+
+
+def job_columns(
+    payload: ColumnElement[Any], visible_at: ColumnElement[datetime]
+) -> tuple[ColumnElement[Any], ...]:
+    """A new job's values from ``b_`` parameters, for ``INSERT ... SELECT``."""
+    return (
+        bindparam("b_queue", type_=Text),
+        bindparam("b_task", type_=Text),
+        payload,
+        bindparam("b_priority", type_=Integer),
+        bindparam("b_max_attempts", type_=Integer),
+        seconds("b_lease"),
+        visible_at,
+    )
+
+
+@cache
+def find_unique() -> Select[str, int]:
+    """The live jobs of ``:task`` that hold one of ``:unique_keys``: ``(unique_key, id)``.
+
+    Run after an insert of :func:`insert_job` or :func:`insert_jobs` skipped a row, as a
+    statement of its own: under READ COMMITTED it then sees a conflicting row that a
+    concurrent transaction committed while the insert waited for it. It may also find nothing,
+    if that job finished in between: the caller inserts again.
+    """
+    return select(j.unique_key, j.id).where(
+        j.task == bindparam("task", type_=Text),
+        j.unique_key == any_(bindparam("unique_keys", type_=ARRAY(Text))),
+        unique_live(),
+    )
+
+
+@cache
+def notify() -> Select[object]:
+    """Wake idle workers of ``:queue``. Delivered at commit, dropped on rollback.
+
+    PostgreSQL folds identical notifications of one transaction into one; the enqueue side also
+    sends at most one per queue per transaction, so bulk and repeated enqueues cost one each.
+    """
+    return select(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))

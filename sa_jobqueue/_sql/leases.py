@@ -1,0 +1,55 @@
+"""Lease renewal (the heartbeat) and the plain read that tells a lost lease from a locked row."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from sqlalchemy import (
+    Select,
+    Update,
+    func,
+    select,
+    update,
+)
+
+from ..models import (
+    jobs_table,
+)
+from .common import fenced_many, held_attempts, j
+
+
+@cache
+def extend_leases() -> Update:
+    """Renew the leases of many running attempts at once (the worker's heartbeat).
+
+    Fenced per row like every transition: an attempt that was already reclaimed is not
+    renewed, and its id is missing from the returned rows. Each returned row also says
+    whether the job's cancellation has been requested. A row locked by another transaction
+    is skipped rather than waited for, and is missing too: :func:`still_held` tells the two
+    apart.
+    """
+    # Without SKIP LOCKED the heartbeat would wait for the lock of any transaction holding a
+    # running job's row: the worker's own group of completed jobs that has yet to commit, or
+    # an application transaction that requested a cancellation and has not committed. While
+    # it waited, no lease of this worker would be renewed and no timeout enforced.
+    held = held_attempts()
+    renewable = (
+        select(j.id)
+        .where(*fenced_many(held))
+        .with_for_update(of=jobs_table, skip_locked=True)
+        .cte("renewable")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        update(jobs_table)
+        .where(j.id == renewable.c.id)
+        .values(visible_at=func.now() + j.lease)
+        .returning(j.id, j.cancel_requested)
+    )
+
+
+@cache
+def still_held() -> Select[int]:
+    """Which of these attempts are still running (a plain read: it waits for no lock)."""
+    held = held_attempts()
+    return select(j.id).where(*fenced_many(held))

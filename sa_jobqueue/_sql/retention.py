@@ -1,0 +1,52 @@
+"""Pruning finished jobs, one worker at a time."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Final
+
+from sqlalchemy import (
+    BigInteger,
+    Delete,
+    Integer,
+    Select,
+    bindparam,
+    delete,
+    func,
+    literal,
+    select,
+)
+
+from ..models import (
+    jobs_table,
+    prunable,
+)
+from .common import j, seconds
+
+#: The advisory lock that lets one worker at a time prune (an arbitrary constant: "sajq").
+PRUNE_LOCK: Final = 0x736A_7170
+
+
+@cache
+def try_prune_lock() -> Select[bool]:
+    """Take the prune lock for this transaction, if no other session holds it."""
+    return select(func.pg_try_advisory_xact_lock(literal(PRUNE_LOCK, type_=BigInteger)))
+
+
+@cache
+def prune() -> Delete:
+    """Delete up to ``:limit`` succeeded or cancelled jobs finished ``:retention`` seconds ago.
+
+    Dead jobs are never pruned: they wait to be requeued or purged. Bounded, so one call holds
+    its locks for a short while; the oldest go first; rows locked by someone else are skipped.
+    """
+    doomed = (
+        select(j.id)
+        .where(prunable(), j.finished_at < func.now() - seconds("retention"))
+        .order_by(j.finished_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(jobs_table).where(j.id == doomed.c.id)

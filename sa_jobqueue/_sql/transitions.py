@@ -1,0 +1,160 @@
+"""The ends of a running attempt, each fenced on the attempt that claimed the job."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from sqlalchemy import (
+    Text,
+    Update,
+    bindparam,
+    case,
+    cast,
+    func,
+    or_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from ..models import (
+    CANCELLED,
+    DEAD,
+    QUEUED,
+    SUCCEEDED,
+    jobs_table,
+)
+from .common import fenced, fenced_many, held_attempts, j, seconds
+
+
+@cache
+def complete() -> Update:
+    """Mark one attempt succeeded; zero rows means it is stale or its job is being cancelled.
+
+    A job whose cancellation was requested while it ran does not complete: its handler's
+    writes roll back and :func:`finish_cancelled` ends it instead.
+    """
+    return fenced(
+        update(jobs_table)
+        .where(j.cancel_requested.is_(False))
+        # statement_timestamp(), not now(): this runs in the handler's transaction, whose
+        # now() is the moment the handler first touched the database.
+        .values(
+            status=SUCCEEDED,
+            finished_at=func.statement_timestamp(),
+            visible_at=func.statement_timestamp(),
+        )
+    )
+
+
+@cache
+def complete_many() -> Update:
+    """:func:`complete` for many attempts in one statement; returns the ids it completed."""
+    held = held_attempts()
+    return (
+        update(jobs_table)
+        .where(
+            *fenced_many(held),
+            j.cancel_requested.is_(False),
+        )
+        .values(
+            status=SUCCEEDED,
+            finished_at=func.statement_timestamp(),
+            visible_at=func.statement_timestamp(),
+        )
+        .returning(j.id)
+    )
+
+
+@cache
+def release() -> Update:
+    """Hand claimed attempts that never started back to the queue, as if never claimed.
+
+    Used on shutdown for jobs still waiting in the worker's buffer: the attempt is not counted
+    and the job is due again at once. Fenced like every transition.
+    """
+    held = held_attempts()
+    return (
+        update(jobs_table)
+        .where(*fenced_many(held))
+        .values(
+            # A job cancelled while it waited in the buffer ends here rather than run again.
+            status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
+            attempts=j.attempts - 1,
+            visible_at=func.now(),
+            started_at=None,
+            finished_at=case((j.cancel_requested, func.now()), else_=None),
+            worker=None,
+        )
+        .returning(j.id)
+    )
+
+
+@cache
+def finish_cancelled() -> Update:
+    """End one attempt whose job's cancellation was requested as ``cancelled``."""
+    return fenced(
+        update(jobs_table)
+        .where(j.cancel_requested.is_(True))
+        .values(status=CANCELLED, finished_at=func.now(), worker=None)
+    )
+
+
+@cache
+def fail() -> Update:
+    """Record a failed attempt: ``queued`` again ``:delay`` seconds on, or ``dead`` if exhausted.
+
+    A job whose cancellation was requested ends ``cancelled`` instead of being retried.
+
+    ``:error`` is the error as JSON text. Returns the new status, or no row if stale.
+    """
+    exhausted = or_(j.attempts >= j.max_attempts, j.cancel_requested)
+    return fenced(
+        update(jobs_table)
+        .values(
+            status=case((j.cancel_requested, CANCELLED), (exhausted, DEAD), else_=QUEUED),
+            visible_at=func.now() + seconds("delay"),
+            finished_at=case((exhausted, func.now()), else_=None),
+            last_error=cast(bindparam("error", type_=Text), JSONB),
+            worker=None,
+        )
+        .returning(j.status, j.visible_at)
+    )
+
+
+@cache
+def snooze() -> Update:
+    """Put a running attempt's job back in the queue ``:delay`` seconds on, with no error.
+
+    What a handler's ``Retry`` does. The attempt stays counted (attempts are counted when
+    claimed), so that ``attempts`` still names one attempt for the fence; ``max_attempts``
+    grows by one when none would be left, so a job cannot run out of attempts by retrying.
+    A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
+    and due time, or no row if stale.
+    """
+    cancelled = j.cancel_requested
+    return fenced(
+        update(jobs_table)
+        .values(
+            status=case((cancelled, CANCELLED), else_=QUEUED),
+            visible_at=func.now() + seconds("delay"),
+            finished_at=case((cancelled, func.now()), else_=None),
+            max_attempts=func.greatest(j.max_attempts, j.attempts + 1),
+            worker=None,
+        )
+        .returning(j.status, j.visible_at)
+    )
+
+
+@cache
+def bury() -> Update:
+    """Move one attempt's job straight to ``dead`` (unknown task, undecodable job)."""
+    return fenced(
+        update(jobs_table)
+        .values(
+            status=DEAD,
+            finished_at=func.now(),
+            last_error=cast(bindparam("error", type_=Text), JSONB),
+            worker=None,
+        )
+        .returning(j.status)
+    )
