@@ -33,7 +33,7 @@ from sqlalchemy import (
     table,
 )
 
-from ._sql.common import seconds
+from ._sql.clock import seconds
 from .database import MIGRATE_HINT, check_schema
 from .errors import SchemaError
 from .models import DEAD, RUNNING, SCHEMA_REVISION, claimable, jobs_table, workers_table

@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
-from ._sql import common as common_sql
+from ._sql import enqueue as enqueue_sql
 from .database import CONNECT_ARGS
 from .deadlines import DEADLINES
 from .execution import one_line
@@ -39,7 +39,7 @@ def listen(
             cargs, cparams = engine.dialect.create_connect_args(engine.url)
             cparams = {**CONNECT_ARGS, **cparams}
             with psycopg.connect(*cargs, **cparams, autocommit=True) as raw:
-                raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(common_sql.CHANNEL)))
+                raw.execute(sql.SQL("LISTEN {}").format(sql.Identifier(enqueue_sql.CHANNEL)))
                 if failures:
                     log.info("listener reconnected")
                 failures = 0

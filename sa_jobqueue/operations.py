@@ -48,7 +48,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert, ReturningDelete
 
 from ._sql.admin import counts
-from ._sql.common import seconds
+from ._sql.clock import seconds
 from .errors import InvalidJobError
 from .models import (
     DEAD,
@@ -377,7 +377,7 @@ def check_limit(limit: object, name: str = "limit") -> int:
 
 
 def check_age(age: object, name: str = "older_than") -> float:
-    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue.common_sql.seconds`."""
+    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue._sql.clock.seconds`."""
     if not isinstance(age, timedelta) or age < timedelta(0):
         raise InvalidJobError(f"{name} must be a timedelta of 0 or more, not {age!r}")
     return age.total_seconds()

@@ -53,7 +53,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from sqlalchemy import Connection, Engine
 
-from ._sql import common as common_sql
+from ._sql import clock
 from ._sql import periodic as periodic_sql
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Task
@@ -201,7 +201,7 @@ def _enqueue_due(
     conn: Connection, queue: JobQueue, schedules: list[Schedule], now: datetime | None
 ) -> int:
     if now is None:
-        now = conn.execute(common_sql.database_now()).scalar_one()
+        now = conn.execute(clock.database_now()).scalar_one()
     # In name order: two processes that each move several schedules in one transaction then
     # lock their rows in the same order, and cannot deadlock (even running different code).
     ordered = sorted(schedules, key=lambda s: s.name)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from sqlalchemy import event, func, select
 
-from sa_jobqueue._sql.common import CHANNEL
+from sa_jobqueue._sql.enqueue import CHANNEL
 
 
 def recording(engine: sa.Engine) -> Iterator[list[str]]:

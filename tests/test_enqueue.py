@@ -40,7 +40,7 @@ from sa_jobqueue import (
     TaskDefinitionError,
     UnknownTaskError,
 )
-from sa_jobqueue._sql.common import CHANNEL
+from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job, jobs_table
 from tests.workers import run_cli

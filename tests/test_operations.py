@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_jobqueue import InvalidJobError, JobQueue
 from sa_jobqueue._sql.claiming import claim
-from sa_jobqueue._sql.common import CHANNEL
+from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.health import Finding, Thresholds, check, worst

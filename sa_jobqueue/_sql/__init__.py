@@ -1,7 +1,7 @@
 """Every SQL statement sa_jobqueue runs, built with SQLAlchemy Core in one reviewable place.
 
-One module per concern (``claiming``, ``transitions``, ``leases``, ``enqueue``, ``periodic``,
-``admin``, ``retention``; ``common`` holds the pieces they share).
+One module per concern: ``claiming``, ``transitions``, ``leases``, ``enqueue``, ``periodic``,
+``admin`` and ``retention``; ``fence`` and ``clock`` hold the pieces they share.
 
 Each function returns a statement with named bind parameters; callers execute it with values.
 Nothing here does I/O. Rules that hold for all of them:

@@ -20,7 +20,8 @@ from ..models import (
     RUNNING,
     jobs_table,
 )
-from .common import j
+
+j = jobs_table.c
 
 
 @cache

@@ -27,10 +27,11 @@ from ..models import (
     claimable,
     jobs_table,
 )
-from .common import j
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
 LEASE_EXPIRED: Final = "lease expired (worker lost)"
+
+j = jobs_table.c
 
 
 @cache

@@ -31,7 +31,12 @@ from ..models import (
     jobs_table,
     unique_live,
 )
-from .common import CHANNEL, j, seconds
+from .clock import seconds
+
+#: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
+CHANNEL: Final = "sa_jobqueue"
+
+j = jobs_table.c
 
 
 def due_at(schedule: str) -> ColumnElement[datetime]:

@@ -15,7 +15,9 @@ from sqlalchemy import (
 from ..models import (
     jobs_table,
 )
-from .common import fenced_many, held_attempts, j
+from .fence import fenced_many, held_attempts
+
+j = jobs_table.c
 
 
 @cache

@@ -26,10 +26,11 @@ from ..models import (
     jobs_table,
     periodic_table,
 )
-from .common import CHANNEL, j
-from .enqueue import JOB_COLUMNS, job_columns, unless_key_is_live
+from .enqueue import CHANNEL, JOB_COLUMNS, job_columns, unless_key_is_live
 
 pc = periodic_table.c
+
+j = jobs_table.c
 
 
 @cache

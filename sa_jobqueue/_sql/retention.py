@@ -21,10 +21,12 @@ from ..models import (
     jobs_table,
     prunable,
 )
-from .common import j, seconds
+from .clock import seconds
 
 #: The advisory lock that lets one worker at a time prune (an arbitrary constant: "sajq").
 PRUNE_LOCK: Final = 0x736A_7170
+
+j = jobs_table.c
 
 
 @cache

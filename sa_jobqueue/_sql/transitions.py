@@ -23,7 +23,10 @@ from ..models import (
     SUCCEEDED,
     jobs_table,
 )
-from .common import fenced, fenced_many, held_attempts, j, seconds
+from .clock import seconds
+from .fence import fenced, fenced_many, held_attempts
+
+j = jobs_table.c
 
 
 @cache

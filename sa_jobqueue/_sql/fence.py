@@ -1,25 +1,18 @@
-"""Pieces every statement shares: durations, the fence, the NOTIFY channel, the clock."""
+"""The fence: every transition of a running attempt names the attempt it expects."""
 
 from __future__ import annotations
-
-from datetime import datetime, timedelta
-from functools import cache
-from typing import Final
 
 from sqlalchemy import (
     ARRAY,
     BigInteger,
     ColumnElement,
-    Float,
     Integer,
-    Select,
     TableValuedAlias,
     Update,
     any_,
     bindparam,
     column,
     func,
-    select,
 )
 
 from ..models import (
@@ -27,21 +20,7 @@ from ..models import (
     jobs_table,
 )
 
-#: The one NOTIFY channel. Never derived from user data: the payload carries the queue name.
-CHANNEL: Final = "sa_jobqueue"
-
-
 j = jobs_table.c
-
-
-def seconds(param: str) -> ColumnElement[timedelta]:
-    """An interval from a bind parameter holding a number of seconds.
-
-    Durations travel as seconds, not as Python timedeltas: psycopg sends ``timedelta(days=n)``
-    as an interval of n calendar days, and ``now() + '1 day'`` across a daylight-saving change
-    in the session's time zone is 23 or 25 hours, not 24.
-    """
-    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(param, type_=Float))
 
 
 def fenced(stmt: Update) -> Update:
@@ -79,9 +58,3 @@ def held_attempts() -> TableValuedAlias:
         .table_valued(column("id", BigInteger), column("attempt", Integer))
         .render_derived(name="held")
     )
-
-
-@cache
-def database_now() -> Select[datetime]:
-    """The database's clock: the start of the current transaction."""
-    return select(func.now())
