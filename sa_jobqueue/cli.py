@@ -41,20 +41,20 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from . import __version__
+from ._validation import check_queue_name, check_task_name
 from .database import POOLER_ENV, POOLERS, check_schema, create_control_engine, create_engine, ping
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
-from .health import Thresholds, check, span, worst
 from .models import DEAD, FINISHED_STATUSES, RUNNING, STATUSES
 from .observability import Observer
-from .operations import MAX_PAGE, count_purge, purge, stats
+from .ops.health import Thresholds, check, span, worst
+from .ops.jobs import MAX_PAGE, count_purge, purge, stats
+from .ops.reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
+from .ops.verify import add_parser as add_verify_parser
+from .ops.verify import run as run_verify
 from .queue import JobQueue
-from .reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
-from .validation import check_queue_name, check_task_name
-from .verify import add_parser as add_verify_parser
-from .verify import run as run_verify
 
 if TYPE_CHECKING:
-    from .metrics import MetricsServer
+    from .observability.metrics import MetricsServer
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -379,7 +379,7 @@ def _configure_logging(level: str | None, log_format: str) -> None:
     logging.getLogger("alembic").setLevel(level or "WARNING")
     handler = logging.StreamHandler()
     if log_format == "json":
-        from .joblog import JsonFormatter
+        from .observability.logs import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
     else:
@@ -493,11 +493,11 @@ def _observers(args: argparse.Namespace, app: JobQueue) -> list[Observer]:
     """
     observers: list[Observer] = []
     if args.log_format == "json" or args.log_level == "DEBUG":
-        from .joblog import LoggingObserver
+        from .observability.logs import LoggingObserver
 
         observers.append(LoggingObserver())
     if app.tracing:
-        from .tracing import TracingObserver
+        from .observability.tracing import TracingObserver
 
         observers.append(TracingObserver())
     return observers
@@ -517,7 +517,7 @@ def _metrics_server(args: argparse.Namespace, queues: list[str]) -> MetricsServe
     handler's or the claim loop's connection.
     """
     try:
-        from .metrics import start_metrics_server
+        from .observability.metrics import start_metrics_server
     except ImportError as exc:
         raise JobQueueError(str(exc)) from None
     engine = create_engine(args.database_url, pooler=args.pooler, pool_size=1, max_overflow=0)

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from .deadlines import DEADLINE_OPTION, DEADLINES
+from ._deadlines import DEADLINE_OPTION, DEADLINES
 from .errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
 from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
 

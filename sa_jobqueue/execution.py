@@ -11,7 +11,6 @@ import concurrent.futures
 import contextlib
 import json
 import threading
-import traceback
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +25,6 @@ from .tasks import JobContext
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-#: Longest error message and traceback kept in ``last_error`` (characters). Enough for any
-#: useful traceback, small enough that a handler raising a megabyte string cannot bloat rows.
-MAX_ERROR_MESSAGE = 2_000
-MAX_ERROR_TRACEBACK = 20_000
 #: How often an async handler's stop flag is checked (seconds).
 ASYNC_STOP_CHECK = 0.05
 
@@ -148,34 +143,3 @@ def decode(payload: str) -> Any:
         return json.loads(payload)
     except (ValueError, RecursionError) as exc:
         raise PayloadError(f"the payload could not be decoded: {type(exc).__name__}") from exc
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of an error (the driver's own message for a database error)."""
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
-
-
-def _clean(text: str, limit: int) -> str:
-    # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded as UTF-8.
-    text = text.replace("\x00", "\N{REPLACEMENT CHARACTER}")
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    if len(text) > limit:
-        text = text[:limit] + f"... [{len(text) - limit} more characters]"
-    return text
-
-
-def error_json(exc: BaseException) -> str:
-    """``last_error`` for a failure: type, message and traceback, cleaned and bounded."""
-    kind = type(exc)
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not stop us recording the failure
-        message = f"<unprintable {kind.__name__}>"
-    return json.dumps(
-        {
-            "type": f"{kind.__module__}.{kind.__qualname__}",
-            "message": _clean(message, MAX_ERROR_MESSAGE),
-            "traceback": _clean("".join(traceback.format_exception(exc)), MAX_ERROR_TRACEBACK),
-        }
-    )

@@ -7,10 +7,10 @@ import threading
 import time
 from collections.abc import Mapping
 
+from ._deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
+from ._error_text import one_line
 from ._sql import leases
 from .attempts import FAILED_AS, Held
-from .deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
-from .execution import one_line
 from .running import JobRunner
 
 log = logging.getLogger("sa_jobqueue.worker")

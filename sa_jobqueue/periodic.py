@@ -55,9 +55,9 @@ from sqlalchemy import Connection, Engine
 
 from ._sql import clock
 from ._sql import periodic as periodic_sql
+from ._validation import TASK_NAME, check_unique_key, encode_payload
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Task
-from .validation import TASK_NAME, check_unique_key, encode_payload
 
 if TYPE_CHECKING:
     from .queue import JobQueue

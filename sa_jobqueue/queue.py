@@ -14,15 +14,9 @@ from sqlalchemy.engine.base import Transaction
 from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
 from sqlalchemy.orm import Session, scoped_session
 
-from . import operations
 from ._sql import admin as admin_sql
 from ._sql import enqueue as enqueue_sql
-from .enqueueing import Enqueued, NewJobs, insert_many, insert_one, run_async
-from .errors import InvalidJobError, TaskDefinitionError, UnknownTaskError
-from .models import Job, jobs_table
-from .periodic import Schedule
-from .tasks import Backoff, Handler, Task
-from .validation import (
+from ._validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_lease,
     check_max_attempts,
@@ -33,6 +27,12 @@ from .validation import (
     check_unique_key,
     encode_payload,
 )
+from .enqueueing import Enqueued, NewJobs, insert_many, insert_one, run_async
+from .errors import InvalidJobError, TaskDefinitionError, UnknownTaskError
+from .models import Job, jobs_table
+from .ops import jobs as operations
+from .periodic import Schedule
+from .tasks import Backoff, Handler, Task
 
 if TYPE_CHECKING:
     from .enqueueing import AsyncSessionLike
@@ -110,7 +110,7 @@ class JobQueue:
         self._trace_context: Callable[[], str | None] | None = None
         if tracing:
             # Imported only when asked for: without tracing, OpenTelemetry is never loaded.
-            from .tracing import current_trace_context
+            from .observability.tracing import current_trace_context
 
             self._trace_context = current_trace_context
         self._tasks: dict[str, Task] = {}

@@ -22,20 +22,13 @@ from sqlalchemy import Connection, CursorResult, Engine, RootTransaction, Row
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from ._deadlines import DEADLINES
+from ._error_text import error_json, one_line
 from ._sql import transitions
 from .attempts import FAILED_AS, Claimed, Held, Lane, policy
 from .completions import Completer
-from .deadlines import DEADLINES
 from .errors import PayloadError, UnknownTaskError
-from .execution import (
-    EventLoopThread,
-    GroupSession,
-    HandlerSession,
-    decode,
-    error_json,
-    one_line,
-    supervised,
-)
+from .execution import EventLoopThread, GroupSession, HandlerSession, decode, supervised
 from .models import CANCELLED, DEAD
 from .observability import JobRun, Observers
 from .queue import JobQueue

@@ -14,14 +14,14 @@ from sqlalchemy.orm import Session
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-from .errors import InvalidJobError, TaskDefinitionError
-from .validation import (
+from ._validation import (
     check_lease,
     check_max_attempts,
     check_priority,
     check_queue_name,
     check_task_name,
 )
+from .errors import InvalidJobError, TaskDefinitionError
 
 
 @dataclass(frozen=True)

@@ -36,20 +36,19 @@ from datetime import timedelta
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import operations, periodic
+from . import periodic
+from ._deadlines import guard_statements
+from ._error_text import one_line
 from ._sql import claiming, retention
 from .attempts import Claimed, Held, Lane
 from .completions import Completer
 from .database import HeldConnection, check_schema, pooler_of
-from .deadlines import guard_statements
-from .execution import (
-    EventLoopThread,
-    one_line,
-)
+from .execution import EventLoopThread
 from .heartbeat import HEARTBEAT_TICK, Heartbeat
 from .listener import listen
 from .models import RUNNING
 from .observability import JobRun, Observer, Observers
+from .ops import jobs as operations
 from .queue import JobQueue
 from .running import ThreadState, resolve
 

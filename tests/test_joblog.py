@@ -14,8 +14,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Worker
-from sa_jobqueue.joblog import JOB_LOGGER, JsonFormatter, LoggingObserver
 from sa_jobqueue.observability import JobRun
+from sa_jobqueue.observability.logs import JOB_LOGGER, JsonFormatter, LoggingObserver
 from tests.apps.observed import queue
 from tests.conftest import url_string
 from tests.support import running, wait_for

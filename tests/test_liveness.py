@@ -12,9 +12,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobContext, JobQueue, PayloadError, Worker
+from sa_jobqueue._deadlines import STATEMENT_DEADLINE
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine
-from sa_jobqueue.deadlines import STATEMENT_DEADLINE
 from sa_jobqueue.models import Job
 from tests.support import running, wait_for
 from tests.test_worker import EFFECTS, db, effects, job, make_due, run_burst

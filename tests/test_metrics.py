@@ -19,8 +19,12 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import Worker
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.metrics import MetricsServer, PrometheusObserver, start_metrics_server
 from sa_jobqueue.observability import JobRun
+from sa_jobqueue.observability.metrics import (
+    MetricsServer,
+    PrometheusObserver,
+    start_metrics_server,
+)
 from tests.apps.observed import queue
 from tests.conftest import url_string
 from tests.support import running, wait_for

@@ -20,9 +20,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobQueue, Worker
+from sa_jobqueue._deadlines import guard_statements
 from sa_jobqueue._sql.retention import PRUNE_LOCK
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create_engine
-from sa_jobqueue.deadlines import guard_statements
 from sa_jobqueue.models import jobs_table, workers_table
 from tests.apps import network
 from tests.poolers import PGBOUNCER, PgBouncer, SilentProxy, pgbouncer

@@ -23,9 +23,9 @@ from sa_jobqueue._sql.claiming import claim
 from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.health import Finding, Thresholds, check, worst
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table, workers_table
-from sa_jobqueue.operations import (
+from sa_jobqueue.ops.health import Finding, Thresholds, check, worst
+from sa_jobqueue.ops.jobs import (
     count_purge,
     expire_workers,
     purge,

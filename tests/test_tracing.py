@@ -28,7 +28,7 @@ from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue._sql import enqueue as enqueue_sql
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.observability import JobRun
-from sa_jobqueue.tracing import TracingObserver
+from sa_jobqueue.observability.tracing import TracingObserver
 from tests.support import running, wait_for
 
 j = jobs_table.c

@@ -18,10 +18,10 @@ from sqlalchemy import insert, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import verify
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.verify_report import RunEvents, Settings, measure, results, runs
+from sa_jobqueue.ops import verify
+from sa_jobqueue.ops.verify_report import RunEvents, Settings, measure, results, runs
 from tests.conftest import url_string
 from tests.support import wait_for
 from tests.workers import run_cli

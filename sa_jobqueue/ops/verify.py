@@ -6,7 +6,7 @@ Run it where your workers run (the same server, the same pooler, the same networ
 
 It creates a schema of its own, ``sa_jobqueue_verify_<12 hex digits>``, installs the queue's
 tables there with the package's own Alembic revisions, starts W real worker processes
-(``python -m sa_jobqueue worker sa_jobqueue.verify_tasks:queue``) and enqueues N jobs. Once a
+(``python -m sa_jobqueue worker sa_jobqueue.ops.verify_tasks:queue``) and enqueues N jobs. Once a
 third of them have succeeded it SIGKILLs the worker holding the most claimed jobs and starts
 another in its place, as a supervisor would. When every job has finished, or ``--timeout``
 has passed, it stops the workers, counts, and drops the schema; also after an error, Ctrl-C or
@@ -62,11 +62,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .database import POOLER_ENV, Pooler, create_engine, normalise_url, ping, url_options
-from .errors import JobQueueError
-from .models import FINISHED_STATUSES, RUNNING, SUCCEEDED, jobs_table, workers_table
-from .queue import JobQueue
-from .tasks import JobContext
+from ..database import POOLER_ENV, Pooler, create_engine, normalise_url, ping, url_options
+from ..errors import JobQueueError
+from ..models import FINISHED_STATUSES, RUNNING, SUCCEEDED, jobs_table, workers_table
+from ..queue import JobQueue
+from ..tasks import JobContext
 from .verify_report import Report, RunEvents, Settings, measure, metadata
 
 #: The run's schema is this prefix and 12 random hex digits; nothing else is ever created.
@@ -79,7 +79,7 @@ PARENT_ENV: Final = "SA_JOBQUEUE_VERIFY_PARENT"
 #: somehow missed the schema would claim only jobs of this queue, never yours.
 QUEUE: Final = "sa_jobqueue_verify"
 TASK: Final = "verify_job"
-WORKER_APP: Final = "sa_jobqueue.verify_tasks:queue"
+WORKER_APP: Final = "sa_jobqueue.ops.verify_tasks:queue"
 #: Jobs per enqueue transaction.
 ENQUEUE_BATCH: Final = 1_000
 #: The kill comes once this share of the jobs has succeeded.
@@ -100,7 +100,7 @@ log = logging.getLogger("sa_jobqueue.verify")
 j = jobs_table.c
 w = workers_table.c
 
-#: This process only enqueues; the handler that runs lives in sa_jobqueue.verify_tasks, which
+#: This process only enqueues; the handler that runs lives in sa_jobqueue.ops.verify_tasks, which
 #: only the workers import.
 _enqueuer = JobQueue(default_queue=QUEUE)
 
@@ -359,7 +359,7 @@ def _setup_errors(schema: str) -> Iterator[None]:
 
 def _install(engine: Engine, schema: str) -> None:
     """Check that connections land in ``schema``, then migrate it and add the record tables."""
-    from .migrations import upgrade
+    from ..migrations import upgrade
 
     with engine.connect() as conn:
         landed = conn.execute(select(func.current_schema())).scalar()

@@ -1,7 +1,7 @@
 """The task ``sa-jobqueue verify`` runs in real worker processes; not for use on its own.
 
 verify starts the unchanged worker command, ``python -m sa_jobqueue worker
-sa_jobqueue.verify_tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
+sa_jobqueue.ops.verify_tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
 and ``DATABASE_URL`` the database, with ``-c search_path=<schema>`` in its ``options``: every
 engine of the process keeps those (as startup options, or applied in every transaction behind
 a transaction pooler), so the claim loop, the heartbeat, the handlers' sessions and the schema
@@ -23,9 +23,9 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
-from .database import POOLER_ENV, as_pooler, create_engine, url_options
-from .queue import JobQueue
-from .tasks import JobContext
+from ..database import POOLER_ENV, as_pooler, create_engine, url_options
+from ..queue import JobQueue
+from ..tasks import JobContext
 from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, schema_options
 from .verify_report import results, runs
 

@@ -1,6 +1,6 @@
 """What a ``sa-jobqueue verify`` run records, and what it concludes from the records.
 
-The handler of the run (in :mod:`sa_jobqueue.verify_tasks`) writes two tables in the run's
+The handler of the run (in :mod:`sa_jobqueue.ops.verify_tasks`) writes two tables in the run's
 schema: ``verify_runs`` for every execution, through an autocommit connection of its own, and
 ``verify_results`` through ``ctx.session``, which commits with the job's fenced completion.
 :func:`measure` compares them with the jobs table and returns a :class:`Report`.
@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy import Connection, func, select
 
-from .database import Pooler
-from .models import SUCCEEDED, jobs_table
+from ..database import Pooler
+from ..models import SUCCEEDED, jobs_table
 
 j = jobs_table.c
 

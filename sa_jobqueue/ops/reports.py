@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
+from ..queue import JobInfo
 from .health import Finding, span, worst
-from .models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
-from .operations import Stats
-from .queue import JobInfo
+from .jobs import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
 ERROR_WIDTH = 60

@@ -1,0 +1,1 @@
+"""sa_jobqueue.ops."""

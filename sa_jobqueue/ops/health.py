@@ -1,0 +1,441 @@
+"""Health checks of the queue and its database, for ``sa-jobqueue check`` and monitoring.
+
+:func:`check` returns one :class:`Finding` per check, each ok, a warning or critical, with what
+to do about it. The statement builders come first (pure, no I/O); the checks below them take a
+:class:`~sqlalchemy.Connection` and only read, in its current transaction.
+
+Besides the queue's own tables it reads PostgreSQL's statistics views: ``pg_stat_user_tables``
+(dead row versions, last vacuum), ``pg_stat_activity`` and ``pg_prepared_xacts`` (what holds
+the xmin horizon back) and ``pg_replication_slots``. What is not promised: a role sees other
+roles' sessions only as a superuser or a member of ``pg_read_all_stats``, and table statistics
+lag the table by up to a few seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cache
+from typing import Any, Final, Literal
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    column,
+    func,
+    or_,
+    select,
+    table,
+)
+
+from .._sql.clock import seconds
+from ..database import MIGRATE_HINT, check_schema
+from ..errors import SchemaError
+from ..models import DEAD, RUNNING, SCHEMA_REVISION, claimable, jobs_table, workers_table
+from .jobs import check_age, due_per_queue, elapsed
+
+j = jobs_table.c
+w = workers_table.c
+
+Severity = Literal["ok", "warning", "critical"]
+OK: Final = "ok"
+WARNING: Final = "warning"
+CRITICAL: Final = "critical"
+SEVERITIES: Final[tuple[Severity, ...]] = ("ok", "warning", "critical")  # least severe first
+
+
+# -- statement builders -----------------------------------------------------------------------
+
+
+@cache
+def worker_freshness() -> Select[int, int]:
+    """Worker rows in total, and those seen in the last ``:stale_after`` seconds."""
+    fresh = w.last_seen_at >= func.now() - seconds("stale_after")
+    return select(func.count(), func.count().filter(fresh)).select_from(workers_table)
+
+
+@cache
+def expired_leases() -> Select[int, timedelta]:
+    """Running jobs whose lease ran out more than ``:grace`` seconds ago, and the worst case."""
+    # Normally the next claim of the job's queue takes such a job over within a poll interval;
+    # jobs that stay expired mean nobody is claiming from their queue.
+    return select(func.count(), elapsed(func.min(j.visible_at))).where(
+        claimable(), j.status == RUNNING, j.visible_at < func.now() - seconds("grace")
+    )
+
+
+@cache
+def recent_dead() -> Select[int]:
+    """Jobs that went to ``dead`` in the last ``:window`` seconds."""
+    return select(func.count()).where(
+        j.status == DEAD, j.finished_at >= func.now() - seconds("window")
+    )
+
+
+_stat_tables = table(
+    "pg_stat_user_tables",
+    column("relid"),
+    column("n_live_tup", BigInteger),
+    column("n_dead_tup", BigInteger),
+    column("last_vacuum"),
+    column("last_autovacuum"),
+    schema="pg_catalog",
+)
+_activity = table(
+    "pg_stat_activity",
+    column("pid", Integer),
+    column("datname", Text),
+    column("usename", Text),
+    column("application_name", Text),
+    column("state", Text),
+    column("xact_start"),
+    column("backend_xid"),
+    column("backend_xmin"),
+    schema="pg_catalog",
+)
+_prepared = table(
+    "pg_prepared_xacts",
+    column("gid", Text),
+    column("database", Text),
+    column("prepared"),
+    column("transaction"),
+    schema="pg_catalog",
+)
+_slots = table(
+    "pg_replication_slots",
+    column("slot_name", Text),
+    column("slot_type", Text),
+    column("active"),
+    column("xmin"),
+    column("catalog_xmin"),
+    schema="pg_catalog",
+)
+
+
+@cache
+def table_vacuum() -> Select[Any]:
+    """Live and dead row versions of ``:table`` and how long ago it was (auto)vacuumed."""
+    return select(
+        _stat_tables.c.n_live_tup,
+        _stat_tables.c.n_dead_tup,
+        func.now() - _stat_tables.c.last_vacuum,
+        func.now() - _stat_tables.c.last_autovacuum,
+    ).where(_stat_tables.c.relid == func.to_regclass(bindparam("table", type_=Text)))
+
+
+@cache
+def oldest_transaction() -> Select[Any]:
+    """The other session whose transaction holds back the xmin horizon the longest.
+
+    A session pins the horizon with its transaction id (it has written) or with its snapshot
+    (``backend_xmin``): either way vacuum cannot remove row versions newer than that, so the
+    job table's updates pile up as dead tuples. Since PostgreSQL 14 only sessions of this
+    database (and those of none, e.g. a walsender with hot_standby_feedback) count.
+    """
+    a = _activity.c
+    xid_age = func.greatest(func.age(a.backend_xid), func.age(a.backend_xmin), type_=Integer)
+    return (
+        select(
+            a.pid,
+            a.usename,
+            a.application_name,
+            a.state,
+            func.now() - a.xact_start,
+            xid_age,
+        )
+        .where(
+            or_(a.backend_xid.is_not(None), a.backend_xmin.is_not(None)),
+            a.pid != func.pg_backend_pid(),
+            or_(a.datname == func.current_database(), a.datname.is_(None)),
+        )
+        .order_by(xid_age.desc().nulls_last(), a.xact_start)
+        .limit(1)
+    )
+
+
+@cache
+def oldest_prepared() -> Select[Any]:
+    """The oldest prepared (two-phase) transaction of this database: it pins the horizon too."""
+    p = _prepared.c
+    return (
+        select(p.gid, func.now() - p.prepared, func.age(p.transaction, type_=Integer))
+        .where(p.database == func.current_database())
+        .order_by(p.prepared)
+        .limit(1)
+    )
+
+
+@cache
+def slot_horizons() -> Select[Any]:
+    """Replication slots holding an xmin (all tables) or catalog_xmin (system catalogs)."""
+    s = _slots.c
+    return (
+        select(
+            s.slot_name,
+            s.slot_type,
+            s.active,
+            func.age(s.xmin, type_=Integer),
+            func.age(s.catalog_xmin, type_=Integer),
+        )
+        .where(or_(s.xmin.is_not(None), s.catalog_xmin.is_not(None)))
+        .order_by(s.slot_name)
+    )
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When :func:`check` turns a finding from ok into a warning."""
+
+    #: A due job waiting longer than this (in any queue).
+    max_wait: timedelta = timedelta(minutes=5)
+    #: A running job whose lease expired longer ago than this and is still not reclaimed.
+    lease_grace: timedelta = timedelta(minutes=1)
+    #: How far back dead jobs are counted ...
+    dead_window: timedelta = timedelta(hours=1)
+    #: ... and more than this many of them.
+    max_dead: int = 0
+    #: Dead row versions in the jobs table.
+    max_dead_tuples: int = 100_000
+    #: A transaction (or prepared transaction) holding the xmin horizon for longer than this.
+    max_transaction_age: timedelta = timedelta(minutes=5)
+    #: A session or replication slot holding the xmin horizon this many transactions back.
+    #: A busy queue burns a few transaction ids per job, so this is minutes at 1,000 jobs/s.
+    max_xmin_age: int = 1_000_000
+    #: A worker whose heartbeat is older than this is not counted as live.
+    stale_after: timedelta = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of one health check."""
+
+    #: Which check: schema, workers, backlog, leases, dead_jobs, vacuum, transactions,
+    #: replication_slots.
+    check: str
+    severity: Severity
+    message: str
+    #: What to do about it (empty when all is well).
+    action: str = ""
+    #: The measured figure, for monitoring: seconds, a count, or transactions.
+    value: float | None = field(default=None)
+
+
+def worst(findings: Iterable[Finding]) -> Severity:
+    """The most severe of the findings' severities (``ok`` for none)."""
+    return max((f.severity for f in findings), key=SEVERITIES.index, default=OK)
+
+
+def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Finding]:
+    """Check the queue's health; one :class:`Finding` per check, in a fixed order.
+
+    Severities: ``critical`` for a schema that workers would refuse, and for due jobs with no
+    live worker; ``warning`` for anything over a threshold (see :class:`Thresholds`) and for
+    no live worker with nothing due; ``ok`` otherwise. Reads only, in ``conn``'s
+    transaction. With the schema missing or outdated, the job and worker checks are skipped
+    (only the schema and the server-wide checks are reported).
+    """
+    t = thresholds or Thresholds()
+    findings = [_check_schema(conn)]
+    if findings[0].severity == OK:
+        findings += [
+            _check_workers(conn, t),
+            _check_backlog(conn, t),
+            _check_leases(conn, t),
+            _check_dead(conn, t),
+            _check_vacuum(conn, t),
+        ]
+    findings += [_check_transactions(conn, t), _check_slots(conn, t)]
+    return findings
+
+
+def _check_schema(conn: Connection) -> Finding:
+    try:
+        check_schema(conn)
+    except SchemaError as exc:
+        message = str(exc)
+        if message.endswith(f": {MIGRATE_HINT}"):
+            return Finding(
+                "schema", CRITICAL, message.removesuffix(f": {MIGRATE_HINT}"), MIGRATE_HINT
+            )
+        return Finding("schema", CRITICAL, message, "upgrade the sa_jobqueue package")
+    return Finding("schema", OK, f"at revision {SCHEMA_REVISION}")
+
+
+def _check_workers(conn: Connection, t: Thresholds) -> Finding:
+    params = {"stale_after": check_age(t.stale_after, "stale_after")}
+    registered, fresh = conn.execute(worker_freshness(), params).one()
+    if fresh:
+        return Finding("workers", OK, f"{fresh} live worker(s)", value=fresh)
+    due = sum(n for _, n, _ in conn.execute(due_per_queue()))
+    stale = f" ({registered} registered, all stale)" if registered else ""
+    return Finding(
+        "workers",
+        CRITICAL if due else WARNING,
+        f"no worker seen in the last {span(t.stale_after)}{stale}; {due} job(s) due",
+        "start workers (`sa-jobqueue worker module:queue`), or find out why they stopped"
+        " (crashed, cannot reach the database, a lost network)",
+        value=0,
+    )
+
+
+def _check_backlog(conn: Connection, t: Thresholds) -> Finding:
+    late = [(q, n, age) for q, n, age in conn.execute(due_per_queue()) if age > t.max_wait]
+    if not late:
+        return Finding("backlog", OK, f"no due job has waited over {span(t.max_wait)}")
+    worst_age = max(age for _, _, age in late)
+    queues = ", ".join(f"{q} ({n} due, oldest {span(age)})" for q, n, age in late)
+    return Finding(
+        "backlog",
+        WARNING,
+        f"due jobs waiting over {span(t.max_wait)}: {queues}",
+        "add workers or concurrency for these queues, check that some worker serves them"
+        " (--queues), or look for slow jobs (`sa-jobqueue stats`)",
+        value=worst_age.total_seconds(),
+    )
+
+
+def _check_leases(conn: Connection, t: Thresholds) -> Finding:
+    params = {"grace": check_age(t.lease_grace, "lease_grace")}
+    n, age = conn.execute(expired_leases(), params).one()
+    if not n:
+        return Finding("leases", OK, "no running job is past its lease")
+    return Finding(
+        "leases",
+        WARNING,
+        f"{n} running job(s) past their lease, the oldest by {span(age)}, not reclaimed",
+        "their workers are gone or frozen and no worker is claiming from their queues:"
+        " start workers for those queues (reclaiming rides on the claim)",
+        value=n,
+    )
+
+
+def _check_dead(conn: Connection, t: Thresholds) -> Finding:
+    params = {"window": check_age(t.dead_window, "dead_window")}
+    n = conn.execute(recent_dead(), params).scalar_one()
+    window = span(t.dead_window)
+    if n <= t.max_dead:
+        return Finding("dead_jobs", OK, f"{n} job(s) died in the last {window}", value=n)
+    return Finding(
+        "dead_jobs",
+        WARNING,
+        f"{n} job(s) died in the last {window}",
+        "look at them (`sa-jobqueue jobs list --status dead`, `jobs show ID`); after a fix,"
+        " `sa-jobqueue jobs retry`, or `jobs purge --status dead`",
+        value=n,
+    )
+
+
+def _check_vacuum(conn: Connection, t: Thresholds) -> Finding:
+    row = conn.execute(table_vacuum(), {"table": jobs_table.name}).one_or_none()
+    if row is None:
+        return Finding("vacuum", OK, "no statistics for the jobs table yet")
+    live, dead, vacuumed, autovacuumed = row
+    last = min((a for a in (vacuumed, autovacuumed) if a is not None), default=None)
+    when = f"last vacuumed {span(last)} ago" if last is not None else "never vacuumed"
+    message = f"{dead} dead row versions, {live} live; {when}"
+    if dead <= t.max_dead_tuples:
+        return Finding("vacuum", OK, message, value=dead)
+    return Finding(
+        "vacuum",
+        WARNING,
+        message,
+        "see whether a transaction or replication slot holds the xmin horizon back (below);"
+        " otherwise autovacuum is off or cannot keep up: VACUUM sa_jobqueue_jobs",
+        value=dead,
+    )
+
+
+def _check_transactions(conn: Connection, t: Thresholds) -> Finding:
+    candidates: list[tuple[timedelta | None, int | None, str, str]] = []
+    session = conn.execute(oldest_transaction()).one_or_none()
+    if session is not None:
+        pid, user, app, state, age, xids = session
+        who = f"pid {pid} ({user or '?'}, {app or 'no application_name'}, {state or '?'})"
+        candidates.append(
+            (age, xids, who, f"SELECT pg_terminate_backend({pid}), then fix what left it open")
+        )
+    prepared = conn.execute(oldest_prepared()).one_or_none()
+    if prepared is not None:
+        gid, age, xids = prepared
+        action = f"COMMIT PREPARED or ROLLBACK PREPARED {gid!r}"
+        candidates.append((age, xids, f"prepared transaction {gid!r}", action))
+    over = [
+        c
+        for c in candidates
+        if (c[0] is not None and c[0] > t.max_transaction_age)
+        or (c[1] is not None and c[1] > t.max_xmin_age)
+    ]
+    oldest = max(
+        (c[0] for c in candidates if c[0] is not None), default=timedelta(0)
+    ).total_seconds()
+    if not over:
+        return Finding(
+            "transactions", OK, "no transaction holds the xmin horizon for long", value=oldest
+        )
+    age, xids, who, action = max(over, key=lambda c: c[0] or timedelta(0))
+    held = ", ".join(
+        part
+        for part in (
+            f"open {span(age)}" if age is not None else "",
+            f"{xids} transactions behind" if xids is not None else "",
+        )
+        if part
+    )
+    return Finding(
+        "transactions",
+        WARNING,
+        f"{who} holds the xmin horizon ({held}): vacuum cannot clean the jobs table",
+        action + " (idle_in_transaction_session_timeout ends sessions left idle in one)",
+        value=oldest,
+    )
+
+
+def _check_slots(conn: Connection, t: Thresholds) -> Finding:
+    behind = [
+        (name, kind, active, xmin, catalog)
+        for name, kind, active, xmin, catalog in conn.execute(slot_horizons())
+        if max(xmin or 0, catalog or 0) > t.max_xmin_age
+    ]
+    if not behind:
+        return Finding("replication_slots", OK, "no replication slot holds the horizon back")
+    described = "; ".join(
+        f"{name} ({kind}, {'active' if active else 'inactive'}"
+        + (f", xmin {xmin} transactions behind" if xmin else "")
+        + (f", catalog_xmin {catalog} behind (system catalogs only)" if catalog else "")
+        + ")"
+        for name, kind, active, xmin, catalog in behind
+    )
+    return Finding(
+        "replication_slots",
+        WARNING,
+        f"replication slots hold the horizon back: {described}",
+        "bring the slot's consumer or standby back, or drop a slot nobody uses:"
+        " SELECT pg_drop_replication_slot('name')",
+        value=max(max(x or 0, c or 0) for _, _, _, x, c in behind),
+    )
+
+
+def span(value: timedelta) -> str:
+    """A duration for people: 0.25s, 45s, 12m03s, 3h05m, 2d04h."""
+    seconds = value.total_seconds()
+    if seconds < 10:
+        return f"{seconds:.2g}s" if seconds < 1 else f"{seconds:.1f}s"
+    total = int(seconds)
+    if total < 60:
+        return f"{total}s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h" if hours else f"{days}d"
