@@ -46,11 +46,12 @@ from .database import POOLER_ENV, POOLERS, check_schema, create_control_engine, 
 from .errors import AppImportError, DatabaseUnavailableError, JobQueueError
 from .models import DEAD, FINISHED_STATUSES, RUNNING, STATUSES
 from .observability import Observer
+from .ops import count_purge, purge, stats
 from .ops.health import Thresholds, check, span, worst
-from .ops.jobs import MAX_PAGE, count_purge, purge, stats
+from .ops.jobs import MAX_PAGE
 from .ops.reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
-from .ops.verify import add_parser as add_verify_parser
-from .ops.verify import run as run_verify
+from .ops.verify.command import add_parser as add_verify_parser
+from .ops.verify.command import run as run_verify
 from .queue import JobQueue
 
 if TYPE_CHECKING:

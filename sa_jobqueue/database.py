@@ -14,6 +14,8 @@ from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
 from ._deadlines import DEADLINE_OPTION, DEADLINES
+from ._sql import schema as schema_sql
+from ._sql import session as session_sql
 from .errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
 from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
 
@@ -363,7 +365,7 @@ def ping(engine: Engine) -> None:
     """Connect once; DatabaseUnavailableError with a one-line reason if that fails."""
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
+            conn.execute(session_sql.ping())
     except DBAPIError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise DatabaseUnavailableError(
@@ -374,15 +376,9 @@ def ping(engine: Engine) -> None:
 def recorded(conn: Connection, table: str) -> list[str]:
     """Our revisions (``sajq_*``) recorded in Alembic version table ``table``, in order; none if
     the table does not exist."""
-    if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+    if conn.execute(schema_sql.table_exists(), {"table": table}).scalar() is None:
         return []
-    versions = sa.table(table, sa.column("version_num", sa.Text))
-    rows = conn.execute(
-        sa.select(versions.c.version_num)
-        .where(versions.c.version_num.startswith("sajq_", autoescape=True))
-        .order_by(versions.c.version_num)
-    )
-    return list(rows.scalars())
+    return list(conn.execute(schema_sql.recorded_revisions(table)).scalars())
 
 
 def check_schema(bind: Engine | Connection) -> None:
@@ -394,7 +390,7 @@ def check_schema(bind: Engine | Connection) -> None:
     """
     with bind.connect() if isinstance(bind, Engine) else contextlib.nullcontext(bind) as conn:
         table = jobs_table.name
-        if conn.execute(sa.select(sa.func.to_regclass(table))).scalar() is None:
+        if conn.execute(schema_sql.table_exists(), {"table": table}).scalar() is None:
             raise SchemaMissingError(f"table {table} does not exist: {MIGRATE_HINT}")
         ours = [rev for version_table in VERSION_TABLES for rev in recorded(conn, version_table)]
         if ours and SCHEMA_REVISION not in ours:

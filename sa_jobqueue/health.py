@@ -3,6 +3,6 @@
 These names live in :mod:`sa_jobqueue.ops`.
 """
 
-from .ops.health import Finding, Thresholds, check, worst
+from .ops import Finding, Thresholds, check, worst
 
 __all__ = ["Finding", "Thresholds", "check", "worst"]

@@ -3,6 +3,6 @@
 These names live in :mod:`sa_jobqueue.ops`.
 """
 
-from .ops.jobs import QueueStats, Stats, TaskRunTimes, WorkerInfo, count_purge, purge, stats
+from .ops import QueueStats, Stats, TaskRunTimes, WorkerInfo, count_purge, purge, stats
 
 __all__ = ["QueueStats", "Stats", "TaskRunTimes", "WorkerInfo", "count_purge", "purge", "stats"]

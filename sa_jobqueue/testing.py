@@ -42,26 +42,16 @@ from datetime import datetime, timedelta
 from typing import Any, Final, cast
 from unittest.mock import ANY
 
-from sqlalchemy import (
-    ARRAY,
-    Connection,
-    Engine,
-    Select,
-    Text,
-    Update,
-    any_,
-    bindparam,
-    exists,
-    func,
-    select,
-    update,
-)
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
 
+from ._sql import testing as testing_sql
+from ._sql.clock import database_now
+from ._sql.session import transaction_id_if_written
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_payload
 from .errors import InvalidJobError, JobQueueError
 from .execution import HandlerSession
-from .models import CANCELLED, DEAD, QUEUED, SUCCEEDED, claimable, jobs_table
+from .models import CANCELLED, DEAD, QUEUED, SUCCEEDED
 from .ops import jobs as operations
 from .queue import JobInfo, JobQueue
 from .tasks import Handler, JobContext, Task
@@ -78,7 +68,6 @@ __all__ = [
 
 SessionLike = Session | scoped_session[Session] | Connection
 
-j = jobs_table.c
 _FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobInfo))
 #: Jobs an assertion message lists at most.
 _SHOWN: Final = 20
@@ -163,7 +152,7 @@ def drain(
     engine, session = _refuse_uncommitted(bind)
     autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     with autocommit.connect() as conn:
-        started = conn.execute(select(func.now())).scalar_one()
+        started = conn.execute(database_now()).scalar_one()
         names = _queues_to_drain(conn, queue, queues)
     runner = _Drainer(queue, engine, names, max_jobs)
     promote = [
@@ -176,8 +165,8 @@ def drain(
     while not runner.limit_reached:
         with autocommit.connect() as conn:
             for kind in promote:
-                conn.execute(_make_due(kind), {"queues": names})
-            if not conn.execute(_due(), {"queues": names}).scalar_one():
+                conn.execute(testing_sql.make_due(kind), {"queues": names})
+            if not conn.execute(testing_sql.any_due(), {"queues": names}).scalar_one():
                 break
         before = runner.started
         runner.run()
@@ -290,7 +279,7 @@ def _refuse_uncommitted(bind: Engine | SessionLike) -> tuple[Engine, Session | N
         )
     # A transaction gets an id when it first writes (or locks a row): none means nothing
     # uncommitted that the worker could miss or block on.
-    if conn is not None and conn.execute(select(func.txid_current_if_assigned())).scalar():
+    if conn is not None and conn.execute(transaction_id_if_written()).scalar():
         raise JobQueueError(
             "drain() was given a session or connection whose transaction has uncommitted"
             " writes: the worker runs jobs in transactions of its own, which cannot see them"
@@ -307,52 +296,12 @@ def _queues_to_drain(conn: Connection, queue: JobQueue, queues: Iterable[str] | 
             raise InvalidJobError("queues is empty: name at least one queue, or pass None")
         return list(dict.fromkeys(names))
     declared = {task.queue for task in queue.tasks.values()} | {queue.default_queue}
-    holding = conn.execute(select(j.queue).where(claimable()).distinct()).scalars()
+    holding = conn.execute(testing_sql.queues_holding_jobs()).scalars()
     return sorted(declared.union(holding))
 
 
-@functools.cache
-def _make_due(kind: str) -> Update:
-    """Queued jobs of ``:queues`` that are not due yet, made due now.
-
-    ``kind`` ``"scheduled"``: jobs enqueued for later, which have not run yet (no attempt);
-    ``"retries"``: jobs waiting out the backoff after a failed attempt.
-    """
-    waiting = j.attempts > 0 if kind == "retries" else j.attempts == 0
-    return (
-        update(jobs_table)
-        .where(
-            claimable(),  # the claim index's predicate, so the planner can use that index
-            j.status == QUEUED,
-            j.queue == any_(bindparam("queues", type_=ARRAY(Text))),
-            j.visible_at > func.now(),
-            waiting,
-        )
-        .values(visible_at=func.now())
-    )
-
-
-@functools.cache
-def _due() -> Select[tuple[bool]]:
-    """Whether any job of ``:queues`` is due: what the claim would take."""
-    return select(
-        exists().where(
-            claimable(),
-            j.queue == any_(bindparam("queues", type_=ARRAY(Text))),
-            j.visible_at <= func.now(),
-        )
-    )
-
-
 def _drain_result(conn: Connection, queues: list[str], started: datetime) -> DrainResult:
-    # Every claim stamps started_at with the database's now(), later than ``started``; no
-    # outcome clears it. So these are exactly the jobs claimed since the drain began.
-    rows = conn.execute(
-        select(*(j[name] for name in _FIELDS))
-        .where(j.started_at >= started, j.queue == any_(bindparam("queues", type_=ARRAY(Text))))
-        .order_by(j.id),
-        {"queues": queues},
-    )
+    rows = conn.execute(testing_sql.claimed_since(_FIELDS), {"queues": queues, "started": started})
     jobs = tuple(JobInfo(**row._asdict()) for row in rows)
     ended = [job.status for job in jobs]
     return DrainResult(

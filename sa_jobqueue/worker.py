@@ -48,7 +48,7 @@ from .heartbeat import HEARTBEAT_TICK, Heartbeat
 from .listener import listen
 from .models import RUNNING
 from .observability import JobRun, Observer, Observers
-from .ops import jobs as operations
+from .ops import workers as operations
 from .queue import JobQueue
 from .running import ThreadState, resolve
 

@@ -24,13 +24,10 @@ from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table, workers_table
-from sa_jobqueue.ops.health import Finding, Thresholds, check, worst
-from sa_jobqueue.ops.jobs import (
-    count_purge,
+from sa_jobqueue.ops import Finding, Thresholds, check, count_purge, purge, stats, worst
+from sa_jobqueue.ops.workers import (
     expire_workers,
-    purge,
     register_worker,
-    stats,
     touch_worker,
     unregister_worker,
 )

@@ -18,10 +18,11 @@ from sqlalchemy import insert, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from sa_jobqueue._sql.verify import results, runs
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.ops import verify
-from sa_jobqueue.ops.verify_report import RunEvents, Settings, measure, results, runs
+from sa_jobqueue.ops.verify import hammer as verify
+from sa_jobqueue.ops.verify.report import RunEvents, Settings, measure
 from tests.conftest import url_string
 from tests.support import wait_for
 from tests.workers import run_cli

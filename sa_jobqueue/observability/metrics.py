@@ -61,8 +61,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from sqlalchemy import Engine
 
 from .._error_text import one_line
+from .._sql.session import local_statement_timeout
+from .._sql.stats import live_per_queue
 from ..models import QUEUED, RUNNING
-from ..ops.jobs import live_per_queue, local_statement_timeout
 from . import OUTCOMES, JobRun, Observer
 
 log = logging.getLogger("sa_jobqueue.metrics")

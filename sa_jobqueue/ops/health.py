@@ -1,8 +1,8 @@
 """Health checks of the queue and its database, for ``sa-jobqueue check`` and monitoring.
 
 :func:`check` returns one :class:`Finding` per check, each ok, a warning or critical, with what
-to do about it. The statement builders come first (pure, no I/O); the checks below them take a
-:class:`~sqlalchemy.Connection` and only read, in its current transaction.
+to do about it. The checks take a :class:`~sqlalchemy.Connection` and only read, in its
+current transaction; their statements are in :mod:`sa_jobqueue._sql.health`.
 
 Besides the queue's own tables it reads PostgreSQL's statistics views: ``pg_stat_user_tables``
 (dead row versions, last vacuum), ``pg_stat_activity`` and ``pg_prepared_xacts`` (what holds
@@ -16,175 +16,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from sqlalchemy import (
-    BigInteger,
-    Connection,
-    Integer,
-    Select,
-    Text,
-    bindparam,
-    column,
-    func,
-    or_,
-    select,
-    table,
+from sqlalchemy import Connection
+
+from .._sql.health import (
+    expired_leases,
+    oldest_prepared,
+    oldest_transaction,
+    recent_dead,
+    slot_horizons,
+    table_vacuum,
+    worker_freshness,
 )
-
-from .._sql.clock import seconds
+from .._sql.stats import due_per_queue
 from ..database import MIGRATE_HINT, check_schema
 from ..errors import SchemaError
-from ..models import DEAD, RUNNING, SCHEMA_REVISION, claimable, jobs_table, workers_table
-from .jobs import check_age, due_per_queue, elapsed
-
-j = jobs_table.c
-w = workers_table.c
+from ..models import SCHEMA_REVISION, jobs_table
+from .jobs import check_age
 
 Severity = Literal["ok", "warning", "critical"]
 OK: Final = "ok"
 WARNING: Final = "warning"
 CRITICAL: Final = "critical"
 SEVERITIES: Final[tuple[Severity, ...]] = ("ok", "warning", "critical")  # least severe first
-
-
-# -- statement builders -----------------------------------------------------------------------
-
-
-@cache
-def worker_freshness() -> Select[int, int]:
-    """Worker rows in total, and those seen in the last ``:stale_after`` seconds."""
-    fresh = w.last_seen_at >= func.now() - seconds("stale_after")
-    return select(func.count(), func.count().filter(fresh)).select_from(workers_table)
-
-
-@cache
-def expired_leases() -> Select[int, timedelta]:
-    """Running jobs whose lease ran out more than ``:grace`` seconds ago, and the worst case."""
-    # Normally the next claim of the job's queue takes such a job over within a poll interval;
-    # jobs that stay expired mean nobody is claiming from their queue.
-    return select(func.count(), elapsed(func.min(j.visible_at))).where(
-        claimable(), j.status == RUNNING, j.visible_at < func.now() - seconds("grace")
-    )
-
-
-@cache
-def recent_dead() -> Select[int]:
-    """Jobs that went to ``dead`` in the last ``:window`` seconds."""
-    return select(func.count()).where(
-        j.status == DEAD, j.finished_at >= func.now() - seconds("window")
-    )
-
-
-_stat_tables = table(
-    "pg_stat_user_tables",
-    column("relid"),
-    column("n_live_tup", BigInteger),
-    column("n_dead_tup", BigInteger),
-    column("last_vacuum"),
-    column("last_autovacuum"),
-    schema="pg_catalog",
-)
-_activity = table(
-    "pg_stat_activity",
-    column("pid", Integer),
-    column("datname", Text),
-    column("usename", Text),
-    column("application_name", Text),
-    column("state", Text),
-    column("xact_start"),
-    column("backend_xid"),
-    column("backend_xmin"),
-    schema="pg_catalog",
-)
-_prepared = table(
-    "pg_prepared_xacts",
-    column("gid", Text),
-    column("database", Text),
-    column("prepared"),
-    column("transaction"),
-    schema="pg_catalog",
-)
-_slots = table(
-    "pg_replication_slots",
-    column("slot_name", Text),
-    column("slot_type", Text),
-    column("active"),
-    column("xmin"),
-    column("catalog_xmin"),
-    schema="pg_catalog",
-)
-
-
-@cache
-def table_vacuum() -> Select[Any]:
-    """Live and dead row versions of ``:table`` and how long ago it was (auto)vacuumed."""
-    return select(
-        _stat_tables.c.n_live_tup,
-        _stat_tables.c.n_dead_tup,
-        func.now() - _stat_tables.c.last_vacuum,
-        func.now() - _stat_tables.c.last_autovacuum,
-    ).where(_stat_tables.c.relid == func.to_regclass(bindparam("table", type_=Text)))
-
-
-@cache
-def oldest_transaction() -> Select[Any]:
-    """The other session whose transaction holds back the xmin horizon the longest.
-
-    A session pins the horizon with its transaction id (it has written) or with its snapshot
-    (``backend_xmin``): either way vacuum cannot remove row versions newer than that, so the
-    job table's updates pile up as dead tuples. Since PostgreSQL 14 only sessions of this
-    database (and those of none, e.g. a walsender with hot_standby_feedback) count.
-    """
-    a = _activity.c
-    xid_age = func.greatest(func.age(a.backend_xid), func.age(a.backend_xmin), type_=Integer)
-    return (
-        select(
-            a.pid,
-            a.usename,
-            a.application_name,
-            a.state,
-            func.now() - a.xact_start,
-            xid_age,
-        )
-        .where(
-            or_(a.backend_xid.is_not(None), a.backend_xmin.is_not(None)),
-            a.pid != func.pg_backend_pid(),
-            or_(a.datname == func.current_database(), a.datname.is_(None)),
-        )
-        .order_by(xid_age.desc().nulls_last(), a.xact_start)
-        .limit(1)
-    )
-
-
-@cache
-def oldest_prepared() -> Select[Any]:
-    """The oldest prepared (two-phase) transaction of this database: it pins the horizon too."""
-    p = _prepared.c
-    return (
-        select(p.gid, func.now() - p.prepared, func.age(p.transaction, type_=Integer))
-        .where(p.database == func.current_database())
-        .order_by(p.prepared)
-        .limit(1)
-    )
-
-
-@cache
-def slot_horizons() -> Select[Any]:
-    """Replication slots holding an xmin (all tables) or catalog_xmin (system catalogs)."""
-    s = _slots.c
-    return (
-        select(
-            s.slot_name,
-            s.slot_type,
-            s.active,
-            func.age(s.xmin, type_=Integer),
-            func.age(s.catalog_xmin, type_=Integer),
-        )
-        .where(or_(s.xmin.is_not(None), s.catalog_xmin.is_not(None)))
-        .order_by(s.slot_name)
-    )
 
 
 # -- checks ----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Text and JSON renderings of jobs, statistics and health findings, for the ``sa-jobqueue`` CLI.
 
-Pure functions from the dataclasses of :mod:`sa_jobqueue.operations` and
+Pure functions from the dataclasses of :mod:`sa_jobqueue.ops` and
 :class:`~sa_jobqueue.queue.JobInfo` to strings; nothing here touches the database. Times are
 shown relative to the database's ``now()``, which the caller passes in. The text layout is for
 people and may change; the JSON is for programs: durations in seconds, times in ISO 8601.
@@ -17,7 +17,7 @@ from typing import Any
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
 from ..queue import JobInfo
 from .health import Finding, span, worst
-from .jobs import Stats
+from .stats import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
 ERROR_WIDTH = 60

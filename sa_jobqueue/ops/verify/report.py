@@ -1,6 +1,6 @@
 """What a ``sa-jobqueue verify`` run records, and what it concludes from the records.
 
-The handler of the run (in :mod:`sa_jobqueue.ops.verify_tasks`) writes two tables in the run's
+The handler of the run (in :mod:`sa_jobqueue.ops.verify.tasks`) writes two tables in the run's
 schema: ``verify_runs`` for every execution, through an autocommit connection of its own, and
 ``verify_results`` through ``ctx.session``, which commits with the job's fenced completion.
 :func:`measure` compares them with the jobs table and returns a :class:`Report`.
@@ -12,49 +12,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 
-from ..database import Pooler
-from ..models import SUCCEEDED, jobs_table
-
-j = jobs_table.c
-
-metadata = sa.MetaData()
-#: One row per execution of the handler, written outside the job's transaction.
-runs = sa.Table(
-    "verify_runs",
-    metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-    sa.Column("job_id", sa.BigInteger, nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    # clock_timestamp(), not now(): the moment of the insert, not of its transaction's start.
-    sa.Column(
-        "started_at",
-        sa.DateTime(timezone=True),
-        server_default=func.clock_timestamp(),
-        nullable=False,
-    ),
-)
-#: The handler's exactly-once effect, written through ctx.session. Deliberately no unique
-#: constraint on job_id: a second row must be counted, not rejected (a rejected insert would
-#: only turn a duplicate into a retry).
-results = sa.Table(
-    "verify_results",
-    metadata,
-    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-    sa.Column("job_id", sa.BigInteger, nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column(
-        "finished_at",
-        sa.DateTime(timezone=True),
-        server_default=func.clock_timestamp(),
-        nullable=False,
-    ),
-)
+from ..._sql import verify as verify_sql
+from ...database import Pooler
+from ...models import SUCCEEDED
 
 
 @dataclass
@@ -205,69 +167,26 @@ def measure(
     conn: Connection, settings: Settings, schema: str, events: RunEvents | None = None
 ) -> Report:
     """Count what the run left in its schema (``conn`` must be on that schema)."""
-    statuses: dict[str, int] = {
-        s: n for s, n in conn.execute(select(j.status, func.count()).group_by(j.status))
-    }
+    statuses: dict[str, int] = {s: n for s, n in conn.execute(verify_sql.jobs_per_status())}
     succeeded = statuses.get(SUCCEEDED, 0)
-    rows, distinct = conn.execute(
-        select(func.count(), func.count(results.c.job_id.distinct()))
-    ).one()
-    has_result = sa.exists().where(results.c.job_id == j.id)
-    without_result = conn.execute(
-        select(func.count()).where(j.status == SUCCEEDED, ~has_result)
-    ).scalar_one()
-    without_success = conn.execute(
-        select(func.count(results.c.job_id.distinct()))
-        .select_from(results.outerjoin(jobs_table, j.id == results.c.job_id))
-        .where(j.status.is_distinct_from(SUCCEEDED))
-    ).scalar_one()
+    rows, distinct = conn.execute(verify_sql.result_rows()).one()
+    without_result = conn.execute(verify_sql.successes_without_result()).scalar_one()
+    without_success = conn.execute(verify_sql.results_without_success()).scalar_one()
 
     events = events or RunEvents()
     killed = events.killed_worker
-    per_job = (
-        select(
-            runs.c.job_id,
-            func.count().label("n"),
-            func.bool_or(runs.c.pid == (killed if killed is not None else -1)).label("killed"),
-        )
-        .group_by(runs.c.job_id)
-        .subquery()
-    )
     executions, rerun, rerun_killed = conn.execute(
-        select(
-            func.coalesce(func.sum(per_job.c.n), 0),
-            func.count().filter(per_job.c.n > 1),
-            func.count().filter(per_job.c.n > 1, per_job.c.killed),
-        )
+        verify_sql.executions(), {"killed_pid": killed if killed is not None else -1}
     ).one()
-    reclaimed = conn.execute(select(func.count()).where(j.attempts > 1)).scalar_one()
+    reclaimed = conn.execute(verify_sql.reclaimed()).scalar_one()
 
-    # Enqueue to the start of the handler's first run, both by the database's clock.
-    first = (
-        select(runs.c.job_id, func.min(runs.c.started_at).label("started"))
-        .group_by(runs.c.job_id)
-        .subquery()
-    )
-    wait_ms = sa.cast(func.extract("epoch", first.c.started - j.created_at) * 1000, sa.Float)
-    p50, p95, p99, worst = conn.execute(
-        select(
-            func.percentile_cont(0.5).within_group(wait_ms),
-            func.percentile_cont(0.95).within_group(wait_ms),
-            func.percentile_cont(0.99).within_group(wait_ms),
-            func.max(wait_ms),
-        ).select_from(jobs_table.join(first, first.c.job_id == j.id))
-    ).one()
-    drain = conn.execute(
-        select(func.extract("epoch", func.max(j.finished_at) - func.min(j.created_at)))
-    ).scalar()
+    p50, p95, p99, worst = conn.execute(verify_sql.start_latency_ms()).one()
+    drain = conn.execute(verify_sql.drain_seconds()).scalar()
     drain_seconds = float(drain or 0)
     before_kill = 0.0
     if events.killed_at is not None:
         done, elapsed = conn.execute(
-            select(
-                func.count().filter(j.finished_at <= events.killed_at),
-                func.extract("epoch", events.killed_at - func.min(j.created_at)),
-            )
+            verify_sql.finished_before(), {"killed_at": events.killed_at}
         ).one()
         before_kill = done / float(elapsed) if elapsed else 0.0
 

@@ -1,7 +1,7 @@
 """The task ``sa-jobqueue verify`` runs in real worker processes; not for use on its own.
 
 verify starts the unchanged worker command, ``python -m sa_jobqueue worker
-sa_jobqueue.ops.verify_tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
+sa_jobqueue.ops.verify.tasks:queue``, with ``SA_JOBQUEUE_VERIFY_SCHEMA`` naming the run's schema
 and ``DATABASE_URL`` the database, with ``-c search_path=<schema>`` in its ``options``: every
 engine of the process keeps those (as startup options, or applied in every transaction behind
 a transaction pooler), so the claim loop, the heartbeat, the handlers' sessions and the schema
@@ -20,14 +20,13 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
-from ..database import POOLER_ENV, as_pooler, create_engine, url_options
-from ..queue import JobQueue
-from ..tasks import JobContext
-from .verify import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, schema_options
-from .verify_report import results, runs
+from ..._sql import verify as verify_sql
+from ...database import POOLER_ENV, as_pooler, create_engine, url_options
+from ...queue import JobQueue
+from ...tasks import JobContext
+from .names import PARENT_ENV, QUEUE, SCHEMA_ENV, TASK, schema_options
 
 _schema = os.environ.get(SCHEMA_ENV, "")
 _database_url = os.environ.get("DATABASE_URL", "")
@@ -77,13 +76,12 @@ def verify_job(ctx: JobContext, payload: Any) -> None:
     pid = os.getpid()
     with _recorder.connect() as conn:
         started = conn.execute(
-            insert(runs)
-            .values(job_id=ctx.job_id, attempt=ctx.attempt, pid=pid)
-            .returning(runs.c.started_at)
+            verify_sql.record_run(), {"job_id": ctx.job_id, "attempt": ctx.attempt, "pid": pid}
         ).scalar_one()
     if payload.get("ms"):
         time.sleep(payload["ms"] / 1000)
     # Through ctx.session: committed together with the job's completion, or not at all.
     ctx.session.execute(
-        insert(results).values(job_id=ctx.job_id, attempt=ctx.attempt, pid=pid, started_at=started)
+        verify_sql.record_result(),
+        {"job_id": ctx.job_id, "attempt": ctx.attempt, "pid": pid, "started_at": started},
     )

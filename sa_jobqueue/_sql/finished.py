@@ -1,0 +1,114 @@
+"""Finished jobs, from outside a worker: requeueing dead ones and purging old ones.
+
+The worker's own pruning of succeeded and cancelled jobs is in :mod:`.retention`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    Update,
+    any_,
+    bindparam,
+    cast,
+    delete,
+    exists,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.sql.dml import ReturningDelete
+
+from .._validation import MAX_ATTEMPTS
+from ..models import DEAD, QUEUED, RUNNING, jobs_table
+from .clock import seconds
+
+j = jobs_table.c
+
+
+@cache
+def requeue_dead(reset: bool) -> Update:
+    """Move dead job ``:job_id`` back to ``queued``, due now; returns its queue, or no row.
+
+    Compare-and-set on ``status = 'dead'``: a job that is anything else is left alone. With
+    ``reset`` its attempts start again from 0; otherwise ``attempts`` is kept and
+    ``max_attempts`` raised by its current value (see :meth:`JobQueue.requeue`).
+    ``last_error`` is kept, so the next attempt's handler and the operator can still see why
+    it died.
+    """
+    live = jobs_table.alias("live")
+    # A dead job's unique key is free for a new job of the same task; if one now holds it,
+    # requeueing would break the unique index, and the error would abort the caller's
+    # transaction. Not requeueing (no row) leaves it usable. A concurrent enqueue of the same
+    # key can still win the race, and then the unique violation does propagate.
+    key_taken = exists().where(
+        live.c.task == j.task,
+        live.c.unique_key == j.unique_key,
+        live.c.status.in_((QUEUED, RUNNING)),
+    )
+    stmt = update(jobs_table).where(
+        j.id == bindparam("job_id", type_=BigInteger), j.status == DEAD, ~key_taken
+    )
+    if reset:
+        stmt = stmt.values(attempts=0)
+    else:
+        # In bigint, so that attempts + max_attempts cannot overflow the integer columns
+        # before LEAST caps it; a job that has used up the largest limit cannot be extended.
+        stmt = stmt.where(j.attempts < MAX_ATTEMPTS).values(
+            max_attempts=func.least(cast(j.attempts, BigInteger) + j.max_attempts, MAX_ATTEMPTS)
+        )
+    return stmt.values(
+        status=QUEUED,
+        visible_at=func.now(),
+        finished_at=None,
+        worker=None,
+        cancel_requested=False,
+    ).returning(j.queue)
+
+
+def _purgeable(queue: bool, task: bool) -> list[ColumnElement[bool]]:
+    conditions = [
+        j.status == any_(bindparam("statuses", type_=ARRAY(Text))),
+        j.finished_at < func.now() - seconds("older_than"),
+    ]
+    if queue:
+        conditions.append(j.queue == bindparam("queue", type_=Text))
+    if task:
+        conditions.append(j.task == bindparam("task", type_=Text))
+    return conditions
+
+
+@cache
+def purge_batch(queue: bool, task: bool) -> ReturningDelete[int]:
+    """Delete up to ``:batch`` finished jobs past ``:older_than`` seconds with id > ``:after_id``.
+
+    Returns the deleted ids. ``finished_at`` is NULL for queued and running jobs, so they can
+    never match, whatever ``:statuses`` holds.
+    """
+    # The ids are picked in a MATERIALIZED CTE (run exactly once, so it locks at most :batch
+    # rows; see claiming.claim) walking the primary key upwards from the previous batch's
+    # last id. Starting each batch from the top instead would re-read the dead index entries
+    # and heap tuples of every earlier batch, which no vacuum has removed yet.
+    doomed = (
+        select(j.id)
+        .where(*_purgeable(queue, task), j.id > bindparam("after_id", type_=BigInteger))
+        .order_by(j.id)
+        .limit(bindparam("batch", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(jobs_table).where(j.id == doomed.c.id).returning(j.id)
+
+
+@cache
+def count_purgeable(queue: bool, task: bool) -> Select[int]:
+    """How many jobs :func:`purge_batch` would delete, all batches together."""
+    return select(func.count()).where(*_purgeable(queue, task))

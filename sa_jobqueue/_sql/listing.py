@@ -1,0 +1,63 @@
+"""Reading jobs page by page, filtered: ``JobQueue.list_jobs`` and the test helpers."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    any_,
+    bindparam,
+    func,
+    select,
+)
+
+from ..models import jobs_table
+from .clock import seconds
+
+j = jobs_table.c
+
+
+@cache
+def select_jobs(
+    columns: tuple[str, ...],
+    *,
+    statuses: bool,
+    queue: bool,
+    task: bool,
+    older_than: bool,
+    after: bool,
+    newest_first: bool = False,
+) -> Select[Any]:
+    """Up to ``:limit`` jobs in id order, filtered by the parameters that are switched on.
+
+    ``:statuses`` (an array), ``:queue``, ``:task``, ``:older_than`` (seconds since
+    ``created_at``) and ``:after_id`` (keyset pagination: the last id of the previous page).
+    ``newest_first`` reverses the order, and with it the keyset: "after" is then a lower id,
+    so a page never repeats or skips a row of the previous one. One statement per
+    combination of filters, each with stable text.
+    """
+    conditions: list[ColumnElement[bool]] = []
+    if statuses:
+        conditions.append(j.status == any_(bindparam("statuses", type_=ARRAY(Text))))
+    if queue:
+        conditions.append(j.queue == bindparam("queue", type_=Text))
+    if task:
+        conditions.append(j.task == bindparam("task", type_=Text))
+    if older_than:
+        conditions.append(j.created_at < func.now() - seconds("older_than"))
+    if after:
+        after_id = bindparam("after_id", type_=BigInteger)
+        conditions.append(j.id < after_id if newest_first else j.id > after_id)
+    return (
+        select(*(j[c] for c in columns))
+        .where(*conditions)
+        .order_by(j.id.desc() if newest_first else j.id)  # the primary key, read either way
+        .limit(bindparam("limit", type_=Integer))
+    )
