@@ -1,0 +1,12 @@
+-- sa_jobqueue._sql.transitions.bury(), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+UPDATE sa_jobqueue_jobs
+SET status=%(status)s::VARCHAR, finished_at=now(), worker=%(worker)s::VARCHAR, last_error=CAST(%(error)s::VARCHAR AS JSONB)
+WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
+RETURNING sa_jobqueue_jobs.status
+;
+-- parameters the caller supplies: attempt, error, job_id
+-- constants the statement binds:
+--   status = 'dead'
+--   status_1 = 'running'
+--   worker = None

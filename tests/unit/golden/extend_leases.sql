@@ -1,0 +1,15 @@
+-- sa_jobqueue._sql.leases.extend_leases(), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+WITH renewable AS MATERIALIZED
+(SELECT sa_jobqueue_jobs.id AS id
+FROM sa_jobqueue_jobs, unnest(%(job_ids)s::BIGINT[], %(attempt_list)s::INTEGER[]) AS held(id, attempt)
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.id = held.id AND sa_jobqueue_jobs.attempts = held.attempt AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR FOR UPDATE OF sa_jobqueue_jobs SKIP LOCKED)
+UPDATE sa_jobqueue_jobs
+SET visible_at=(now() + sa_jobqueue_jobs.lease)
+FROM renewable
+WHERE sa_jobqueue_jobs.id = renewable.id
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.cancel_requested
+;
+-- parameters the caller supplies: attempt_list, job_ids
+-- constants the statement binds:
+--   status_1 = 'running'

@@ -1,0 +1,24 @@
+-- sa_jobqueue._sql.transitions.fail(), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+UPDATE sa_jobqueue_jobs
+SET status=CASE
+WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_1)s::VARCHAR
+WHEN (sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts OR sa_jobqueue_jobs.cancel_requested) THEN %(param_2)s::VARCHAR
+ELSE %(param_3)s::VARCHAR END, visible_at=(now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s)), finished_at=CASE
+WHEN (sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts OR sa_jobqueue_jobs.cancel_requested) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CAST(%(error)s::VARCHAR AS JSONB)
+WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
+RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
+;
+-- parameters the caller supplies: attempt, delay, error, job_id
+-- constants the statement binds:
+--   make_interval_1 = 0
+--   make_interval_2 = 0
+--   make_interval_3 = 0
+--   make_interval_4 = 0
+--   make_interval_5 = 0
+--   make_interval_6 = 0
+--   param_1 = 'cancelled'
+--   param_2 = 'dead'
+--   param_3 = 'queued'
+--   status_1 = 'running'
+--   worker = None

@@ -1,0 +1,23 @@
+-- sa_jobqueue._sql.transitions.snooze(), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+UPDATE sa_jobqueue_jobs
+SET status=CASE
+WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_1)s::VARCHAR
+ELSE %(param_2)s::VARCHAR END, max_attempts=greatest(sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.attempts + %(attempts_1)s::INTEGER), visible_at=(now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s)), finished_at=CASE
+WHEN sa_jobqueue_jobs.cancel_requested THEN now() END, worker=%(worker)s::VARCHAR
+WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
+RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
+;
+-- parameters the caller supplies: attempt, delay, job_id
+-- constants the statement binds:
+--   attempts_1 = 1
+--   make_interval_1 = 0
+--   make_interval_2 = 0
+--   make_interval_3 = 0
+--   make_interval_4 = 0
+--   make_interval_5 = 0
+--   make_interval_6 = 0
+--   param_1 = 'cancelled'
+--   param_2 = 'queued'
+--   status_1 = 'running'
+--   worker = None

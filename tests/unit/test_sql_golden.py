@@ -1,0 +1,102 @@
+"""The hot path's statements, compiled for PostgreSQL, must match the committed golden files.
+
+The claim, the completions and the lease renewals are the statements every job goes through;
+a change to any of them, intended or not, must show in review as a change to a file under
+``tests/unit/golden/``. No database is needed: each builder is compiled with SQLAlchemy's
+psycopg dialect, as the worker's engine compiles it.
+
+After an intended change, regenerate the files and review their diff::
+
+    SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy.dialects.postgresql import psycopg
+from sqlalchemy.sql import ClauseElement
+
+from sa_jobqueue._sql import claiming, leases, transitions
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
+
+BUILDERS: dict[str, Callable[[], ClauseElement]] = {
+    "claim": claiming.claim,
+    "complete": transitions.complete,
+    "complete_many": transitions.complete_many,
+    "fail": transitions.fail,
+    "snooze": transitions.snooze,
+    "bury": transitions.bury,
+    "release": transitions.release,
+    "finish_cancelled": transitions.finish_cancelled,
+    "extend_leases": leases.extend_leases,
+    "still_held": leases.still_held,
+}
+
+# Line breaks go before these words, so that a change shows as a changed line in a diff rather
+# than as one changed line of two thousand characters. Only whitespace changes: lines are
+# broken, stripped, and blank ones dropped.
+_BREAK_BEFORE = re.compile(
+    r"\s+(?=(?:FROM|WHERE|SET|RETURNING|ORDER BY|GROUP BY|LIMIT|WHEN|ELSE|SELECT|UPDATE) )"
+    r"(?<!FOR )"
+)
+
+
+def render(name: str, builder: Callable[[], ClauseElement]) -> str:
+    """The golden text of one statement: its SQL, then the parameters it binds itself."""
+    compiled = builder().compile(dialect=psycopg.dialect())
+    sql = _BREAK_BEFORE.sub("\n", str(compiled))
+    lines = [line.strip() for line in sql.splitlines() if line.strip()]
+    supplied = sorted(key for key, bind in compiled.binds.items() if bind.required)
+    # Constants (statuses, error texts, increments) are bound, not spliced into the text, so
+    # the text alone would not show a change from 'running' to 'queued'.
+    constants = [
+        f"--   {key} = {value!r}"
+        for key, value in sorted(compiled.params.items())
+        if key not in supplied
+    ]
+    module = builder.__module__
+    return "\n".join(
+        [
+            f"-- {module}.{builder.__name__}(), compiled for PostgreSQL (psycopg)",
+            f"-- regenerate: {UPDATE_ENV}=1 pytest tests/unit/test_sql_golden.py",
+            *lines,
+            ";",
+            f"-- parameters the caller supplies: {', '.join(supplied) or 'none'}",
+            "-- constants the statement binds:" if constants else "-- constants: none",
+            *constants,
+            "",
+        ]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_compiled_sql_matches_the_golden_file(name: str) -> None:
+    actual = render(name, BUILDERS[name])
+    path = GOLDEN / f"{name}.sql"
+    if os.environ.get(UPDATE_ENV) == "1":
+        path.write_text(actual, encoding="utf-8")
+        return
+    assert path.exists(), f"{path} is missing: run with {UPDATE_ENV}=1 to write it, then review"
+    expected = path.read_text(encoding="utf-8")
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                fromfile=f"golden/{name}.sql (committed)",
+                tofile=f"{name} (compiled now)",
+            )
+        )
+        pytest.fail(
+            f"the SQL of {name} changed; if that is intended, regenerate with"
+            f" {UPDATE_ENV}=1 and commit the reviewed file:\n{diff}",
+            pytrace=False,
+        )
