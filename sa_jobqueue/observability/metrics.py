@@ -63,7 +63,7 @@ from sqlalchemy import Engine
 from .._error_text import one_line
 from ..models import QUEUED, RUNNING
 from ..ops.jobs import live_per_queue, local_statement_timeout
-from . import OUTCOMES, JobRun, Observer
+from ._observer import OUTCOMES, JobRun, Observer
 
 log = logging.getLogger("sa_jobqueue.metrics")
 
