@@ -17,6 +17,7 @@ from sqlalchemy import update
 from sqlalchemy.engine import URL
 
 from sa_jobqueue import cli
+from sa_jobqueue.cli import _jobs
 from sa_jobqueue.database import MIGRATE_HINT
 from sa_jobqueue.models import jobs_table, workers_table
 from tests.conftest import url_string
@@ -114,7 +115,7 @@ def test_stats_watch_prints_until_interrupted(
         if len(naps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(_jobs.time, "sleep", sleep)
     assert run("stats", "--json", "--watch", "2") == 0
     rounds = [json.loads(line) for line in run.out.splitlines()]
     assert len(rounds) == 2
@@ -234,7 +235,7 @@ def test_jobs_retry_by_id(run: Run, engine: sa.Engine) -> None:
 
 
 def test_jobs_retry_by_filter(run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "RETRY_PAGE", 2)  # several pages, each its own transaction
+    monkeypatch.setattr(_jobs, "RETRY_PAGE", 2)  # several pages, each its own transaction
     with engine.begin() as conn:
         mail = [add_dead(conn, queue="mail") for _ in range(5)]
         other = add_dead(conn, queue="other")

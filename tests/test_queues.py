@@ -12,7 +12,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue, Worker
-from sa_jobqueue.cli import _lanes, _queues
+from sa_jobqueue.cli._values import queues as _queues
+from sa_jobqueue.cli._worker import lanes as _lanes
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import Job
 from tests.support import running, wait_for

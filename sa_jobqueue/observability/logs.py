@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from .._error_text import one_line
-from . import JobRun, Observer
+from ._observer import JobRun, Observer
 
 #: The logger of the job records.
 JOB_LOGGER: Final = "sa_jobqueue.jobs"

@@ -64,7 +64,7 @@ from .._error_text import one_line
 from .._sql.session import local_statement_timeout
 from .._sql.stats import live_per_queue
 from ..models import QUEUED, RUNNING
-from . import OUTCOMES, JobRun, Observer
+from ._observer import OUTCOMES, JobRun, Observer
 
 log = logging.getLogger("sa_jobqueue.metrics")
 

@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "sa_jobqueue's tracing needs opentelemetry-api: pip install 'sa_jobqueue[tracing]'"
     ) from exc
 
-from . import JobRun, Observer
+from ._observer import JobRun, Observer
 
 log = logging.getLogger("sa_jobqueue.tracing")
 

@@ -1,0 +1,112 @@
+"""The ``sa-jobqueue`` command: run a worker, install the schema, and operate the queue.
+
+    sa-jobqueue worker myapp.jobs:queue [--concurrency N] [--queues a,b | a=8,b=1]
+                                        [--database-url URL]
+    sa-jobqueue migrate [--database-url URL]
+    sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
+    sa-jobqueue jobs list|show|retry|cancel|purge [filters]
+    sa-jobqueue check [--max-wait DURATION ...] [--json]
+    sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
+    sa-jobqueue --version
+
+``--log-level`` and ``--log-format`` go before the subcommand or after it.
+
+Errors a user can fix (wrong URL, unreachable server, missing schema, an app that does not
+import) print one line on stderr and exit non-zero; they never dump a traceback, unless asked
+for with ``--log-level DEBUG``. ``check`` exits 0 when all is well, 1 on a warning and 2 on a
+critical finding (or when it cannot reach the database). Output cut short by its reader
+(``| head``) ends the command quietly with status 141, as SIGPIPE ends other tools.
+
+:func:`main` is the entry point (``sa-jobqueue`` and ``python -m sa_jobqueue``). The modules
+of this package are internal, not a stable API:
+
+* ``_arguments``: the parser, every option, its default and help text; ``_values`` reads
+  the options' values;
+* ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
+  ``_app`` loading the user's ``module:attribute``;
+* ``_schema``: ``migrate``;
+* ``_jobs``: ``stats``, ``jobs ...`` and ``check``;
+* ``_exit``: the exit statuses.
+
+``verify`` lives in :mod:`sa_jobqueue.ops.verify`, options included.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from ..errors import JobQueueError
+from ..ops.verify.command import run as run_verify
+from ._app import load_app
+from ._arguments import DEFAULT_LOG_LEVEL, build_parser
+from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
+from ._jobs import OPERATOR_COMMANDS, operate
+from ._schema import migrate
+from ._values import duration
+from ._worker import run_worker
+
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_ERROR", "EXIT_USAGE", "load_app", "main"]
+
+#: The parser and the duration reader under the names they had when this was one module.
+_parser = build_parser
+_duration = duration
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``sa-jobqueue`` command with ``argv`` (default: the process's); its exit status."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Flushed here: a reader that went away is seen now, in the handler below, rather
+            # than as an "Exception ignored" message when the interpreter exits.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): nothing went wrong. What is still buffered
+        # goes to /dev/null, so that the interpreter's own flush at exit stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level, args.log_format)
+    if not args.database_url:
+        print("sa-jobqueue: no database: pass --database-url or set DATABASE_URL", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == "verify":
+            return run_verify(args)  # exit 0 / 1 (lost or doubled) / 2 (could not run)
+        if args.command == "migrate":
+            return migrate(args)
+        if args.command in OPERATOR_COMMANDS:
+            return operate(args)
+        return run_worker(args)
+    except JobQueueError as exc:
+        if args.log_level == "DEBUG":
+            traceback.print_exception(exc, file=sys.stderr)  # its cause's too, chained
+        print(f"sa-jobqueue: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _configure_logging(level: str | None, log_format: str) -> None:
+    """Log to stderr at ``level``: text lines, or JSON objects with each record's fields.
+
+    Alembic logs at INFO as it works (its plugins, each revision applied); those records are
+    kept only when a level is given, so a plain ``sa-jobqueue migrate`` prints one line.
+    """
+    logging.getLogger("alembic").setLevel(level or "WARNING")
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        from ..observability.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level or DEFAULT_LOG_LEVEL, handlers=[handler])

@@ -1,0 +1,294 @@
+"""The command line's grammar: every command, option, default and help text.
+
+:func:`build_parser` is the whole of it; the options' values are read by :mod:`._values`.
+``verify`` brings its own options (:func:`sa_jobqueue.ops.verify.add_parser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import timedelta
+from typing import Any, Final
+
+from .. import __version__
+from ..database import POOLER_ENV, POOLERS
+from ..ops.health import Thresholds, span
+from ..ops.verify.command import add_parser as add_verify_parser
+from . import _values
+
+LOG_FORMATS: Final = ("text", "json")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: The level when --log-level is not given. Alembic's own records are shown only when a level
+#: is given (see configure_logging).
+DEFAULT_LOG_LEVEL: Final = "INFO"
+
+#: Options every command takes, before its name or after it (after it, it wins): one entry
+#: each, the flag and its add_argument settings; _add_global_options puts them everywhere.
+GLOBAL_OPTIONS: Final[tuple[tuple[str, dict[str, Any]], ...]] = (
+    (
+        "--log-level",
+        {
+            "choices": LOG_LEVELS,
+            "default": None,
+            "help": f"least severe records logged (default {DEFAULT_LOG_LEVEL}; Alembic's"
+            " own only when given as INFO or DEBUG; DEBUG also shows an error's traceback)",
+        },
+    ),
+    (
+        "--pooler",
+        {
+            "choices": POOLERS,
+            "default": os.environ.get(POOLER_ENV, "session"),
+            "help": "what stands between us and PostgreSQL: 'session' (a direct connection, or"
+            " PgBouncer in session mode) or 'transaction' (PgBouncer in transaction mode:"
+            " no LISTEN, no prepared statements, settings per transaction); default"
+            " $SA_JOBQUEUE_POOLER or session",
+        },
+    ),
+    (
+        "--log-format",
+        {
+            "choices": LOG_FORMATS,
+            "default": "text",
+            "help": "text lines, or one JSON object per line (default text; json adds a record"
+            " per job transition to a worker's log)",
+        },
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sa-jobqueue`` parser with every subcommand and the global options on each."""
+    parser = argparse.ArgumentParser(
+        prog="sa-jobqueue", description="A job queue in your PostgreSQL database."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _worker_parser(commands)
+    migrate = commands.add_parser("migrate", help="create or upgrade the sa_jobqueue tables")
+    _database_option(migrate)
+    _operator_parsers(commands)
+    add_verify_parser(commands, _database_option)
+    _add_global_options(parser)  # last: every subcommand exists by now
+    return parser
+
+
+def _database_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL"),
+        help="PostgreSQL URL (default: $DATABASE_URL)",
+    )
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool = True) -> None:
+    """Give ``parser`` and each of its subcommands, at every depth, the GLOBAL_OPTIONS.
+
+    Only the top level has the defaults. On a subcommand an option left out sets nothing
+    (``SUPPRESS``), so it does not undo the same option given before the subcommand's name.
+    """
+    for flag, settings in GLOBAL_OPTIONS:
+        default = settings["default"] if top else argparse.SUPPRESS
+        parser.add_argument(flag, **{**settings, "default": default})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias is the same parser
+                _add_global_options(sub, top=False)
+
+
+def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    worker = commands.add_parser("worker", help="run a worker for the tasks of module:attribute")
+    worker.add_argument("app", help="where your JobQueue lives, as module:attribute")
+    _database_option(worker)
+    worker.add_argument("--concurrency", type=int, default=10, help="jobs run at once")
+    worker.add_argument(
+        "--queues",
+        type=_values.queues,
+        help="comma-separated queues to serve, sharing --concurrency (a,b), or each with its"
+        " own threads (emails=8,reports=1)",
+    )
+    worker.add_argument(
+        "--poll-interval",
+        type=_values.seconds,
+        default=timedelta(seconds=1),
+        help="seconds between safety-net polls (default 1)",
+    )
+    worker.add_argument(
+        "--shutdown-grace",
+        type=_values.seconds,
+        default=timedelta(seconds=30),
+        help="seconds running jobs get to finish on SIGTERM (default 30)",
+    )
+    worker.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_false",
+        help="poll only, no LISTEN (for PgBouncer in transaction mode)",
+    )
+    worker.add_argument(
+        "--retention",
+        type=_values.retention,
+        default=timedelta(days=1),
+        metavar="SECONDS",
+        help="keep succeeded and cancelled jobs this long, 'forever' to keep them (default 1 day)",
+    )
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="jobs claimed ahead of free threads, handed back on shutdown (default: adapts)",
+    )
+    worker.add_argument(
+        "--wait-for-database",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="keep retrying an unreachable database at start for up to this long (default 0)",
+    )
+    worker.add_argument(
+        "--burst", action="store_true", help="exit once no job is due instead of waiting for more"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_values.port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs the 'metrics' extra; 0: any free one)",
+    )
+    worker.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the metrics endpoint listens on (default 0.0.0.0, every interface)",
+    )
+
+
+def _operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    stats_ = commands.add_parser(
+        "stats", help="jobs per queue and status, backlog age, run times, live workers"
+    )
+    _database_option(stats_)
+    stats_.add_argument("--json", action="store_true", help="JSON instead of tables")
+    stats_.add_argument(
+        "--watch",
+        type=_values.seconds,
+        metavar="SECONDS",
+        help="print again every SECONDS until Ctrl-C",
+    )
+    stats_.add_argument(
+        "--window",
+        type=_values.duration,
+        default=timedelta(minutes=10),
+        metavar="DURATION",
+        help="how far back finished jobs and run times are counted (default 10m)",
+    )
+    _jobs_parsers(commands)
+    _check_parser(commands)
+
+
+def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jobs = commands.add_parser("jobs", help="list, show, retry, cancel or purge jobs")
+    actions = jobs.add_subparsers(dest="action", required=True)
+
+    def filters(sub: argparse.ArgumentParser, age: str) -> None:
+        sub.add_argument("--queue", type=_values.queue, help="only this queue")
+        sub.add_argument("--task", type=_values.task, help="only this task")
+        sub.add_argument(
+            "--older-than",
+            type=_values.duration,
+            metavar="DURATION",
+            help=f"only jobs {age} (7d, 2h)",
+        )
+
+    listing = actions.add_parser(
+        "list", help="jobs in id order, oldest first unless --newest-first"
+    )
+    _database_option(listing)
+    filters(listing, "created longer ago than this")
+    listing.add_argument("--status", type=_values.statuses, help="comma-separated statuses")
+    listing.add_argument(
+        "--limit", type=_values.page, default=50, help="at most this many (default 50)"
+    )
+    listing.add_argument("--after", type=int, metavar="ID", help="start after this id (next page)")
+    listing.add_argument(
+        "--newest-first",
+        action="store_true",
+        help="highest id first; --after then pages on to lower ids",
+    )
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    show = actions.add_parser("show", help="one job in full, its error's traceback included")
+    _database_option(show)
+    show.add_argument("job_id", type=int, metavar="ID")
+    show.add_argument("--json", action="store_true", help="JSON instead of text")
+
+    retry = actions.add_parser("retry", help="put dead jobs back in their queues, due now")
+    _database_option(retry)
+    retry.add_argument("job_ids", type=int, nargs="*", metavar="ID", help="the dead jobs")
+    filters(retry, "created longer ago than this")
+    retry.add_argument("--all", action="store_true", help="every dead job (no IDs, no filters)")
+    retry.add_argument(
+        "--reset-attempts",
+        action="store_true",
+        help="count attempts from 0 again (default: keep them and raise max_attempts)",
+    )
+
+    cancel = actions.add_parser("cancel", help="cancel queued jobs, ask running ones to stop")
+    _database_option(cancel)
+    cancel.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+
+    purge_ = actions.add_parser("purge", help="delete finished jobs in batches")
+    _database_option(purge_)
+    purge_.add_argument(
+        "--status",
+        type=_values.statuses,
+        required=True,
+        help="comma-separated, of succeeded, dead, cancelled (queued and running are refused)",
+    )
+    purge_.add_argument(
+        "--older-than",
+        type=_values.duration,
+        required=True,
+        metavar="DURATION",
+        help="only jobs finished longer ago than this (7d, 2h; 0 for all)",
+    )
+    purge_.add_argument("--queue", type=_values.queue, help="only this queue")
+    purge_.add_argument("--task", type=_values.task, help="only this task")
+    purge_.add_argument(
+        "--batch", type=_values.page, default=1000, help="rows per transaction (default 1000)"
+    )
+    purge_.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+
+
+def _check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check_ = commands.add_parser("check", help="health checks: exit 0 ok, 1 warning, 2 critical")
+    _database_option(check_)
+    d = Thresholds()
+    for option, default, what in (
+        ("--max-wait", d.max_wait, "a due job waiting longer is a warning"),
+        ("--lease-grace", d.lease_grace, "a lease expired longer ago, not reclaimed, is one"),
+        ("--dead-window", d.dead_window, "how far back dead jobs are counted"),
+        ("--max-transaction-age", d.max_transaction_age, "a transaction pinning xmin longer"),
+        ("--stale-after", d.stale_after, "a worker not seen for longer is not live"),
+    ):
+        check_.add_argument(
+            option,
+            type=_values.duration,
+            default=default,
+            metavar="DURATION",
+            help=f"{what} (default {span(default)})",
+        )
+    for option, number, what in (
+        ("--max-dead", d.max_dead, "more dead jobs in the window are a warning"),
+        ("--max-dead-tuples", d.max_dead_tuples, "more dead row versions in the jobs table"),
+        ("--max-xmin-age", d.max_xmin_age, "a session or slot this many transactions behind"),
+    ):
+        check_.add_argument(
+            option,
+            type=_values.count,
+            default=number,
+            metavar="N",
+            help=f"{what} (default {number})",
+        )
+    check_.add_argument("--json", action="store_true", help="JSON instead of text")

@@ -1,0 +1,139 @@
+"""What the options' values may be: each function reads one option's text or refuses it.
+
+Each is an argparse ``type``: it returns the parsed value or raises ArgumentTypeError with
+the reason, which argparse prints after the option's name (``argument --window: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import timedelta
+from typing import Final
+
+from .._validation import check_queue_name, check_task_name
+from ..errors import JobQueueError
+from ..models import STATUSES
+from ..ops.jobs import MAX_PAGE
+
+_DURATION: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
+_UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(value: str) -> timedelta:
+    """A number of seconds, more than 0 (``--poll-interval``, ``--watch``)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return timedelta(seconds=number)
+
+
+def retention(value: str) -> timedelta | None:
+    """A number of seconds, 0 or more, or ``forever`` (None)."""
+    if value == "forever":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return timedelta(seconds=number)
+
+
+def duration(value: str) -> timedelta:
+    """``30s``, ``5m``, ``2h``, ``7d``, or a bare number of seconds; 0 is allowed."""
+    match = _DURATION.fullmatch(value.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 30s, 5m, 2h, 7d)")
+    try:
+        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"duration too long: {value!r}") from None
+
+
+def queues(value: str) -> list[tuple[str, int | None]]:
+    """``a,b`` (sharing --concurrency) or ``emails=8,reports=1`` (a concurrency each)."""
+    found: list[tuple[str, int | None]] = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, number = item.partition("=")
+        try:
+            queue = check_queue_name(name.strip())
+        except JobQueueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not sep:
+            found.append((queue, None))
+            continue
+        try:
+            concurrency = int(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a concurrency: {item!r}") from None
+        if concurrency < 1:
+            raise argparse.ArgumentTypeError(f"a queue's concurrency must be at least 1: {item!r}")
+        found.append((queue, concurrency))
+    return found
+
+
+def queue(value: str) -> str:
+    """One queue's name, as enqueue would accept it."""
+    try:
+        return check_queue_name(value)
+    except JobQueueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def task(value: str) -> str:
+    """One task's name, as enqueue would accept it."""
+    try:
+        return check_task_name(value)
+    except JobQueueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def statuses(value: str) -> list[str]:
+    """Comma-separated job statuses, at least one, each a status a job can have."""
+    wanted = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"unknown status {', '.join(unknown) or '(none)'}: use {','.join(STATUSES)}"
+        )
+    return wanted
+
+
+def whole(value: str) -> int:
+    """A whole number, of any sign."""
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+
+
+def page(value: str) -> int:
+    """Rows at a time, from 1 to the most one statement reads (``--limit``, ``--batch``)."""
+    number = whole(value)
+    if not 1 <= number <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PAGE}")
+    return number
+
+
+def count(value: str) -> int:
+    """A whole number, 0 or more (a threshold of ``check``)."""
+    number = whole(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return number
+
+
+def port(value: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free one)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError("must be from 0 to 65535")
+    return number

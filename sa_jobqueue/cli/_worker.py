@@ -1,0 +1,171 @@
+"""``sa-jobqueue worker``: load the app, build the Worker with its observers, run it.
+
+SIGTERM and SIGINT ask the worker to finish its running jobs (up to ``--shutdown-grace``)
+and exit; a second signal exits at once, leaving running jobs to be reclaimed when their
+leases expire. A worker that could not stop cleanly exits with status 1 without waiting for
+handler threads that are still running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from ..database import create_control_engine, create_engine, ping
+from ..errors import DatabaseUnavailableError, JobQueueError
+from ..observability import Observer
+from ..queue import JobQueue
+from ._app import load_app
+from ._exit import EXIT_ERROR, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from ..observability.metrics import MetricsServer
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Run a worker until it is stopped (or, with ``--burst``, until no job is due)."""
+    from ..worker import Worker
+
+    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
+        print(
+            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
+        )
+        return EXIT_USAGE
+    app = load_app(args.app)
+    queues = lanes(args.queues, args.concurrency)
+    threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
+    # One connection per handler thread; the worker's own statements use a second engine.
+    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=threads, max_overflow=2)
+    control = create_control_engine(args.database_url, threads, pooler=args.pooler)
+    _wait_for_database(control, args.wait_for_database)
+    observers = _observers(args, app)
+    metrics: MetricsServer | None = None
+    if args.metrics_port is not None:
+        metrics = _metrics_server(args, _queue_names(queues, app))
+        observers.append(metrics.observer)
+    worker = Worker(
+        app,
+        engine,
+        concurrency=args.concurrency,
+        queues=queues,
+        poll_interval=args.poll_interval,
+        shutdown_grace=args.shutdown_grace,
+        listen=args.listen,
+        control_engine=control,
+        prefetch=args.prefetch,
+        retention=args.retention,
+        observers=observers,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if worker._stopping.is_set():
+            # Second signal: leave now. Running jobs are reclaimed when their leases expire.
+            logging.getLogger("sa_jobqueue.worker").warning("second signal: exiting at once")
+            os._exit(128 + signum)
+        logging.getLogger("sa_jobqueue.worker").info(
+            "%s: finishing running jobs (up to %ss), then exiting",
+            signal.Signals(signum).name,
+            args.shutdown_grace.total_seconds(),
+        )
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        clean = worker.run(burst=args.burst)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    engine.dispose()
+    control.dispose()
+    if not clean:
+        logging.shutdown()
+        os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
+    return 0
+
+
+def lanes(
+    queues: list[tuple[str, int | None]] | None, concurrency: int
+) -> list[str] | dict[str, int] | None:
+    """The worker's ``queues``: a list sharing ``concurrency``, or a concurrency per queue.
+
+    Once one queue names its concurrency, every queue gets threads of its own; a queue named
+    without one gets ``--concurrency``.
+    """
+    if not queues:
+        return None
+    if all(n is None for _, n in queues):
+        return [name for name, _ in queues]
+    return {name: concurrency if n is None else n for name, n in queues}
+
+
+def _wait_for_database(engine: Engine, patience: float) -> None:
+    """Ping until the database answers; give up with the last error after ``patience`` s."""
+    deadline = time.monotonic() + patience
+    delay = 0.5
+    while True:
+        try:
+            ping(engine)
+            return
+        except DatabaseUnavailableError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            if delay == 0.5:
+                print(f"sa-jobqueue: {exc}; retrying for up to {patience:g}s", file=sys.stderr)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _observers(args: argparse.Namespace, app: JobQueue) -> list[Observer]:
+    """Job records in JSON logs or at DEBUG; a span per job if the app's queue traces.
+
+    In text at INFO the worker's own lines already tell each failure, and every observer
+    costs each job a little: the job records are left out there.
+    """
+    observers: list[Observer] = []
+    if args.log_format == "json" or args.log_level == "DEBUG":
+        from ..observability.logs import LoggingObserver
+
+        observers.append(LoggingObserver())
+    if app.tracing:
+        from ..observability.tracing import TracingObserver
+
+        observers.append(TracingObserver())
+    return observers
+
+
+def _queue_names(queues: list[str] | dict[str, int] | None, app: JobQueue) -> list[str]:
+    """The queues whose depth the metrics report even when empty: the ones served."""
+    if queues:
+        return list(queues)
+    return sorted({task.queue for task in app.tasks.values()} | {app.default_queue})
+
+
+def _metrics_server(args: argparse.Namespace, queues: list[str]) -> MetricsServer:
+    """Start the /metrics endpoint, reading queue depths through a connection of its own.
+
+    Its engine lives as long as the process (a pool of one): a scrape never waits for a
+    handler's or the claim loop's connection.
+    """
+    try:
+        from ..observability.metrics import start_metrics_server
+    except ImportError as exc:
+        raise JobQueueError(str(exc)) from None
+    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=1, max_overflow=0)
+    try:
+        return start_metrics_server(
+            args.metrics_port, engine, addr=args.metrics_address, queues=queues
+        )
+    except OSError as exc:
+        engine.dispose()
+        raise JobQueueError(
+            f"cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {exc}"
+        ) from None
