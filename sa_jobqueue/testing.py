@@ -58,6 +58,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, scoped_session
 
+from ._binds import SessionLike
+from ._registry import TaskRegistry
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_payload
 from .errors import InvalidJobError, JobQueueError
 from .execution import HandlerSession
@@ -76,7 +78,6 @@ __all__ = [
     "run_task",
 ]
 
-SessionLike = Session | scoped_session[Session] | Connection
 
 j = jobs_table.c
 _FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobInfo))
@@ -205,11 +206,10 @@ class _Drainer:
         # same tasks with counting handlers, and no periodic schedules, so that a drain never
         # enqueues a tick and stays deterministic.
         self.queue = copy.copy(queue)
-        self.queue._tasks = {
-            name: dataclasses.replace(task, handler=self._counted(task.handler))
-            for name, task in queue.tasks.items()
-        }
-        self.queue._schedules = {}
+        self.queue._registry = TaskRegistry(
+            dataclasses.replace(task, handler=self._counted(task.handler))
+            for task in queue.tasks.values()
+        )
 
     @property
     def limit_reached(self) -> bool:
