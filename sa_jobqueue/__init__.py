@@ -14,7 +14,6 @@ The promise:
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .enqueueing import Enqueued
 from .errors import (
     AppImportError,
     DatabaseUnavailableError,
@@ -30,7 +29,7 @@ from .errors import (
     TaskDefinitionError,
     UnknownTaskError,
 )
-from .queue import JobInfo, JobQueue
+from .queue import Enqueued, JobInfo, JobQueue
 from .tasks import Backoff, Discard, JobContext, Retry, Task
 from .worker import Worker
 

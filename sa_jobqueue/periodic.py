@@ -47,20 +47,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 from sqlalchemy import Connection, Engine
 
+from ._enqueue import new_jobs, resolve_options
 from ._sql import clock
 from ._sql import periodic as periodic_sql
-from ._validation import TASK_NAME, check_unique_key, encode_payload
+from ._validation import TASK_NAME, encode_payload
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Task
-
-if TYPE_CHECKING:
-    from .queue import JobQueue
 
 #: The payload key that carries the tick a periodic job serves.
 TICK_KEY: Final = "tick"
@@ -172,7 +170,24 @@ class Schedule:
         return {**self.payload, TICK_KEY: tick.astimezone(self.zone).isoformat()}
 
 
-def enqueue_due(bind: Engine | Connection, queue: JobQueue, *, now: datetime | None = None) -> int:
+class ScheduleSource(Protocol):
+    """What :func:`enqueue_due` reads of a :class:`~sa_jobqueue.JobQueue`: its schedules and
+    its payload size limit. Any JobQueue is one."""
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule]:
+        """The declared schedules by name."""
+        ...
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload a job may carry, as encoded JSON."""
+        ...
+
+
+def enqueue_due(
+    bind: Engine | Connection, queue: ScheduleSource, *, now: datetime | None = None
+) -> int:
     """Enqueue one job for each schedule of ``queue`` whose latest tick is not enqueued yet.
 
     Returns how many jobs were enqueued. Safe to call from any number of processes at once:
@@ -191,14 +206,15 @@ def enqueue_due(bind: Engine | Connection, queue: JobQueue, *, now: datetime | N
         return 0
     if now is not None and now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime")
+    max_payload_bytes = queue.max_payload_bytes
     if isinstance(bind, Engine):
         with bind.begin() as conn:
-            return _enqueue_due(conn, queue, list(schedules.values()), now)
-    return _enqueue_due(bind, queue, list(schedules.values()), now)
+            return _enqueue_due(conn, list(schedules.values()), max_payload_bytes, now)
+    return _enqueue_due(bind, list(schedules.values()), max_payload_bytes, now)
 
 
 def _enqueue_due(
-    conn: Connection, queue: JobQueue, schedules: list[Schedule], now: datetime | None
+    conn: Connection, schedules: list[Schedule], max_payload_bytes: int, now: datetime | None
 ) -> int:
     if now is None:
         now = conn.execute(clock.database_now()).scalar_one()
@@ -220,23 +236,16 @@ def _enqueue_due(
         last = stored.get(name)
         if last is None or _utc(last) >= _utc(tick):
             continue  # new, or this tick (or a later one) is already enqueued
-        task = schedule.task
-        payload = schedule.job_payload(tick)
-        key = (
-            check_unique_key(task.unique_key(payload), task=task.name)
-            if task.unique_key is not None
-            else None
+        # The task's own options, as an enqueue without overrides would give them; the job is
+        # due at once (the statement uses now()) and carries no trace context.
+        job = new_jobs(
+            resolve_options(schedule.task),
+            [schedule.job_payload(tick)],
+            [None],
+            max_payload_bytes=max_payload_bytes,
         )
-        params: dict[str, Any] = {
-            "schedule": name,
-            "tick": tick,
-            "b_queue": task.queue,
-            "b_task": task.name,
-            "b_payload": encode_payload(payload, max_bytes=queue.max_payload_bytes),
-            "b_priority": task.priority,
-            "b_max_attempts": task.max_attempts,
-            "b_lease": task.lease.total_seconds(),
-        }
+        key = job.keys[0]
+        params = {"schedule": name, "tick": tick, **job.params("b_"), "b_payload": job.payloads[0]}
         if key is not None:
             params["b_unique_key"] = key
         if conn.execute(periodic_sql.enqueue_tick(key is not None), params).first() is not None:

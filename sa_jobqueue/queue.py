@@ -1,69 +1,29 @@
-"""JobQueue: the task registry and the enqueue side of the queue."""
+"""JobQueue: the face of the queue. Declare tasks, enqueue jobs, look after them.
+
+The work is done underneath: the task registry in :mod:`sa_jobqueue._registry`, enqueueing
+in :mod:`sa_jobqueue._enqueue` (one option resolver for every enqueue path), and job admin in
+:mod:`sa_jobqueue.ops.admin`, which the admin methods here delegate to.
+"""
 
 from __future__ import annotations
 
-import json
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from sqlalchemy import Connection, select
-from sqlalchemy.engine.base import Transaction
-from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
-from sqlalchemy.orm import Session, scoped_session
-
-from ._sql import admin as admin_sql
-from ._sql import enqueue as enqueue_sql
-from ._validation import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    check_lease,
-    check_max_attempts,
-    check_priority,
-    check_queue_name,
-    check_run_at,
-    check_task_name,
-    check_unique_key,
-    encode_payload,
-)
-from .enqueueing import Enqueued, NewJobs, insert_many, insert_one, run_async
-from .errors import InvalidJobError, TaskDefinitionError, UnknownTaskError
-from .models import Job, jobs_table
-from .ops import jobs as operations
+from ._binds import SessionLike, connection_of, run_async
+from ._enqueue import Enqueued, NewJobs, insert_many, insert_one, new_jobs, resolve_options
+from ._registry import TaskRegistry, handler_name
+from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
+from .ops import admin
+from .ops.admin import JobInfo
 from .periodic import Schedule
 from .tasks import Backoff, Handler, Task
 
 if TYPE_CHECKING:
-    from .enqueueing import AsyncSessionLike
+    from ._binds import AsyncSessionLike
 
-#: Queues already notified in a transaction. Keyed weakly by the innermost transaction object,
-#: so the entry vanishes with it; a savepoint gets its own entry because a NOTIFY sent inside a
-#: savepoint that is rolled back is dropped with it.
-_notified: Final[weakref.WeakKeyDictionary[Transaction, set[str]]] = weakref.WeakKeyDictionary()
-
-_UNSET: Final[Any] = object()
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """A snapshot of one job row, as :meth:`JobQueue.get_job` returns it."""
-
-    id: int
-    queue: str
-    task: str
-    payload: Any
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    visible_at: datetime
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    last_error: Any
-    cancel_requested: bool
-    unique_key: str | None = None
+__all__ = ["Enqueued", "JobInfo", "JobQueue"]
 
 
 class JobQueue:
@@ -113,8 +73,7 @@ class JobQueue:
             from .observability.tracing import current_trace_context
 
             self._trace_context = current_trace_context
-        self._tasks: dict[str, Task] = {}
-        self._schedules: dict[str, Schedule] = {}
+        self._registry = TaskRegistry()
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -159,7 +118,7 @@ class JobQueue:
 
         def register(handler: Handler) -> Task:
             task = Task(
-                name=name or str(getattr(handler, "__name__", "")),
+                name=name or handler_name(handler),
                 handler=handler,
                 queue=queue or self.default_queue,
                 priority=priority,
@@ -169,27 +128,18 @@ class JobQueue:
                 timeout=timeout,
                 unique_key=unique_key,
             )
-            if task.name in self._tasks:
-                raise TaskDefinitionError(f"a task named {task.name!r} is already registered")
-            self._tasks[task.name] = task
-            return task
+            return self._registry.add(task)
 
         return register(fn) if fn is not None else register
 
     @property
     def tasks(self) -> dict[str, Task]:
         """The registered tasks by name (a copy)."""
-        return dict(self._tasks)
+        return self._registry.tasks
 
     def get_task(self, name: str) -> Task:
         """The task registered under ``name``; UnknownTaskError if there is none."""
-        try:
-            return self._tasks[name]
-        except KeyError:
-            known = ", ".join(sorted(self._tasks)) or "none"
-            raise UnknownTaskError(
-                f"no task named {name!r} is registered (registered: {known})"
-            ) from None
+        return self._registry.get(name)
 
     def periodic(
         self,
@@ -210,28 +160,16 @@ class JobQueue:
         """
 
         def register(target: Task | Handler) -> Task:
-            registered_here = not isinstance(target, Task)
+            added = not isinstance(target, Task)
             task = target if isinstance(target, Task) else self.task(target)
-            if self._tasks.get(task.name) is not task:
-                raise TaskDefinitionError(f"task {task.name!r} is not registered with this queue")
-            try:
-                schedule = Schedule(
-                    name=task.name if name is None else name,
-                    task=task,
-                    cron=cron,
-                    timezone=timezone,
-                    payload={} if payload is None else payload,
-                )
-                if schedule.name in self._schedules:
-                    raise TaskDefinitionError(
-                        f"a schedule named {schedule.name!r} is already declared: give this"
-                        " one a name=... of its own"
-                    )
-            except TaskDefinitionError:
-                if registered_here:
-                    del self._tasks[task.name]
-                raise
-            self._schedules[schedule.name] = schedule
+            self._registry.add_schedule(
+                task,
+                cron=cron,
+                timezone=timezone,
+                payload=payload,
+                name=name,
+                task_added_for_it=added,
+            )
             return task
 
         return register
@@ -239,13 +177,13 @@ class JobQueue:
     @property
     def schedules(self) -> dict[str, Schedule]:
         """The declared periodic schedules by name (a copy)."""
-        return dict(self._schedules)
+        return self._registry.schedules
 
     # -- enqueue ----------------------------------------------------------------------------
 
     def enqueue(
         self,
-        session: Session | scoped_session[Session] | Connection,
+        session: SessionLike,
         task: str | Task,
         payload: Any = None,
         *,
@@ -274,10 +212,9 @@ class JobQueue:
         after yours began raises a serialization error instead (retry the transaction).
         """
         new = self._new_jobs(
-            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key], backoff
+            task, [payload], [unique_key], run_at, priority, queue, max_attempts, lease, backoff
         )
-        conn = _connection(session)
-        return insert_one(conn, new, _sent_notifications(conn))
+        return insert_one(connection_of(session), new)
 
     async def aenqueue(
         self,
@@ -299,15 +236,13 @@ class JobQueue:
         commits; bad input raises before any SQL is sent.
         """
         new = self._new_jobs(
-            task, [payload], run_at, priority, queue, max_attempts, lease, [unique_key], backoff
+            task, [payload], [unique_key], run_at, priority, queue, max_attempts, lease, backoff
         )
-        return await run_async(
-            session, lambda conn: insert_one(conn, new, _sent_notifications(conn))
-        )
+        return await run_async(session, lambda conn: insert_one(conn, new))
 
     def enqueue_many(
         self,
-        session: Session | scoped_session[Session] | Connection,
+        session: SessionLike,
         task: str | Task,
         payloads: Iterable[Any],
         *,
@@ -332,12 +267,11 @@ class JobQueue:
         items = list(payloads)
         keys = [None] * len(items) if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
-            task, items, run_at, priority, queue, max_attempts, lease, keys, backoff
+            task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
         )
         if not items:
             return []
-        conn = _connection(session)
-        return insert_many(conn, new, _sent_notifications(conn))
+        return insert_many(connection_of(session), new)
 
     async def aenqueue_many(
         self,
@@ -357,99 +291,45 @@ class JobQueue:
         items = list(payloads)
         keys = [None] * len(items) if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
-            task, items, run_at, priority, queue, max_attempts, lease, keys, backoff
+            task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
         )
         if not items:
             return []
-        return await run_async(
-            session, lambda conn: insert_many(conn, new, _sent_notifications(conn))
-        )
+        return await run_async(session, lambda conn: insert_many(conn, new))
 
     def _new_jobs(
         self,
         task: str | Task,
         payloads: list[Any],
+        unique_keys: Sequence[str | None],
         run_at: datetime | timedelta | None,
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
         lease: timedelta | None,
-        unique_keys: Sequence[str | None],
-        backoff: Backoff | None = None,
+        backoff: Backoff | None,
     ) -> NewJobs:
         """Check and encode everything enqueue was given; no I/O.
 
         ``unique_keys`` is parallel to ``payloads``; for a None entry the task's function, if
         it has one, gives the key.
         """
-        params, schedule = self._job_params(task, run_at, priority, queue, max_attempts, lease)
-        definition = task if isinstance(task, Task) else self.get_task(params["task"])
-        encoded = [encode_payload(p, max_bytes=self.max_payload_bytes) for p in payloads]
-        if len(unique_keys) != len(payloads):
-            raise InvalidJobError(
-                f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
-            )
-        derive = definition.unique_key
-        keys = [
-            check_unique_key(
-                key if key is not None or derive is None else derive(payload),
-                task=definition.name,
-            )
-            for payload, key in zip(payloads, unique_keys, strict=True)
-        ]
-        # Taken here, before any I/O and in the caller's thread or task: the span that is
-        # current where enqueue was called is the one the job's run will point back to.
-        trace = self._trace_context() if self._trace_context is not None else None
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise InvalidJobError(f"backoff must be a Backoff, not {type(backoff).__name__}")
-        policy = None if backoff is None else json.dumps(backoff.to_json())
-        return NewJobs(params, schedule, encoded, keys, trace, policy)
-
-    def _job_params(
-        self,
-        task: str | Task,
-        run_at: datetime | timedelta | None,
-        priority: int | None,
-        queue: str | None,
-        max_attempts: int | None,
-        lease: timedelta | None,
-    ) -> tuple[dict[str, Any], str]:
-        if callable(task) and not isinstance(task, Task):
-            # A function passed as the task (print, or a handler whose Task was not kept):
-            # a TypeError saying what to pass. Anything else is taken for a name, and a bad
-            # one is an InvalidNameError as ever.
-            raise TypeError(self._not_a_task(task))
-        definition = task if isinstance(task, Task) else self.get_task(check_task_name(task))
-        run_at = check_run_at(run_at)
-        params: dict[str, Any] = {
-            "task": definition.name,
-            "queue": check_queue_name(queue if queue is not None else definition.queue),
-            "priority": check_priority(priority if priority is not None else definition.priority),
-            "max_attempts": check_max_attempts(
-                max_attempts if max_attempts is not None else definition.max_attempts
-            ),
-            "lease": check_lease(lease if lease is not None else definition.lease).total_seconds(),
-        }
-        if isinstance(run_at, datetime):
-            params["run_at"] = run_at
-            return params, "at"
-        if isinstance(run_at, timedelta):
-            params["delay"] = run_at.total_seconds()
-            return params, "after"
-        return params, "now"
-
-    def _not_a_task(self, task: object) -> str:
-        """What enqueue says when given something that is neither a Task nor a name."""
-        message = (
-            "enqueue takes a registered task (the Task that @queue.task returned) or a task"
-            f" name string, not {task!r} ({type(task).__name__})"
+        options = resolve_options(
+            self._registry.lookup(task), run_at, priority, queue, max_attempts, lease, backoff
         )
-        named = [t.name for t in self._tasks.values() if t.handler is task]
-        if named:
-            message += f"; it is the handler of task {named[0]!r}: pass that name instead"
-        return message
+        # The trace context is taken before any I/O and in the caller's thread or task: the
+        # span that is current where enqueue was called is the one the job's run points to.
+        return new_jobs(
+            options,
+            payloads,
+            unique_keys,
+            max_payload_bytes=self.max_payload_bytes,
+            trace_context=self._trace_context,
+        )
 
-    def cancel(self, session: Session | scoped_session[Session] | Connection, job_id: int) -> bool:
+    # -- job admin: see sa_jobqueue.ops.admin ----------------------------------------------------
+
+    def cancel(self, session: SessionLike, job_id: int) -> bool:
         """Cancel a job in the caller's transaction; True if it was queued or running.
 
         A queued job becomes ``cancelled`` and never runs. For a running job, cancellation is
@@ -459,15 +339,15 @@ class JobQueue:
         retried. Python cannot interrupt a running thread, so a sync handler that does not
         look at the flag runs to its end first. A finished job is left as it is (False).
         """
-        return _cancel(_connection(session), job_id)
+        return admin.cancel_job(session, job_id)
 
     async def acancel(self, session: AsyncSessionLike, job_id: int) -> bool:
         """:meth:`cancel` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await run_async(session, lambda conn: _cancel(conn, job_id))
+        return await run_async(session, lambda conn: admin.cancel_job(conn, job_id))
 
     def requeue(
         self,
-        session: Session | scoped_session[Session] | Connection,
+        session: SessionLike,
         job_id: int,
         *,
         attempts: Literal["extend", "reset"] = "extend",
@@ -490,35 +370,21 @@ class JobQueue:
         attempt numbers are reused, which gives up that fencing: use it only when no earlier
         attempt of the job can still be running.
         """
-        if attempts not in ("extend", "reset"):
-            raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
-        conn = _connection(session)
-        queue = conn.execute(
-            operations.requeue_dead(attempts == "reset"), {"job_id": job_id}
-        ).scalar_one_or_none()
-        if queue is None:
-            return False
-        sent = _sent_notifications(conn)
-        if queue not in sent:
-            conn.execute(enqueue_sql.notify(), {"queue": queue})
-            sent.add(queue)
-        return True
+        return admin.requeue_job(session, job_id, attempts=attempts)
 
     # -- inspection -------------------------------------------------------------------------
 
-    def get_job(
-        self, session: Session | scoped_session[Session] | Connection, job_id: int
-    ) -> JobInfo | None:
+    def get_job(self, session: SessionLike, job_id: int) -> JobInfo | None:
         """Read one job as it is in the caller's transaction, or None if there is no such id."""
-        return _get_job(_connection(session), job_id)
+        return admin.get_job(session, job_id)
 
     async def aget_job(self, session: AsyncSessionLike, job_id: int) -> JobInfo | None:
         """:meth:`get_job` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await run_async(session, lambda conn: _get_job(conn, job_id))
+        return await run_async(session, lambda conn: admin.get_job(conn, job_id))
 
     def list_jobs(
         self,
-        session: Session | scoped_session[Session] | Connection,
+        session: SessionLike,
         *,
         queue: str | None = None,
         status: str | Iterable[str] | None = None,
@@ -541,110 +407,17 @@ class JobQueue:
         insert order, so this is the order jobs were enqueued in, not ``created_at``'s order
         (a transaction's jobs take their creation time from its start).
         """
-        params: dict[str, Any] = {"limit": operations.check_limit(limit)}
-        if status is not None:
-            params["statuses"] = operations.check_statuses(status)
-        if queue is not None:
-            params["queue"] = check_queue_name(queue)
-        if task is not None:
-            params["task"] = check_task_name(task)
-        if older_than is not None:
-            params["older_than"] = operations.check_age(older_than)
-        if after_id is not None:
-            if isinstance(after_id, bool) or not isinstance(after_id, int):
-                raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
-            params["after_id"] = after_id
-        statement = operations.select_jobs(
-            _JOB_INFO_FIELDS,
-            statuses=status is not None,
-            queue=queue is not None,
-            task=task is not None,
-            older_than=older_than is not None,
-            after=after_id is not None,
-            newest_first=bool(newest_first),
+        return admin.list_jobs(
+            session,
+            queue=queue,
+            status=status,
+            task=task,
+            older_than=older_than,
+            limit=limit,
+            after_id=after_id,
+            newest_first=newest_first,
         )
-        rows = _connection(session).execute(statement, params)
-        return [JobInfo(**row._asdict()) for row in rows]
 
-    def counts(
-        self, session: Session | scoped_session[Session] | Connection
-    ) -> dict[str, dict[str, int]]:
+    def counts(self, session: SessionLike) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""
-        result: dict[str, dict[str, int]] = {}
-        for queue, status, n in _connection(session).execute(admin_sql.counts()):
-            result.setdefault(queue, {})[status] = n
-        return result
-
-
-_JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
-assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
-
-
-def _cancel(conn: Connection, job_id: int) -> bool:
-    params = {"job_id": job_id}
-    if conn.execute(admin_sql.cancel_queued(), params).first() is not None:
-        return True
-    return conn.execute(admin_sql.request_cancel(), params).first() is not None
-
-
-def _get_job(conn: Connection, job_id: int) -> JobInfo | None:
-    row = conn.execute(
-        select(*(jobs_table.c[f] for f in _JOB_INFO_FIELDS)).where(jobs_table.c.id == job_id)
-    ).one_or_none()
-    return JobInfo(**row._asdict()) if row is not None else None
-
-
-def _connection(session: Session | scoped_session[Session] | Connection) -> Connection:
-    # Session.connection() joins the session's transaction (beginning it if needed) without
-    # flushing pending objects: we add the job row and touch nothing else of the caller's.
-    if isinstance(session, Session | scoped_session):
-        try:
-            bind: object = session.get_bind()
-        except SQLAlchemyError:
-            bind = None  # no single bind to look at: connection() says what is wrong
-        # An asyncio driver works only inside SQLAlchemy's greenlet bridge (the Session that
-        # AsyncSession.run_sync hands over); outside it, refuse before connecting, which
-        # would fail deep in SQLAlchemy and leave a never-awaited coroutine behind.
-        if type(bind).__module__.startswith("sqlalchemy.ext.asyncio") or (
-            getattr(getattr(bind, "dialect", None), "is_async", False) and _outside_bridge()
-        ):
-            raise TypeError(_ASYNC_BIND)
-        try:
-            return session.connection()
-        except MissingGreenlet as exc:  # _outside_bridge could not tell
-            raise TypeError(_ASYNC_BIND) from exc
-    if isinstance(session, Connection):
-        return session
-    hint = ""
-    if type(session).__module__.startswith("sqlalchemy.ext.asyncio"):
-        hint = " (for an AsyncSession or AsyncConnection, await aenqueue, acancel, ...)"
-    raise TypeError(
-        "enqueue needs a SQLAlchemy Session, scoped_session or Connection,"
-        f" not {type(session).__name__}{hint}"
-    )
-
-
-def _outside_bridge() -> bool:
-    """True when surely not running inside SQLAlchemy's greenlet bridge; False if unsure."""
-    # sqlalchemy.util is not public API: if in_greenlet moves, say "unsure" and let the
-    # connection attempt tell instead.
-    from sqlalchemy.util import concurrency
-
-    in_greenlet = getattr(concurrency, "in_greenlet", None)
-    return in_greenlet is not None and not in_greenlet()
-
-
-_ASYNC_BIND: Final = (
-    "this Session is bound to an async engine (an asyncio driver), which sync code cannot"
-    " use: enqueue through an AsyncSession with await aenqueue (acancel, aget_job, ...)"
-)
-
-
-def _sent_notifications(conn: Connection) -> set[str]:
-    """The queues already notified in the connection's current (innermost) transaction."""
-    txn = conn.get_nested_transaction() or conn.get_transaction()
-    if txn is None:
-        # Not in a transaction yet: the insert is about to autobegin one. Begin it now so the
-        # bookkeeping has a transaction to hang on.
-        txn = conn.begin()
-    return _notified.setdefault(txn, set())
+        return admin.count_jobs(session)

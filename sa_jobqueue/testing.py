@@ -45,6 +45,8 @@ from unittest.mock import ANY
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
 
+from ._binds import SessionLike
+from ._registry import TaskRegistry
 from ._sql import testing as testing_sql
 from ._sql.clock import database_now
 from ._sql.session import transaction_id_if_written
@@ -66,7 +68,6 @@ __all__ = [
     "run_task",
 ]
 
-SessionLike = Session | scoped_session[Session] | Connection
 
 _FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobInfo))
 #: Jobs an assertion message lists at most.
@@ -194,11 +195,10 @@ class _Drainer:
         # same tasks with counting handlers, and no periodic schedules, so that a drain never
         # enqueues a tick and stays deterministic.
         self.queue = copy.copy(queue)
-        self.queue._tasks = {
-            name: dataclasses.replace(task, handler=self._counted(task.handler))
-            for name, task in queue.tasks.items()
-        }
-        self.queue._schedules = {}
+        self.queue._registry = TaskRegistry(
+            dataclasses.replace(task, handler=self._counted(task.handler))
+            for task in queue.tasks.values()
+        )
 
     @property
     def limit_reached(self) -> bool:

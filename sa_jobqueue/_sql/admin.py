@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -54,3 +55,9 @@ def counts() -> Select[str, str, int]:
         .group_by(j.queue, j.status)
         .order_by(j.queue, j.status)
     )
+
+
+@cache
+def job_by_id(columns: tuple[str, ...]) -> Select[Any]:
+    """The named ``columns`` of job ``:job_id``; no row if there is no such job."""
+    return select(*(j[c] for c in columns)).where(j.id == bindparam("job_id", type_=BigInteger))

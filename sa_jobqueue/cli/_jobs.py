@@ -24,9 +24,9 @@ from ..database import check_schema, create_engine, ping
 from ..errors import JobQueueError
 from ..models import DEAD, FINISHED_STATUSES, RUNNING
 from ..ops import count_purge, purge, stats
+from ..ops.admin import cancel_job, get_job, list_jobs, requeue_job
 from ..ops.health import Thresholds, check, span, worst
 from ..ops.reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
-from ..queue import JobQueue
 from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 
 #: The commands this module runs (``jobs`` with its actions).
@@ -108,12 +108,9 @@ def _stats(engine: Engine, args: argparse.Namespace) -> int:
         return 0
 
 
-# The job admin calls below go through an empty JobQueue (no tasks): the admin API lives on it.
-
-
 def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
     with engine.connect() as conn:
-        found = JobQueue().list_jobs(
+        found = list_jobs(
             conn,
             queue=args.queue,
             task=args.task,
@@ -135,7 +132,7 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
 
 def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
     with engine.connect() as conn:
-        job = JobQueue().get_job(conn, args.job_id)
+        job = get_job(conn, args.job_id)
         now = _now(conn)
     if job is None:
         print(f"sa-jobqueue: no job with id {args.job_id}", file=sys.stderr)
@@ -145,7 +142,6 @@ def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
-    queue = JobQueue()
     mode: Literal["extend", "reset"] = "reset" if args.reset_attempts else "extend"
     filtered = args.all or any(v is not None for v in (args.queue, args.task, args.older_than))
     if bool(args.job_ids) == bool(filtered):
@@ -158,11 +154,11 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
         failed = 0
         with engine.begin() as conn:
             for job_id in args.job_ids:
-                if queue.requeue(conn, job_id, attempts=mode):
+                if requeue_job(conn, job_id, attempts=mode):
                     print(f"job {job_id}: queued again")
                     continue
                 failed += 1
-                job = queue.get_job(conn, job_id)
+                job = get_job(conn, job_id)
                 if job is None:
                     reason = "no such job"
                 elif job.status != DEAD:
@@ -177,7 +173,7 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
         # A transaction per page: a long retry holds no locks for long, and what it did
         # stays done if it is interrupted.
         with engine.begin() as conn:
-            page = queue.list_jobs(
+            page = list_jobs(
                 conn,
                 status=DEAD,
                 queue=args.queue,
@@ -187,7 +183,7 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
                 after_id=after,
             )
             for job in page:
-                if queue.requeue(conn, job.id, attempts=mode):
+                if requeue_job(conn, job.id, attempts=mode):
                     requeued += 1
                 else:
                     kept += 1
@@ -206,12 +202,11 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _jobs_cancel(engine: Engine, args: argparse.Namespace) -> int:
-    queue = JobQueue()
     failed = 0
     with engine.begin() as conn:
         for job_id in args.job_ids:
-            if queue.cancel(conn, job_id):
-                job = queue.get_job(conn, job_id)
+            if cancel_job(conn, job_id):
+                job = get_job(conn, job_id)
                 requested = job is not None and job.status == RUNNING
                 print(
                     f"job {job_id}: "
@@ -219,7 +214,7 @@ def _jobs_cancel(engine: Engine, args: argparse.Namespace) -> int:
                 )
                 continue
             failed += 1
-            job = queue.get_job(conn, job_id)
+            job = get_job(conn, job_id)
             reason = "no such job" if job is None else f"already {job.status}, left as it is"
             print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
     return EXIT_ERROR if failed else 0

@@ -3,16 +3,20 @@
 The public operator API is what this package exports (``__all__``), also importable from
 the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
 
+* :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
+  :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
+  Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
 * :func:`check` with :class:`Thresholds`, returning :class:`Finding` objects; :func:`worst`
   sums them up.
 
-The submodules are internal and may change without notice: ``stats``, ``purge``, ``health``
-(the functions above), ``jobs`` (checks of the filters callers pass), ``workers`` (each
-worker's row in the registry), ``reports`` (the CLI's text and JSON renderings) and ``verify``
-(``sa-jobqueue verify``). Their statements are in :mod:`sa_jobqueue._sql`.
+The submodules are internal and may change without notice: ``admin`` (job admin),
+``stats``, ``purge``, ``health`` (the functions above), ``jobs`` (checks of the filters callers
+pass), ``workers`` (each worker's row in the registry), ``reports`` (the CLI's text and JSON
+renderings) and ``verify`` (``sa-jobqueue verify``). Their statements are in
+:mod:`sa_jobqueue._sql`.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
@@ -20,21 +24,28 @@ current transaction, and commit nothing; ``purge`` commits each of its batches i
 
 from __future__ import annotations
 
+from .admin import JobInfo, cancel_job, count_jobs, get_job, list_jobs, requeue_job
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
     "Finding",
+    "JobInfo",
     "QueueStats",
     "Severity",
     "Stats",
     "TaskRunTimes",
     "Thresholds",
     "WorkerInfo",
+    "cancel_job",
     "check",
+    "count_jobs",
     "count_purge",
+    "get_job",
+    "list_jobs",
     "purge",
+    "requeue_job",
     "stats",
     "worst",
 ]

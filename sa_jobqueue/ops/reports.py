@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
-from ..queue import JobInfo
+from .admin import JobInfo
 from .health import Finding, span, worst
 from .stats import Stats
 

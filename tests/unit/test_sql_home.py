@@ -40,7 +40,6 @@ PERMANENT: dict[tuple[str, str], str] = {
 #: empty; an entry no longer needed fails the test below, so none outlives its reason.
 NOT_MOVED_YET: frozenset[tuple[str, str]] = frozenset(
     {
-        ("queue.py", "sqlalchemy.select"),  # JobQueue.get's select of one job
         ("listener.py", "psycopg.sql"),  # LISTEN on the wake-up channel (driver level)
         ("listener.py", "driver execute"),  # the listener connection's keep-alive SELECT 1
     }

@@ -1,0 +1,358 @@
+"""Enqueueing, under ``JobQueue.enqueue`` and periodic ticks: resolve, check, then insert.
+
+Three steps, the first two without I/O:
+
+1. :func:`resolve_options` turns a task's declared defaults and the per-call overrides into one
+   checked :class:`EnqueueOptions`. Every enqueue path goes through it: ``enqueue``,
+   ``enqueue_many``, their async twins and :func:`sa_jobqueue.periodic.enqueue_due`.
+2. :func:`new_jobs` encodes the payloads and settles the unique keys: a :class:`NewJobs`.
+3. :func:`insert_one` and :func:`insert_many` run the statements on the caller's Connection,
+   unique keys and their retry included, and :func:`wake` sends at most one NOTIFY per queue
+   per transaction.
+
+Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import Connection, Insert
+from sqlalchemy.engine.base import Transaction
+
+from ._sql import enqueue as enqueue_sql
+from ._validation import (
+    check_lease,
+    check_max_attempts,
+    check_priority,
+    check_queue_name,
+    check_run_at,
+    check_unique_key,
+    encode_payload,
+)
+from .errors import InvalidJobError, JobQueueError
+from .tasks import Backoff, Task
+
+#: How many times a unique insert is tried again when the job holding its key finished between
+#: the insert and the lookup. Each retry needs another transaction to enqueue and finish a job
+#: with the same key within those two statements, so more than two rounds is already unheard of.
+UNIQUE_ROUNDS: Final = 10
+
+
+class Enqueued(int):
+    """A job's id, as ``enqueue`` returns it, with ``created``: whether this call added the job.
+
+    It is an ``int`` (it compares, hashes, formats and serialises as the plain id), so code that
+    takes the id as an int keeps working. ``created`` is False when the job's unique key was
+    already held by a queued or running job of its task: the id is then that job's, and nothing
+    was added. Without a unique key, ``created`` is always True.
+    """
+
+    created: bool
+
+    def __new__(cls, job_id: int, created: bool = True) -> Enqueued:
+        self = super().__new__(cls, job_id)
+        self.created = created
+        return self
+
+
+# -- 1. options ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    """Where, when and how the jobs of one enqueue run: checked, and final.
+
+    Built by :func:`resolve_options` only. ``run_at`` is None (due now), an aware datetime or
+    a delay from the database's ``now()``. ``backoff`` is the job's own retry policy if the
+    call gave one (stored with the job); None leaves the task's, which is not stored.
+    """
+
+    task: Task
+    queue: str
+    priority: int
+    max_attempts: int
+    lease: timedelta
+    run_at: datetime | timedelta | None = None
+    backoff: Backoff | None = None
+
+    @property
+    def schedule(self) -> str:
+        """How the job's due time is given to the statement: "now", "at" or "after"."""
+        if isinstance(self.run_at, datetime):
+            return "at"
+        return "after" if isinstance(self.run_at, timedelta) else "now"
+
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """The job's bind parameters (names after ``prefix``; ``run_at``/``delay`` never take it).
+
+        ``lease`` and ``delay`` are seconds (see :func:`sa_jobqueue._sql.clock.seconds`).
+        """
+        params: dict[str, Any] = {
+            f"{prefix}task": self.task.name,
+            f"{prefix}queue": self.queue,
+            f"{prefix}priority": self.priority,
+            f"{prefix}max_attempts": self.max_attempts,
+            f"{prefix}lease": self.lease.total_seconds(),
+        }
+        if isinstance(self.run_at, datetime):
+            params["run_at"] = self.run_at
+        elif isinstance(self.run_at, timedelta):
+            params["delay"] = self.run_at.total_seconds()
+        return params
+
+
+def resolve_options(
+    task: Task,
+    run_at: datetime | timedelta | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    lease: timedelta | None = None,
+    backoff: Backoff | None = None,
+) -> EnqueueOptions:
+    """``task``'s defaults with the overrides that are not None applied, each one checked.
+
+    Raises an InvalidJobError subclass naming the first bad option; no I/O.
+    """
+    run_at = check_run_at(run_at)
+    resolved = EnqueueOptions(
+        task=task,
+        queue=check_queue_name(queue if queue is not None else task.queue),
+        priority=check_priority(priority if priority is not None else task.priority),
+        max_attempts=check_max_attempts(
+            max_attempts if max_attempts is not None else task.max_attempts
+        ),
+        lease=check_lease(lease if lease is not None else task.lease),
+        run_at=run_at,
+        backoff=backoff,
+    )
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise InvalidJobError(f"backoff must be a Backoff, not {type(backoff).__name__}")
+    return resolved
+
+
+# -- 2. jobs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewJobs:
+    """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
+
+    ``payloads`` are JSON texts; ``keys`` runs parallel to them (None: no uniqueness for that
+    job). ``trace_context`` is the enqueuer's W3C trace context as JSON text, for every job,
+    when the queue traces and a trace is active (see :mod:`sa_jobqueue.tracing`); else None.
+    """
+
+    options: EnqueueOptions
+    payloads: list[str]
+    keys: list[str | None]
+    trace_context: str | None = None
+
+    @property
+    def queue(self) -> str:
+        return self.options.queue
+
+    @property
+    def task(self) -> str:
+        return self.options.task.name
+
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """:meth:`EnqueueOptions.params` plus the trace context and the job's own backoff."""
+        params = self.options.params(prefix)
+        if self.trace_context is not None:
+            params[f"{prefix}trace_context"] = self.trace_context
+        if self.options.backoff is not None:
+            params[f"{prefix}backoff"] = json.dumps(self.options.backoff.to_json())
+        return params
+
+
+def new_jobs(
+    options: EnqueueOptions,
+    payloads: Sequence[Any],
+    unique_keys: Sequence[str | None],
+    *,
+    max_payload_bytes: int,
+    trace_context: Callable[[], str | None] | None = None,
+) -> NewJobs:
+    """Encode ``payloads`` and settle their keys; ``unique_keys`` runs parallel to them.
+
+    For a None key the task's ``unique_key`` function, if it declares one, gives the key; its
+    errors propagate. ``trace_context`` is called last, once, if given. No I/O.
+    """
+    encoded = [encode_payload(p, max_bytes=max_payload_bytes) for p in payloads]
+    if len(unique_keys) != len(payloads):
+        raise InvalidJobError(
+            f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
+        )
+    task = options.task
+    derive = task.unique_key
+    keys = [
+        check_unique_key(
+            key if key is not None or derive is None else derive(payload), task=task.name
+        )
+        for payload, key in zip(payloads, unique_keys, strict=True)
+    ]
+    trace = trace_context() if trace_context is not None else None
+    return NewJobs(options, encoded, keys, trace)
+
+
+# -- 3. the I/O ---------------------------------------------------------------------------------
+
+
+def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
+    """Insert ``new``'s one job in ``conn``'s transaction; wakes its queue's workers at commit."""
+    sent = sent_notifications(conn)
+    params = {**new.params(), "payload": new.payloads[0]}
+    key = new.keys[0]
+    wake_up = new.queue not in sent
+    traced = new.trace_context is not None
+    policy = new.options.backoff is not None
+    if key is None:
+        job_id = conn.execute(
+            enqueue_sql.insert_job(new.options.schedule, wake_up, traced=traced, backoff=policy),
+            params,
+        ).scalar_one()
+        sent.add(new.queue)
+        return Enqueued(job_id)
+    params["unique_key"] = key
+    insert = enqueue_sql.insert_job(
+        new.options.schedule, wake_up, unique=True, traced=traced, backoff=policy
+    )
+    for _ in range(UNIQUE_ROUNDS):
+        row = conn.execute(insert, params).first()
+        if row is not None:
+            sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
+            return Enqueued(row[0])
+        found = conn.execute(
+            enqueue_sql.find_unique(), {"task": new.task, "unique_keys": [key]}
+        ).first()
+        if found is not None:
+            return Enqueued(found[1], created=False)
+        # The live job that held the key finished between the two statements: insert again.
+    raise _churn(new.task)
+
+
+def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
+    """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order."""
+    sent = sent_notifications(conn)
+    # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
+    bulk = new.params("b_")
+    statement = enqueue_sql.insert_jobs(
+        new.options.schedule,
+        unique=any(key is not None for key in new.keys),
+        traced=new.trace_context is not None,
+        backoff=new.options.backoff is not None,
+    )
+    if all(key is None for key in new.keys):
+        rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
+        result = [Enqueued(job_id) for job_id in rows.scalars()]
+    else:
+        result = _insert_unique_many(conn, new, statement, bulk)
+    if new.queue not in sent and any(job.created for job in result):
+        conn.execute(enqueue_sql.notify(), {"queue": new.queue})
+        sent.add(new.queue)
+    return result
+
+
+def _insert_unique_many(
+    conn: Connection, new: NewJobs, statement: Insert, bulk: dict[str, Any]
+) -> list[Enqueued]:
+    # Only the first payload of each key is sent; later ones in the batch get its job. One
+    # statement then never holds a key twice.
+    first: dict[str, int] = {}
+    for i, key in enumerate(new.keys):
+        if key is not None:
+            first.setdefault(key, i)
+    result: list[Enqueued | None] = [None] * len(new.keys)
+    todo = [i for i, key in enumerate(new.keys) if key is None or first[key] == i]
+    for _ in range(UNIQUE_ROUNDS):
+        rows = conn.execute(
+            statement,
+            {
+                **bulk,
+                "payloads": [new.payloads[i] for i in todo],
+                "unique_keys": [new.keys[i] for i in todo],
+            },
+        ).all()
+        inserted = {key: job_id for job_id, key in rows if key is not None}
+        # Rows without a key are never skipped and come back in payload order, as in the
+        # plain batch insert (INSERT ... SELECT FROM unnest keeps the array's order).
+        keyless = iter([job_id for job_id, key in rows if key is None])
+        skipped: list[int] = []
+        for i in todo:
+            key = new.keys[i]
+            if key is None:
+                result[i] = Enqueued(next(keyless))
+            elif key in inserted:
+                result[i] = Enqueued(inserted[key])
+            else:
+                skipped.append(i)
+        if not skipped:
+            break
+        live = {
+            key: job_id
+            for key, job_id in conn.execute(
+                enqueue_sql.find_unique(),
+                {"task": new.task, "unique_keys": [new.keys[i] for i in skipped]},
+            )
+        }
+        todo = []
+        for i in skipped:
+            key = new.keys[i]
+            if key is not None and key in live:
+                result[i] = Enqueued(live[key], created=False)
+            else:
+                todo.append(i)  # its live job finished between the two statements
+        if not todo:
+            break
+    else:
+        raise _churn(new.task)
+    ids: list[Enqueued] = []
+    for i, job in enumerate(result):
+        if job is None:  # a later duplicate of a key within the batch: the first one's job
+            key = new.keys[i]
+            assert key is not None
+            original = result[first[key]]
+            assert original is not None
+            job = Enqueued(original, created=False)
+        ids.append(job)
+    return ids
+
+
+def _churn(task: str) -> JobQueueError:
+    return JobQueueError(
+        f"task {task!r}: the live job holding the unique key finished {UNIQUE_ROUNDS} times"
+        " between the insert and the lookup; nothing was added"
+    )
+
+
+# -- wake-ups -----------------------------------------------------------------------------------
+
+#: Queues already notified in a transaction. Keyed weakly by the innermost transaction object,
+#: so the entry vanishes with it; a savepoint gets its own entry because a NOTIFY sent inside a
+#: savepoint that is rolled back is dropped with it.
+_notified: Final[weakref.WeakKeyDictionary[Transaction, set[str]]] = weakref.WeakKeyDictionary()
+
+
+def sent_notifications(conn: Connection) -> set[str]:
+    """The queues already notified in the connection's current (innermost) transaction."""
+    txn = conn.get_nested_transaction() or conn.get_transaction()
+    if txn is None:
+        # Not in a transaction yet: the insert is about to autobegin one. Begin it now so the
+        # bookkeeping has a transaction to hang on.
+        txn = conn.begin()
+    return _notified.setdefault(txn, set())
+
+
+def wake(conn: Connection, queue: str) -> None:
+    """Wake ``queue``'s idle workers when ``conn``'s transaction commits, once per transaction."""
+    sent = sent_notifications(conn)
+    if queue not in sent:
+        conn.execute(enqueue_sql.notify(), {"queue": queue})
+        sent.add(queue)

@@ -1,0 +1,152 @@
+"""Job admin: read, list, count, cancel and requeue jobs, in the caller's transaction.
+
+What ``JobQueue.get_job``, ``list_jobs``, ``counts``, ``cancel`` and ``requeue`` do, without a
+JobQueue: none of it needs the registered tasks, so operators' tools (the ``sa-jobqueue jobs``
+commands) call these functions directly. Each takes a Session, scoped_session or Connection,
+runs in its transaction and never commits; bad arguments raise InvalidJobError before any SQL
+is sent, and before the session is asked for its connection.
+
+What is not promised: a consistent picture across calls. Each call is one or two statements
+and sees the jobs as its transaction does; workers change them meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from .._binds import SessionLike, connection_of
+from .._enqueue import wake
+from .._sql import admin as admin_sql
+from .._validation import check_queue_name, check_task_name
+from ..errors import InvalidJobError
+from ..models import Job
+from .jobs import check_age, check_limit, check_statuses, requeue_dead, select_jobs
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A snapshot of one job row, as :meth:`JobQueue.get_job` returns it."""
+
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    visible_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: Any
+    cancel_requested: bool
+    unique_key: str | None = None
+
+
+_JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
+assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
+
+
+def get_job(session: SessionLike, job_id: int) -> JobInfo | None:
+    """Read job ``job_id`` as it is in the caller's transaction; None if there is no such id."""
+    row = (
+        connection_of(session)
+        .execute(admin_sql.job_by_id(_JOB_INFO_FIELDS), {"job_id": job_id})
+        .one_or_none()
+    )
+    return JobInfo(**row._asdict()) if row is not None else None
+
+
+def list_jobs(
+    session: SessionLike,
+    *,
+    queue: str | None = None,
+    status: str | Iterable[str] | None = None,
+    task: str | None = None,
+    older_than: timedelta | None = None,
+    limit: int = 100,
+    after_id: int | None = None,
+    newest_first: bool = False,
+) -> list[JobInfo]:
+    """Read up to ``limit`` jobs in id order (oldest first), in the caller's transaction.
+
+    The filters, paging and limits of :meth:`JobQueue.list_jobs`, which calls this: ``queue``,
+    ``task``, ``status`` (one or several), ``older_than`` (created longer ago, by the
+    database's clock), ``after_id`` for the next page (keyset pagination) and
+    ``newest_first`` for the highest ids first. ``limit`` is at most 10,000. Bad filters
+    raise InvalidJobError before any SQL is sent.
+    """
+    params: dict[str, Any] = {"limit": check_limit(limit)}
+    if status is not None:
+        params["statuses"] = check_statuses(status)
+    if queue is not None:
+        params["queue"] = check_queue_name(queue)
+    if task is not None:
+        params["task"] = check_task_name(task)
+    if older_than is not None:
+        params["older_than"] = check_age(older_than)
+    if after_id is not None:
+        if isinstance(after_id, bool) or not isinstance(after_id, int):
+            raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
+        params["after_id"] = after_id
+    statement = select_jobs(
+        _JOB_INFO_FIELDS,
+        statuses=status is not None,
+        queue=queue is not None,
+        task=task is not None,
+        older_than=older_than is not None,
+        after=after_id is not None,
+        newest_first=bool(newest_first),
+    )
+    rows = connection_of(session).execute(statement, params)
+    return [JobInfo(**row._asdict()) for row in rows]
+
+
+def count_jobs(session: SessionLike) -> dict[str, dict[str, int]]:
+    """Job counts as ``{queue: {status: n}}``; statuses without jobs are left out.
+
+    Reads the whole table, finished history included.
+    """
+    result: dict[str, dict[str, int]] = {}
+    for queue, status, n in connection_of(session).execute(admin_sql.counts()):
+        result.setdefault(queue, {})[status] = n
+    return result
+
+
+def cancel_job(session: SessionLike, job_id: int) -> bool:
+    """Cancel job ``job_id`` in the caller's transaction; True if it was queued or running.
+
+    A queued job becomes ``cancelled`` and never runs; for a running one cancellation is
+    requested, and its worker ends it ``cancelled`` (see :meth:`JobQueue.cancel`). A finished
+    job is left as it is (False).
+    """
+    conn = connection_of(session)
+    params = {"job_id": job_id}
+    if conn.execute(admin_sql.cancel_queued(), params).first() is not None:
+        return True
+    return conn.execute(admin_sql.request_cancel(), params).first() is not None
+
+
+def requeue_job(
+    session: SessionLike, job_id: int, *, attempts: Literal["extend", "reset"] = "extend"
+) -> bool:
+    """Put ``dead`` job ``job_id`` back in its queue, due now, in the caller's transaction.
+
+    True if it was dead and is queued again; False (nothing changed) if it is not dead, does
+    not exist, or a queued or running job of its task holds its unique key. ``attempts``:
+    "extend" raises ``max_attempts`` by its current value, "reset" starts the attempts from 0
+    again (see :meth:`JobQueue.requeue` for what each keeps of the fencing). One NOTIFY wakes
+    the queue's workers at commit.
+    """
+    if attempts not in ("extend", "reset"):
+        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+    conn = connection_of(session)
+    queue = conn.execute(requeue_dead(attempts == "reset"), {"job_id": job_id}).scalar_one_or_none()
+    if queue is None:
+        return False
+    wake(conn, queue)
+    return True

@@ -1,0 +1,196 @@
+"""The enqueue option resolver and job preparation: task defaults, overrides, checks; no I/O."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sa_jobqueue import (
+    Backoff,
+    InvalidJobError,
+    InvalidNameError,
+    InvalidScheduleError,
+    JobContext,
+    PayloadError,
+    Task,
+)
+from sa_jobqueue._enqueue import EnqueueOptions, new_jobs, resolve_options
+
+
+def handler(ctx: JobContext, payload: Any) -> None:
+    """Never run: these tests only prepare jobs."""
+
+
+TASK = Task(
+    name="send",
+    handler=handler,
+    queue="mail",
+    priority=5,
+    max_attempts=3,
+    lease=timedelta(seconds=45),
+)
+
+
+def by_key(payload: Any) -> str | None:
+    return None if payload.get("id") is None else f"id:{payload['id']}"
+
+
+KEYED = Task(name="keyed", handler=handler, unique_key=by_key)
+
+
+def test_without_overrides_the_tasks_declaration_is_taken() -> None:
+    options = resolve_options(TASK)
+    assert options == EnqueueOptions(
+        task=TASK, queue="mail", priority=5, max_attempts=3, lease=timedelta(seconds=45)
+    )
+    assert options.schedule == "now"
+    assert options.params() == {
+        "task": "send",
+        "queue": "mail",
+        "priority": 5,
+        "max_attempts": 3,
+        "lease": 45.0,
+    }
+
+
+def test_overrides_win_even_when_falsy() -> None:
+    # Only None means "the task's": priority 0 is an override of the task's 5.
+    backoff = Backoff(base=timedelta(seconds=2), jitter=0)
+    options = resolve_options(
+        TASK,
+        run_at=timedelta(minutes=1),
+        priority=0,
+        queue="other",
+        max_attempts=1,
+        lease=timedelta(milliseconds=500),
+        backoff=backoff,
+    )
+    assert (options.queue, options.priority, options.max_attempts) == ("other", 0, 1)
+    assert options.lease == timedelta(milliseconds=500)
+    assert options.backoff is backoff
+    assert options.schedule == "after"
+    assert options.params()["delay"] == 60.0
+    assert options.params()["lease"] == 0.5
+
+
+def test_run_at_chooses_how_the_due_time_is_sent() -> None:
+    moment = datetime(2030, 1, 1, tzinfo=UTC)
+    at = resolve_options(TASK, run_at=moment)
+    assert at.schedule == "at"
+    assert at.params()["run_at"] == moment
+    assert "delay" not in at.params()
+    assert resolve_options(TASK, run_at=timedelta(0)).schedule == "after"
+
+
+def test_a_prefix_names_the_job_columns_but_not_the_due_time() -> None:
+    params = resolve_options(TASK, run_at=timedelta(seconds=3)).params("b_")
+    assert params == {
+        "b_task": "send",
+        "b_queue": "mail",
+        "b_priority": 5,
+        "b_max_attempts": 3,
+        "b_lease": 45.0,
+        "delay": 3.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"queue": "no spaces"}, InvalidNameError, "queue name"),
+        ({"priority": 40_000}, InvalidScheduleError, "priority"),
+        ({"priority": True}, InvalidScheduleError, "priority"),
+        ({"max_attempts": 0}, InvalidScheduleError, "max_attempts"),
+        ({"lease": timedelta(0)}, InvalidScheduleError, "lease"),
+        ({"lease": 30}, InvalidScheduleError, "lease"),
+        ({"run_at": datetime(2030, 1, 1)}, InvalidScheduleError, "timezone-aware"),
+        ({"run_at": timedelta(seconds=-1)}, InvalidScheduleError, "delay"),
+        ({"run_at": "tomorrow"}, InvalidScheduleError, "run_at"),
+        ({"backoff": {"base": 1}}, InvalidJobError, "backoff must be a Backoff"),
+    ],
+)
+def test_a_bad_override_is_refused(
+    overrides: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match) as raised:
+        resolve_options(TASK, **overrides)
+    assert type(raised.value) is error
+
+
+def test_options_are_frozen() -> None:
+    options = resolve_options(TASK)
+    with pytest.raises(AttributeError):
+        options.priority = 1  # type: ignore[misc]
+
+
+# -- new_jobs -------------------------------------------------------------------------------------
+
+
+def test_payloads_are_encoded_and_keys_left_empty_without_a_key_function() -> None:
+    jobs = new_jobs(
+        resolve_options(TASK), [{"b": 1, "a": "é"}, None], [None, None], max_payload_bytes=100
+    )
+    assert jobs.payloads == ['{"b":1,"a":"é"}', "null"]
+    assert jobs.keys == [None, None]
+    assert (jobs.task, jobs.queue, jobs.trace_context) == ("send", "mail", None)
+
+
+def test_the_tasks_key_function_fills_only_the_missing_keys() -> None:
+    jobs = new_jobs(
+        resolve_options(KEYED),
+        [{"id": 1}, {"id": 2}, {}],
+        [None, "given", None],
+        max_payload_bytes=100,
+    )
+    assert jobs.keys == ["id:1", "given", None]
+
+
+def test_keys_must_run_parallel_to_payloads() -> None:
+    with pytest.raises(InvalidJobError, match="unique_keys has 1 entries for 2 payloads"):
+        new_jobs(resolve_options(TASK), [1, 2], [None], max_payload_bytes=100)
+
+
+def test_a_bad_key_is_refused() -> None:
+    with pytest.raises(InvalidJobError, match="unique key is a str"):
+        new_jobs(resolve_options(TASK), [1], [7], max_payload_bytes=100)  # type: ignore[list-item]
+
+
+def test_the_payload_limit_is_the_one_given() -> None:
+    options = resolve_options(TASK)
+    new_jobs(options, ["x" * 8], [None], max_payload_bytes=10)
+    with pytest.raises(PayloadError, match="over the limit of 10"):
+        new_jobs(options, ["x" * 9], [None], max_payload_bytes=10)
+
+
+def test_the_trace_context_is_taken_once_for_the_batch() -> None:
+    calls: list[None] = []
+
+    def trace() -> str:
+        calls.append(None)
+        return '{"traceparent":"00-1-2-01"}'
+
+    jobs = new_jobs(
+        resolve_options(TASK), [1, 2, 3], [None] * 3, max_payload_bytes=100, trace_context=trace
+    )
+    assert len(calls) == 1
+    assert jobs.trace_context == '{"traceparent":"00-1-2-01"}'
+
+
+def test_job_params_carry_the_trace_and_the_jobs_own_backoff() -> None:
+    backoff = Backoff(base=timedelta(seconds=2), cap=timedelta(seconds=8), jitter=0)
+    jobs = new_jobs(
+        resolve_options(TASK, backoff=backoff),
+        [1],
+        [None],
+        max_payload_bytes=100,
+        trace_context=lambda: "{}",
+    )
+    params = jobs.params("b_")
+    assert params["b_trace_context"] == "{}"
+    assert json.loads(params["b_backoff"]) == {"base": 2.0, "cap": 8.0, "jitter": 0.0}
+    plain = new_jobs(resolve_options(TASK), [1], [None], max_payload_bytes=100).params()
+    assert "backoff" not in plain
+    assert "trace_context" not in plain
