@@ -20,7 +20,8 @@ How a page's samples are run (CONTRIBUTING.md tells writers the same):
 Fences start at the beginning of a line: an indented python block would go unrun, so it fails.
 
 The CLI reference's ```` ```text ```` blocks marked ``<!-- cli-help: <command> -->`` must equal
-``python -m sa_jobqueue <command> --help``; ``SA_JOBQUEUE_UPDATE_DOCS=1`` rewrites them.
+``python -m sa_jobqueue <command> --help``; ``SA_JOBQUEUE_UPDATE_DOCS=1`` rewrites them. The
+error tree in docs/reference/errors.md must equal the one drawn in sa_jobqueue/errors.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import URL
 
+import sa_jobqueue.errors
 from tests.conftest import url_string
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,4 +233,19 @@ def test_cli_reference_is_the_cli_help() -> None:
     assert not stale, (
         f"docs/reference/cli.md differs from the --help of: {', '.join(stale)}; "
         "rewrite it with SA_JOBQUEUE_UPDATE_DOCS=1"
+    )
+
+
+# -- the error tree is the one the errors module draws -----------------------------------------
+
+
+def test_error_tree_is_the_errors_module_tree() -> None:
+    drawn = re.search(r"::\n\n((?:    .*\n)+)", sa_jobqueue.errors.__doc__ or "")
+    assert drawn, "sa_jobqueue/errors.py's docstring should draw the tree in a literal block"
+    tree = "\n".join(line[4:] for line in drawn[1].rstrip("\n").splitlines())
+    page = (DOCS / "reference" / "errors.md").read_text()
+    shown = re.search(r"<!-- error-tree: .* -->\n```text\n(.*?)\n```", page, flags=re.S)
+    assert shown, "docs/reference/errors.md should show the tree after its error-tree mark"
+    assert shown[1] == tree, (
+        "copy the tree from sa_jobqueue/errors.py into docs/reference/errors.md"
     )
