@@ -39,6 +39,8 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
+# The instructions this test follows: the Alembic how-to guide of the documentation.
+GUIDE = REPO_ROOT / "docs" / "how-to" / "alembic.md"
 SUBPROCESS_TIMEOUT = 120
 OUR_TABLES = ("sa_jobqueue_jobs", "sa_jobqueue_periodic", "sa_jobqueue_workers")
 
@@ -118,10 +120,10 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
 
 
 def readme_block(first_line: str) -> str:
-    """The README's fenced code block whose first line is ``first_line``."""
-    blocks = re.findall(r"^```\w*\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    """The guide's fenced code block whose first line is ``first_line``."""
+    blocks = re.findall(r"^```\w*\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
     found = [b for b in blocks if b.splitlines()[0].strip() == first_line]
-    assert len(found) == 1, f"the README should have one block starting {first_line!r}"
+    assert len(found) == 1, f"the guide should have one block starting {first_line!r}"
     return found[0]
 
 
