@@ -60,12 +60,12 @@ from sqlalchemy.orm import Session, scoped_session
 
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_payload
 from .errors import InvalidJobError, JobQueueError
-from .execution import HandlerSession
 from .models import CANCELLED, DEAD, QUEUED, SUCCEEDED, claimable, jobs_table
 from .ops import jobs as operations
 from .queue import JobInfo, JobQueue
 from .tasks import Handler, JobContext, Task
 from .worker import Worker
+from .worker._sessions import HandlerSession
 
 __all__ = [
     "DrainResult",
