@@ -25,6 +25,11 @@ class AttemptStopped(Exception):
     """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
 
 
+# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
+# name this error has always been stored under, from before the worker became a package.
+AttemptStopped.__module__ = "sa_jobqueue.execution"
+
+
 async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> None:
     """Await an ``async def`` handler's coroutine, cancelling it once it should stop.
 

@@ -29,6 +29,11 @@ class SwallowedError(Exception):
     """A handler went on after one of its statements failed, without ``rollback()``."""
 
 
+# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
+# name this error has always been stored under, from before the worker became a package.
+SwallowedError.__module__ = "sa_jobqueue.running"
+
+
 @dataclass(frozen=True, slots=True)
 class Complete:
     """The handler returned: mark the job succeeded.

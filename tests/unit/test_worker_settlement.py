@@ -97,3 +97,11 @@ def test_outcome_values_are_the_names_observers_and_metrics_see() -> None:
         "lost",
         "handed_back",
     ]
+
+
+def test_the_workers_own_errors_keep_the_type_names_stored_in_last_error() -> None:
+    from sa_jobqueue._error_text import error_json
+    from sa_jobqueue.worker._event_loop import AttemptStopped
+
+    assert '"type": "sa_jobqueue.running.SwallowedError"' in error_json(SwallowedError("x"))
+    assert '"type": "sa_jobqueue.execution.AttemptStopped"' in error_json(AttemptStopped("x"))
