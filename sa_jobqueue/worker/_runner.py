@@ -308,10 +308,10 @@ class Runner:
             lane.async_slots = asyncio.Semaphore(lane.concurrency)
         try:
             async with lane.async_slots:
-                loop = asyncio.get_running_loop()
                 if self._stopping.is_set():
                     # Shutting down before it could start: back to the queue uncounted, as
                     # a buffered sync job is.
+                    loop = asyncio.get_running_loop()
                     await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
                     return
                 self._starting(job, task, ctx, run)
