@@ -12,7 +12,7 @@ one lane per queue with a concurrency each)::
 needs in its constructor (none inherits another). Their modules are internal, not a stable
 API:
 
-- ``_claimer``: a :class:`LaneClaimer` per lane, and the claim loop that paces them;
+- ``_claimer``: a ``LaneClaimer`` per lane, and the claim loop that paces them;
 - ``_runner``: runs a claimed attempt on a job thread or the event loop (``_event_loop``), in
   the handler's session (``_sessions``) or its thread's group transaction (``_groups``);
 - ``_settlement``: the one pure function from how a handler ended to a verdict, and the
