@@ -14,6 +14,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── SchemaMissingError
      │    ├── SchemaOutdatedError
      │    └── SchemaManagedElsewhereError    another route of installing it owns the schema
+     ├── WorkerConfigError (ValueError)      a Worker option is out of range
      ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
      └── AppImportError                      the worker's ``module:attribute`` could not be loaded
 
@@ -76,6 +77,15 @@ class SchemaManagedElsewhereError(SchemaError):
     Raised instead of installing the tables a second time: our revisions are recorded in a
     version table other than the one this route keeps (an application's ``alembic_version``),
     or in none at all (``metadata.create_all``). The message says what was found and what to run.
+    """
+
+
+class WorkerConfigError(JobQueueError, ValueError):
+    """A Worker option is out of range.
+
+    Raised by the :class:`~sa_jobqueue.Worker` constructor before anything is started; the
+    message names the option. It is a ValueError too, so code written against the ValueError
+    the worker raised before keeps catching it.
     """
 
 

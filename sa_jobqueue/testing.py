@@ -52,12 +52,12 @@ from ._sql.clock import database_now
 from ._sql.session import transaction_id_if_written
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_payload
 from .errors import InvalidJobError, JobQueueError
-from .execution import HandlerSession
 from .models import CANCELLED, DEAD, QUEUED, SUCCEEDED
 from .ops import jobs as operations
 from .queue import JobInfo, JobQueue
 from .tasks import Handler, JobContext, Task
 from .worker import Worker
+from .worker._sessions import HandlerSession
 
 __all__ = [
     "DrainResult",

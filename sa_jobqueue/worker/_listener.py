@@ -11,10 +11,10 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
-from ._deadlines import DEADLINES
-from ._error_text import one_line
-from ._sql import enqueue as enqueue_sql
-from .database import CONNECT_ARGS
+from .._deadlines import DEADLINES
+from .._error_text import one_line
+from .._sql import enqueue as enqueue_sql
+from ..database import CONNECT_ARGS
 
 log = logging.getLogger("sa_jobqueue.worker")
 

@@ -1,17 +1,13 @@
-"""What a worker keeps about the jobs it has claimed, and how it groups its queues."""
+"""Lanes: queues that share job threads and a claim buffer, and the buffer's adaptive size."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
-from datetime import timedelta
 from queue import SimpleQueue
 
-from .models import CANCELLED, DEAD
-from .observability import JobRun
-from .tasks import Backoff, JobContext, Task
+from ._claimed import Claimed
 
 #: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
 #: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
@@ -21,46 +17,12 @@ PREFETCH_SLOW = 1.0
 PREFETCH_MAX_FACTOR = 8
 
 
-@dataclass
-class Held:
-    """What the heartbeat needs to know about one job this worker is running."""
-
-    attempt: int
-    lease: timedelta
-    renew_at: float  # time.monotonic() of the next renewal
-    ctx: JobContext | None = None
-    task: Task | None = None
-    deadline: float | None = None  # time.monotonic() when the task's timeout runs out
-    grouped: bool = False  # finished, its completion waiting for its group's commit
-    run: JobRun | None = None  # for observers
-    backoff: Backoff | None = None  # the job's own retry policy, if enqueue gave one
-
-
-@dataclass(frozen=True)
-class Claimed:
-    id: int
-    queue: str
-    task: str
-    payload: str  # JSON text, decoded per job
-    status: str
-    attempts: int
-    max_attempts: int
-    lease: timedelta
-    trace_context: dict[str, str] | None
-    backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
-
-    def run(self) -> JobRun:
-        return JobRun(
-            self.id, self.task, self.queue, self.attempts, self.max_attempts, self.trace_context
-        )
-
-
 class Lane:
     """Queues that share a set of job threads and a claim buffer.
 
     A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
     queue: each then claims into its own threads and buffer, and a busy queue cannot take the
-    threads of another.
+    threads of another. ``held`` and ``saturated`` change only under the lease table's lock.
     """
 
     def __init__(self, queues: list[str], concurrency: int, prefetch: int | None) -> None:
@@ -76,7 +38,7 @@ class Lane:
         self.filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
         self.saturated = False  # the last claim left work behind
         self.rotation = 0
-        self.held = 0  # claimed and not finished (under the worker's lock)
+        self.held = 0  # claimed and not finished
         # 2 when async handlers run on the event loop beside sync ones on threads: each kind
         # gets the room of a whole lane, so one kind cannot fill the other's slots.
         self.kinds = 1
@@ -97,6 +59,7 @@ class Lane:
         return self.capacity - self.prefetch * self.kinds // 2
 
     def adapt(self) -> None:
+        """Resize an adaptive buffer from how fast the last full one drained."""
         if not self.adaptive or not self.filled_at:
             return
         drained_in = time.monotonic() - self.filled_at
@@ -104,12 +67,3 @@ class Lane:
             self.prefetch = min(max(self.prefetch * 2, 1), self.max_prefetch)
         elif drained_in > PREFETCH_SLOW:
             self.prefetch = max(self.prefetch // 2, 1)
-
-
-def policy(job: Claimed, task: Task) -> Backoff:
-    """The retry policy of a job: its own, if enqueue gave one, else its task's."""
-    return task.backoff if job.backoff is None else Backoff.from_json(job.backoff)
-
-
-#: A failed attempt's outcome for observers, from the job's status after the failure.
-FAILED_AS: dict[str, str] = {DEAD: "dead", CANCELLED: "cancelled"}

@@ -1,26 +1,18 @@
-"""What running one handler needs besides the worker's bookkeeping.
-
-The handler's Session (whose ``commit()`` only flushes), the event loop an ``async def``
-handler runs on, payload decoding, and the way a failure is written into ``last_error``.
-"""
+"""The event loop ``async def`` handlers run on, and the watch that stops them."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import threading
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session
 
-from .database import CONNECT_ARGS, Pooler
-from .errors import PayloadError
-from .tasks import JobContext
+from ..database import CONNECT_ARGS, Pooler
+from ..tasks import JobContext
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,38 +21,13 @@ if TYPE_CHECKING:
 ASYNC_STOP_CHECK = 0.05
 
 
-class HandlerSession(Session):
-    """The Session a handler gets: ``commit()`` only flushes.
-
-    The worker commits the session's transaction (or releases its savepoint, when the job
-    shares a transaction with others) together with the job's fenced completion; a handler
-    committing on its own would let its writes through even when its attempt has lost its
-    lease. ``rollback()`` works as usual.
-    """
-
-    def commit(self) -> None:
-        """Flush, and leave committing to the worker."""
-        self.flush()
-
-    def commit_for_real(self) -> None:
-        Session.commit(self)
-
-
-class GroupSession(HandlerSession):
-    """The Session of a job that shares its thread's transaction with other jobs.
-
-    Its transaction is a savepoint of the shared one (``join_transaction_mode=
-    "create_savepoint"``): ``rollback()``, a failed flush, or closing it without
-    :meth:`commit_for_real` rolls back to the savepoint, this job's writes only; the shared
-    transaction is committed by the worker, never by the session.
-    """
-
-    def __init__(self, bind: Connection) -> None:
-        super().__init__(bind=bind, join_transaction_mode="create_savepoint")
-
-
 class AttemptStopped(Exception):
     """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
+
+
+# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
+# name this error has always been stored under, from before the worker became a package.
+AttemptStopped.__module__ = "sa_jobqueue.execution"
 
 
 async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> None:
@@ -124,6 +91,7 @@ class EventLoopThread:
         return self._engine
 
     def submit(self, coroutine: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
+        """Schedule a coroutine on the loop from any thread; its future says when it is done."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def close(self) -> None:
@@ -135,11 +103,3 @@ class EventLoopThread:
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
-
-
-def decode(payload: str) -> Any:
-    """The job's payload from the JSON text the claim returned."""
-    try:
-        return json.loads(payload)
-    except (ValueError, RecursionError) as exc:
-        raise PayloadError(f"the payload could not be decoded: {type(exc).__name__}") from exc

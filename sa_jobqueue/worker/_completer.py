@@ -18,11 +18,6 @@ import queue
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import Engine
-
-from ._sql import transitions
-from .database import HeldConnection
-
 log = logging.getLogger("sa_jobqueue.worker")
 
 #: Completions flushed at most this long after the first of a batch arrived (seconds). Short
@@ -34,12 +29,21 @@ BATCH_SIZE = 1_000
 MAX_PENDING = 10_000
 
 
+#: Completes a batch of ``(job id, attempt)`` pairs (fenced); the job ids that matched.
+Flush = Callable[[list[tuple[int, int]]], set[int]]
+
+
 class Completer:
-    """A thread that completes jobs in batches; :meth:`add` from any thread, :meth:`close` once."""
+    """A thread that completes jobs in batches; :meth:`add` from any thread, :meth:`close` once.
+
+    ``flush`` writes one batch (the worker's: one fenced ``complete_many`` statement); the
+    callbacks hear what became of each pair. What it does not promise: that a pair added is
+    ever written (the process may die first; the job's lease then expires and it runs again).
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        flush: Flush,
         on_not_completed: Callable[[int, int], None],
         on_completed: Callable[[list[tuple[int, int]]], None] | None = None,
         on_unrecorded: Callable[[list[tuple[int, int]]], None] | None = None,
@@ -47,7 +51,7 @@ class Completer:
         batch_size: int = BATCH_SIZE,
         max_delay: float = MAX_DELAY,
     ) -> None:
-        self._conn = HeldConnection(engine)
+        self._complete = flush
         self._on_not_completed = on_not_completed
         self._on_completed = on_completed
         self._on_unrecorded = on_unrecorded
@@ -87,24 +91,10 @@ class Completer:
                 self._flush(batch)
             except Exception as exc:  # never let the thread die: later batches must still go
                 log.error("completing %d jobs failed: %s", len(batch), exc)
-        self._conn.close()
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:
-            done = {
-                row.id
-                for row in self._conn.rows(
-                    transitions.complete_many(),
-                    {
-                        "job_ids": [job_id for job_id, _ in batch],
-                        "attempt_list": [attempt for _, attempt in batch],
-                    },
-                    # A connection lost on the way (a silent network cut at its deadline)
-                    # most likely never delivered the statement: try once more on a fresh
-                    # one rather than leave the jobs to run again after their leases.
-                    again=True,
-                )
-            }
+            done = self._complete(batch)
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases
             log.error("could not record %d completions: %s", len(batch), exc)
             if self._on_unrecorded is not None:

@@ -1,0 +1,54 @@
+"""The worker: a claim loop feeding job threads and an event loop, a heartbeat, a listener.
+
+One worker process serves its queues in lanes (all queues sharing ``concurrency`` threads, or
+one lane per queue with a concurrency each)::
+
+    claim loop ──claims into free slots──► job threads (sync) ──► fenced completion
+        ▲   ▲                        └──► event loop (async)       (batched, grouped, or
+        │   └── slot freed when the buffer is half empty ◄─────────  with the handler's tx)
+        └────── NOTIFY from enqueue, or the jittered poll as the safety net
+
+:class:`Worker` only builds and wires the parts, each a class of its own that takes what it
+needs in its constructor (none inherits another). Their modules are internal, not a stable
+API:
+
+- ``_claimer``: a ``LaneClaimer`` per lane, and the claim loop that paces them;
+- ``_runner``: runs a claimed attempt on a job thread or the event loop (``_event_loop``), in
+  the handler's session (``_sessions``) or its thread's group transaction (``_groups``);
+- ``_settlement``: the one pure function from how a handler ended to a verdict, and the
+  outcome names observers see;
+- ``_recorder``: the one place each verdict is written, fenced, with the batched completions
+  of ``_completer``;
+- ``_leases``: the lease table, the one place that knows which attempts are still held;
+- ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
+- ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN.
+
+What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
+lease or loses its connection while completing runs again elsewhere. Writes through
+``ctx.session`` commit together with the completion, so they happen exactly once.
+"""
+
+from __future__ import annotations
+
+from ._claimer import OUTAGE_RETRY_CAP
+from ._upkeep import (
+    PERIODIC_INTERVAL,
+    PRESENCE_INTERVAL,
+    PRUNE_BATCH,
+    PRUNE_INTERVAL,
+    PRUNE_MAX_BATCHES,
+    WORKER_STALE,
+)
+from ._worker import Worker, undeclared_queues
+
+__all__ = [
+    "OUTAGE_RETRY_CAP",
+    "PERIODIC_INTERVAL",
+    "PRESENCE_INTERVAL",
+    "PRUNE_BATCH",
+    "PRUNE_INTERVAL",
+    "PRUNE_MAX_BATCHES",
+    "WORKER_STALE",
+    "Worker",
+    "undeclared_queues",
+]

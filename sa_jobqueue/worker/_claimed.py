@@ -1,0 +1,36 @@
+"""A claimed attempt, as the claim returned it, and the retry policy it runs under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ..observability import JobRun
+from ..tasks import Backoff, Task
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One claimed attempt: the columns ``claim()`` returns, in order."""
+
+    id: int
+    queue: str
+    task: str
+    payload: str  # JSON text, decoded per job
+    status: str
+    attempts: int
+    max_attempts: int
+    lease: timedelta
+    trace_context: dict[str, str] | None
+    backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
+
+    def run(self) -> JobRun:
+        """What observers are told about this attempt."""
+        return JobRun(
+            self.id, self.task, self.queue, self.attempts, self.max_attempts, self.trace_context
+        )
+
+
+def policy(job: Claimed, task: Task) -> Backoff:
+    """The retry policy of a job: its own, if enqueue gave one, else its task's."""
+    return task.backoff if job.backoff is None else Backoff.from_json(job.backoff)

@@ -1,0 +1,154 @@
+"""Claiming: each lane claims into its free slots; the claim loop decides when to claim next."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._error_text import one_line
+from .._sql import claiming
+from ..database import HeldConnection
+from ..models import RUNNING
+from ._claimed import Claimed
+from ._lanes import Lane
+from ._leases import LeaseTable
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: Longest wait between claim attempts while the database is unreachable (seconds).
+OUTAGE_RETRY_CAP = 5.0
+
+
+class LaneClaimer:
+    """Claims jobs for one lane into its free slots, and hands each to ``submit``.
+
+    What it does not do: run anything, or wait. One call is one claim per queue of the lane
+    at most, on the worker's held claiming connection.
+    """
+
+    def __init__(
+        self,
+        lane: Lane,
+        conn: HeldConnection,
+        worker: str,
+        leases: LeaseTable,
+        submit: Callable[[Lane, Claimed], None],
+    ) -> None:
+        self.lane = lane
+        self._conn = conn
+        self._worker = worker
+        self._leases = leases
+        self._submit = submit
+
+    def claim(self) -> bool:
+        """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
+
+        "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
+        not asked at all because the slots ran out first.
+        """
+        lane = self.lane
+        # Only a round that starts once the buffer has run low says how fast jobs drain it; a
+        # NOTIFY or a poll that arrives while the buffer is still full says nothing.
+        if lane.held <= lane.low_water:
+            lane.adapt()
+            lane.filled_at = 0.0
+        n = len(lane.queues)
+        start, lane.rotation = lane.rotation, (lane.rotation + 1) % n
+        more = False
+        for queue in (lane.queues[(start + i) % n] for i in range(n)):
+            free = lane.capacity - lane.held
+            if free <= 0:
+                more = True
+                break
+            rows = self._conn.rows(
+                claiming.claim(), {"from_queue": queue, "limit": free, "worker": self._worker}
+            )
+            more = more or len(rows) == free
+            for row in rows:
+                job = Claimed(*row)  # the columns claim() returns, in order
+                if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
+                    log.error(
+                        "job %d (%s) lost its worker; not run again, now %s",
+                        job.id,
+                        job.task,
+                        job.status,
+                    )
+                    continue
+                self._submit(lane, job)
+        if more and not lane.filled_at:
+            lane.filled_at = time.monotonic()
+        # Tell the lease table whether a freed slot is worth waking the claim loop for.
+        self._leases.saturate(lane, more)
+        return more
+
+
+class ClaimLoop:
+    """Claims until ``stopping`` is set (or, in a burst, until nothing is left to run).
+
+    Between rounds it sleeps until ``wake`` (a NOTIFY, a freed slot, a periodic job) or the
+    jittered poll; ``between_rounds`` runs before each round (pruning, when due).
+    """
+
+    def __init__(
+        self,
+        claimers: list[LaneClaimer],
+        leases: LeaseTable,
+        *,
+        poll_interval: timedelta,
+        wake: threading.Event,
+        stopping: threading.Event,
+        between_rounds: Callable[[], None],
+    ) -> None:
+        self._claimers = claimers
+        self._lanes = [c.lane for c in claimers]
+        self._leases = leases
+        self._poll_interval = poll_interval
+        self._wake = wake
+        self._stopping = stopping
+        self._between_rounds = between_rounds
+
+    def run(self, burst: bool) -> None:
+        """Claim and wait, round after round."""
+        outage = 0  # claims failed in a row
+        while not self._stopping.is_set():
+            # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
+            # event again and the wait below returns at once, so no wake-up is lost.
+            self._wake.clear()
+            self._between_rounds()
+            try:
+                more = self._round()
+            except SQLAlchemyError as exc:  # the server, the network, or a pool time-out
+                # Said once per outage, not once per try.
+                if not outage:
+                    log.warning("cannot claim (%s); retrying", one_line(exc))
+                outage += 1
+                more = False
+            else:
+                if outage:
+                    log.info("claiming again: the database is back")
+                outage = 0
+            running, room = self._leases.busy(self._lanes)
+            if more and room:
+                continue  # work is waiting and slots are free (fast jobs already finished)
+            if burst and not more and not running:
+                return
+            # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
+            # the poll, jittered so idle workers do not poll in lockstep) can bring more.
+            # During an outage the retries back off, up to OUTAGE_RETRY_CAP.
+            interval = self._poll_interval.total_seconds()
+            if outage:
+                interval = min(interval * 2 ** min(outage - 1, 10), OUTAGE_RETRY_CAP)
+            self._wake.wait(interval * random.uniform(0.8, 1.2))
+
+    def _round(self) -> bool:
+        """Claim into every lane's free slots. True if more work is probably waiting."""
+        more = False
+        for claimer in self._claimers:
+            more = claimer.claim() or more
+        return more

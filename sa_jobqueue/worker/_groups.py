@@ -1,0 +1,181 @@
+"""Group commit: fast writing jobs of one thread share a transaction, a savepoint each.
+
+Jobs that write through their session share one transaction, a savepoint each, with the jobs
+their thread runs right after them, so that many jobs cost one commit (one fsync) and one
+completing statement instead of one each. If any of them can no longer complete (cancelled,
+or its lease lost), the whole group rolls back and the others are handed back to run again:
+rare enough to cost nothing, and no job's writes ever commit without its completion.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Engine, RootTransaction
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from .._error_text import one_line
+from ._claimed import Claimed
+from ._lanes import Lane
+from ._leases import LeaseTable
+from ._recorder import Recorder
+from ._sessions import GroupSession, aborted, deadline
+from ._settlement import Outcome
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: Only tasks whose handlers recently ran faster than GROUP_FAST seconds (a moving average)
+#: join a group: for them the commit is a large part of the cost, and a group of them holds
+#: its handlers' row locks only briefly. A group commits when it has GROUP_MAX_JOBS jobs, is
+#: GROUP_MAX_AGE seconds old, its thread finds no job waiting for GROUP_IDLE seconds, or a
+#: slower task is next. GROUP_MAX_JOBS stays below 64: each job's savepoint that writes takes
+#: a subtransaction id, and past 64 in one transaction PostgreSQL overflows its per-backend
+#: cache of them, which slows every other session's snapshots.
+GROUP_FAST = 0.02
+GROUP_MAX_JOBS = 50
+GROUP_MAX_AGE = 0.05
+GROUP_IDLE = 0.001
+
+
+@dataclass
+class Group:
+    """A job thread's open transaction, shared by the fast writing jobs it runs in a row."""
+
+    conn: Connection
+    tx: RootTransaction
+    opened: float = field(default_factory=time.monotonic)
+    done: list[Claimed] = field(default_factory=list)  # succeeded, completion pending
+
+    @property
+    def intact(self) -> bool:
+        """The shared transaction is still the connection's, and still open.
+
+        A job's savepoint protects the others only from what happens inside it; should
+        anything ever end the shared transaction itself, the jobs it held lost their writes
+        and must not be completed (see :meth:`Groups.commit`)."""
+        return (
+            self.tx.is_active and self.conn.get_transaction() is self.tx and not aborted(self.conn)
+        )
+
+    @property
+    def due(self) -> bool:
+        """Big or old enough to commit now."""
+        return len(self.done) >= GROUP_MAX_JOBS or time.monotonic() - self.opened >= GROUP_MAX_AGE
+
+
+class ThreadState:
+    """What one job thread carries from job to job: its open group and its connection."""
+
+    __slots__ = ("conn", "group", "lane")
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.group: Group | None = None
+        self.conn: Connection | None = None  # kept between groups while work is waiting
+
+
+class Groups:
+    """Opens, fills and commits the job threads' groups.
+
+    What it does not promise: that a group's jobs complete. A job that cannot (cancelled,
+    lease lost) takes the others' writes down with it; they are handed back to run again.
+    """
+
+    def __init__(
+        self, engine: Engine, leases: LeaseTable, recorder: Recorder, wake: threading.Event
+    ) -> None:
+        self._engine = engine
+        self._leases = leases
+        self._recorder = recorder
+        self._wake = wake
+
+    def session(self, here: ThreadState) -> Session:
+        """A grouped job's session: a savepoint in its thread's group (opened if need be)."""
+        if here.group is not None and not here.group.intact:
+            self.commit(here)  # hands its jobs back: it cannot commit them any more
+        if here.group is None:
+            if here.conn is None:
+                here.conn = self._engine.connect()
+            here.group = Group(here.conn, here.conn.begin())
+            self._leases.group_opened()
+        return GroupSession(here.group.conn)
+
+    def join(self, here: ThreadState, job: Claimed) -> None:
+        """A job's savepoint was released: its completion goes out with the group's."""
+        # Until then its lease is renewed.
+        self._leases.await_group(job)
+        assert here.group is not None
+        here.group.done.append(job)
+
+    def commit(self, here: ThreadState) -> None:
+        """Complete the group's jobs in one fenced statement and commit their work with it.
+
+        Never raises: a job thread must outlive any trouble its group meets.
+        """
+        group, here.group = here.group, None
+        if group is None:
+            return
+        try:
+            self._end(here, group)
+        except Exception:  # pragma: no cover - a bug of ours; the leases settle the jobs
+            log.exception("internal error while committing %d job(s)", len(group.done))
+        finally:
+            self._leases.group_closed()
+            if self._leases.burst:
+                self._wake.set()  # a burst ends only once no group is open
+
+    def _end(self, here: ThreadState, group: Group) -> None:
+        jobs = group.done
+        if not group.intact:
+            # Something ended the shared transaction early: its jobs' writes are gone, so
+            # they must not be completed. They go back to the queue, to run again.
+            drop_connection(here)
+            self._leases.forget(jobs)
+            if jobs:
+                self._recorder.hand_back(jobs, "their shared transaction ended early", report=True)
+            return
+        try:
+            with deadline(group.conn):
+                done = self._recorder.complete_group(group.conn, jobs)
+                if len(done) == len(jobs):
+                    group.conn.commit()
+                else:
+                    group.conn.rollback()
+        except SQLAlchemyError as exc:
+            # Nothing of these jobs was written, their completions included: they are still
+            # running in the database, and run again once their leases expire.
+            log.error(
+                "could not commit the work of %d job(s) (%s); they will be retried after their"
+                " leases expire",
+                len(jobs),
+                one_line(exc),
+            )
+            drop_connection(here)
+            self._leases.forget(jobs)
+            for job in jobs:
+                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST, exc)
+            return
+        if here.lane.ready.empty():
+            drop_connection(here)  # else keep it for the next group: work is waiting
+        self._leases.forget(jobs)
+        if len(done) == len(jobs):
+            for job in jobs:
+                self._recorder.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+            return
+        stale = [job for job in jobs if job.id not in done]
+        again = [job for job in jobs if job.id in done]
+        for job in stale:
+            self._recorder.not_completed(job.id, job.attempts)
+        if again:
+            self._recorder.hand_back(again, "their shared transaction was rolled back", report=True)
+
+
+def drop_connection(here: ThreadState) -> None:
+    """Give the thread's kept connection back to the pool."""
+    conn, here.conn = here.conn, None
+    if conn is not None:
+        conn.close()

@@ -1,0 +1,195 @@
+"""The lease table: the attempts this worker holds, and whether each is still its own.
+
+One lock guards everything a job's way through the worker changes on more than one thread:
+the held attempts (what the heartbeat renews and times out), the futures of claimed jobs (what
+shutdown waits for), each lane's count of held jobs, and the open groups. Each method is one
+short critical section, as each step of a job's way is; none does I/O.
+
+What it does not know: whether the database still agrees. An attempt held here may have lost
+its lease already; the heartbeat finds out at its next renewal, and the fence in every
+statement has the last word.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ..observability import JobRun
+from ..tasks import Backoff, JobContext, Task
+from ._claimed import Claimed
+from ._lanes import Lane
+
+#: How soon a lease whose row was locked by another transaction is renewed again (seconds).
+HEARTBEAT_RETRY = 0.5
+
+
+@dataclass
+class Held:
+    """What the heartbeat needs to know about one attempt this worker is running."""
+
+    attempt: int
+    lease: timedelta
+    renew_at: float  # time.monotonic() of the next renewal
+    ctx: JobContext | None = None
+    task: Task | None = None
+    deadline: float | None = None  # time.monotonic() when the task's timeout runs out
+    grouped: bool = False  # finished, its completion waiting for its group's commit
+    run: JobRun | None = None  # for observers
+    backoff: Backoff | None = None  # the job's own retry policy, if enqueue gave one
+
+
+class LeaseTable:
+    """The claimed attempts of one worker, from claim to settlement, under one lock.
+
+    ``burst`` is set before the worker starts: then every finished job wakes the claim loop,
+    which must notice when the last one is done.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, Held] = {}
+        self.futures: dict[Future[None], Claimed] = {}  # read without the lock: a snapshot
+        self.groups_open = 0  # groups whose commit is still to come (a burst waits for them)
+        self.burst = False
+
+    def _current(self, job_id: int, attempt: int) -> Held | None:
+        """The held attempt, if it is this one (call with the lock held).
+
+        A timed-out attempt that ran on can finish after this worker claimed the job's next
+        attempt: only the attempt's own entry may be changed or removed by it.
+        """
+        held = self._held.get(job_id)
+        return held if held is not None and held.attempt == attempt else None
+
+    # -- a job's way: claimed, started, finished --------------------------------------------
+
+    def hold(self, lane: Lane, job: Claimed, future: Future[None]) -> None:
+        """Register a claimed attempt: its lease is renewed from now on."""
+        # The first renewal a third of the lease after the claim, so two can fail in a row.
+        renew_at = time.monotonic() + job.lease.total_seconds() / 3
+        with self._lock:
+            lane.held += 1
+            self._held[job.id] = Held(job.attempts, job.lease, renew_at)
+            self.futures[future] = job
+
+    def start(
+        self, job: Claimed, ctx: JobContext, task: Task, run: JobRun | None, backoff: Backoff
+    ) -> None:
+        """Its handler starts: arm its timeout, and let the heartbeat reach its context."""
+        with self._lock:
+            held = self._current(job.id, job.attempts)
+            if held is not None:
+                held.ctx, held.task, held.run, held.backoff = ctx, task, run, backoff
+                if task.timeout is not None:
+                    held.deadline = time.monotonic() + task.timeout.total_seconds()
+
+    def await_group(self, job: Claimed) -> None:
+        """Its handler is done and its completion waits for the group's commit.
+
+        The lease is still renewed until then; the timeout no longer applies.
+        """
+        with self._lock:
+            held = self._current(job.id, job.attempts)
+            if held is not None:
+                held.grouped, held.ctx, held.deadline = True, None, None
+
+    def let_go(self, future: Future[None], lane: Lane, job_id: int, attempt: int) -> bool:
+        """Its future is done: free its slot. True if the claim loop should be woken."""
+        with self._lock:
+            self.futures.pop(future, None)
+            lane.held -= 1
+            # A job whose completion waits for its group's commit keeps its lease renewed.
+            held = self._current(job_id, attempt)
+            if held is not None and not held.grouped:
+                del self._held[job_id]
+            # A freed slot only matters if the last claim left work behind, and then once the
+            # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst
+            # mode the loop also needs to notice when the last job is done.
+            wake = self.burst or (lane.saturated and lane.held <= lane.low_water)
+            if wake:
+                lane.saturated = False
+        return wake
+
+    def forget(self, jobs: list[Claimed]) -> None:
+        """Stop renewing a group's attempts once it has committed or rolled back."""
+        with self._lock:
+            for job in jobs:
+                if self._current(job.id, job.attempts) is not None:
+                    del self._held[job.id]
+
+    # -- the claim loop's view --------------------------------------------------------------
+
+    def saturate(self, lane: Lane, more: bool) -> None:
+        """Note whether the lane's last claim left work behind (a freed slot then wakes)."""
+        with self._lock:
+            lane.saturated = more
+
+    def busy(self, lanes: list[Lane]) -> tuple[int, bool]:
+        """Jobs and groups still running, and whether a lane with work waiting has room."""
+        with self._lock:
+            running = len(self.futures) + self.groups_open
+            room = any(lane.saturated and lane.held < lane.capacity for lane in lanes)
+        return running, room
+
+    def claimed(self) -> list[tuple[Future[None], Claimed]]:
+        """The futures of every claimed job not finished yet."""
+        with self._lock:
+            return list(self.futures.items())
+
+    def group_opened(self) -> None:
+        """A job thread opened a group transaction."""
+        with self._lock:
+            self.groups_open += 1
+
+    def group_closed(self) -> None:
+        """A group committed or rolled back."""
+        with self._lock:
+            self.groups_open -= 1
+
+    # -- the heartbeat's view ---------------------------------------------------------------
+
+    def snapshot(self) -> dict[int, Held]:
+        """The attempts held now (the entries themselves: their renewal time is the
+        heartbeat's to change)."""
+        with self._lock:
+            return dict(self._held)
+
+    def ours(self, held: Mapping[int, Held]) -> set[int]:
+        """The attempts of ``held`` that are still held, as they were (not finished since)."""
+        with self._lock:
+            return {i for i, h in held.items() if self._held.get(i) is h}
+
+    def drop(self, job_id: int, held: Held) -> None:
+        """Stop renewing this attempt (its timeout is being recorded)."""
+        with self._lock:
+            if self._held.get(job_id) is held:
+                del self._held[job_id]
+
+
+def overdue(held: Mapping[int, Held], now: float) -> list[int]:
+    """The attempts of ``held`` past their task's timeout."""
+    return [i for i, h in held.items() if h.deadline is not None and h.deadline <= now]
+
+
+def renewal_due(held: Mapping[int, Held], now: float) -> bool:
+    """Whether any attempt of ``held`` is due for renewal (then all are renewed at once)."""
+    return any(h.renew_at <= now for h in held.values())
+
+
+def schedule_renewals(held: Mapping[int, Held], now: float, busy: set[int]) -> None:
+    """After a renewal: the next a third of the lease on, or soon for rows locked just now."""
+    for job_id, h in held.items():
+        # A row locked by someone else for now: try again in a moment.
+        h.renew_at = now + (HEARTBEAT_RETRY if job_id in busy else h.lease.total_seconds() / 3)
+
+
+def schedule_retries(held: Mapping[int, Held], now: float) -> None:
+    """After a failed renewal: try again soon, but not on every tick (a tenth of the lease,
+    at least half a second)."""
+    for h in held.values():
+        h.renew_at = now + max(h.lease.total_seconds() / 10, 0.5)

@@ -1,0 +1,328 @@
+"""The one place that writes an attempt's outcome, and tells the observers what was written.
+
+Each :data:`~sa_jobqueue.worker._settlement.Verdict` has its statement here, and every
+statement is fenced on ``(job id, attempt)``: a stale attempt's write matches no row and
+changes nothing. A success is written in the handler's own transaction when the handler
+wrote through its session (its writes and the completion commit together), in a batch with
+other jobs' when it did not, or with its group's commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import Connection, CursorResult, Engine, Row
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._error_text import error_json, one_line
+from .._sql import transitions
+from ..database import HeldConnection
+from ..models import CANCELLED, DEAD
+from ..observability import JobRun, Observers
+from ..tasks import Backoff, Task
+from ._claimed import Claimed, policy
+from ._completer import Completer
+from ._sessions import HandlerSession, deadline
+from ._settlement import (
+    ABANDON,
+    Abandon,
+    Bury,
+    Complete,
+    Fail,
+    Outcome,
+    Snooze,
+    Verdict,
+    outcome_of,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+_Key = tuple[int, int]  # (job id, attempt)
+
+
+class Reports:
+    """Tells the observers each attempt's outcome once, with its handler's run time.
+
+    An attempt waits here from its handler's return until its outcome is recorded (a batched
+    completion, a group's commit). A timeout the heartbeat records may come first: then the
+    attempt was reported with it, and the handler's later return reports nothing.
+    """
+
+    def __init__(self, observe: Observers) -> None:
+        self.observe = observe
+        self._lock = threading.Lock()  # between a handler's return and its timeout
+        self._settling: dict[_Key, tuple[JobRun, float | None]] = {}
+        self._timed_out: set[_Key] = set()
+
+    def ran(self, job: Claimed, run: JobRun, elapsed: float) -> None:
+        """The handler returned or raised after ``elapsed`` seconds."""
+        key = (job.id, job.attempts)
+        with self._lock:
+            if key in self._timed_out:
+                self._timed_out.discard(key)  # its outcome was reported with its timeout
+            else:
+                self._settling[key] = (run, elapsed)
+
+    def report(
+        self, job_id: int, attempt: int, outcome: Outcome, error: BaseException | None = None
+    ) -> None:
+        """Tell the observers an attempt's outcome (once: later reports find nothing)."""
+        if self.observe:
+            entry = self._settling.pop((job_id, attempt), None)
+            if entry is not None:
+                self.observe.finished(entry[0], outcome.value, entry[1], error)
+
+    def timed_out(
+        self, run: JobRun, outcome: Outcome, timeout: float, error: BaseException
+    ) -> None:
+        """The heartbeat recorded the attempt's timeout: report it now, with the timeout."""
+        key = (run.id, run.attempt)
+        with self._lock:  # the handler may have returned meanwhile (see ran)
+            if self._settling.pop(key, None) is None:
+                self._timed_out.add(key)
+        self.observe.finished(run, outcome.value, timeout, error)
+
+    def completed(self, done: list[_Key]) -> None:
+        """Batched completions recorded."""
+        for job_id, attempt in done:
+            self.report(job_id, attempt, Outcome.SUCCEEDED)
+
+    def unrecorded(self, lost: list[_Key]) -> None:
+        """Batched completions that could not be recorded."""
+        for job_id, attempt in lost:
+            self.report(job_id, attempt, Outcome.LOST)
+
+
+class Recorder:
+    """Writes verdicts, each with its fenced statement, on the worker's own connections.
+
+    Owns the :class:`Completer` that batches completions; :meth:`close` flushes it.
+    """
+
+    def __init__(self, single: Engine, reports: Reports) -> None:
+        self._single = single
+        self.reports = reports
+        self._batch_conn = HeldConnection(single)  # the completer thread's alone
+        self._completer = Completer(
+            self._complete_batch, self.not_completed, reports.completed, reports.unrecorded
+        )
+
+    def close(self) -> None:
+        """Flush the completions still waiting for their batch."""
+        self._completer.close()
+        self._batch_conn.close()
+
+    def record(self, job: Claimed, verdict: Verdict, task: Task) -> None:
+        """Write a verdict in a statement of its own (or the next batch, for a completion).
+
+        ``Complete(batched=False)`` is written in the handler's transaction instead (see
+        :meth:`complete_in`); once that matched no row, the attempt is written as Abandon.
+        """
+        if isinstance(verdict, Complete):
+            # Nothing to commit with the completion: it goes out in a batch with others'.
+            self._completer.add(job.id, job.attempts)
+        elif isinstance(verdict, Abandon):
+            self.not_completed(job.id, job.attempts)
+        elif isinstance(verdict, Fail):
+            self._record_failure(job, verdict, policy(job, task))
+        else:
+            self._control_flow(job, verdict)
+
+    # -- success ----------------------------------------------------------------------------
+
+    def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
+        """The fenced completion in the handler's own transaction, committed with its writes.
+
+        False if it matched no row (cancelled, or no longer this worker's): the caller rolls
+        the session back and records Abandon.
+        """
+        conn = session.connection()
+        with deadline(conn):
+            done = conn.execute(transitions.complete(), _fence(job)).rowcount == 1
+            if done:
+                session.commit_for_real()
+        if done:
+            self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+            log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+        return done
+
+    async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
+        """:meth:`complete_in`, for an async handler's session."""
+        result = await session.execute(transitions.complete(), _fence(job))
+        if cast(CursorResult[Any], result).rowcount != 1:
+            return False
+        await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
+        self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+        return True
+
+    def _complete_batch(self, batch: list[_Key]) -> set[int]:
+        """Complete a batch of attempts that wrote nothing (on the completer's thread)."""
+        rows = self._batch_conn.rows(
+            transitions.complete_many(),
+            {
+                "job_ids": [job_id for job_id, _ in batch],
+                "attempt_list": [attempt for _, attempt in batch],
+            },
+            # A connection lost on the way (a silent network cut at its deadline) most likely
+            # never delivered the statement: try once more on a fresh one rather than leave
+            # the jobs to run again after their leases.
+            again=True,
+        )
+        return {row.id for row in rows}
+
+    def complete_group(self, conn: Connection, jobs: list[Claimed]) -> set[int]:
+        """Complete a group's jobs on its shared connection; the ids that matched."""
+        if not jobs:
+            return set()
+        params = {"job_ids": [j.id for j in jobs], "attempt_list": [j.attempts for j in jobs]}
+        return set(conn.execute(transitions.complete_many(), params).scalars())
+
+    # -- no completion ----------------------------------------------------------------------
+
+    def not_completed(self, job_id: int, attempt: int) -> None:
+        """A completion matched no row: the job was cancelled, or the attempt is stale (its
+        lease was lost or it timed out). Either way its writes were rolled back."""
+        try:
+            with self._single.connect() as conn:
+                fence = {"job_id": job_id, "attempt": attempt}
+                cancelled = conn.execute(transitions.finish_cancelled(), fence).rowcount == 1
+        except SQLAlchemyError as exc:  # the job stays as it is; its lease settles it
+            log.warning("job %d: could not settle attempt %d: %s", job_id, attempt, one_line(exc))
+            self.reports.report(job_id, attempt, Outcome.LOST, exc)
+            return
+        outcome = outcome_of(ABANDON, CANCELLED if cancelled else None)
+        self.reports.report(job_id, attempt, outcome)
+        if cancelled:
+            log.info("job %d was cancelled", job_id)
+        else:
+            log.warning(
+                "job %d: attempt %d lost its lease (or timed out) before completing",
+                job_id,
+                attempt,
+            )
+
+    def hand_back(self, jobs: list[Claimed], why: str, *, report: bool = False) -> None:
+        """Return attempts to the queue as if never claimed (fenced): due again at once."""
+        try:
+            with self._single.connect() as conn:
+                released = conn.execute(
+                    transitions.release(),
+                    {
+                        "job_ids": [job.id for job in jobs],
+                        "attempt_list": [job.attempts for job in jobs],
+                    },
+                ).all()
+        except SQLAlchemyError as exc:
+            log.warning(
+                "could not hand back %d job(s) (%s); they will be reclaimed when their leases"
+                " expire",
+                len(jobs),
+                one_line(exc),
+            )
+        else:
+            log.info("handed back %d claimed job(s): %s", len(released), why)
+        if report:
+            for job in jobs:
+                self.reports.report(job.id, job.attempts, Outcome.HANDED_BACK)
+
+    def unrecorded(self, job: Claimed, exc: BaseException) -> None:
+        """The outcome could not be written (connection lost, server gone)."""
+        # The job stays running in the database and is reclaimed when its lease runs out.
+        log.error(
+            "job %d: could not record the outcome of attempt %d (%s); it will be"
+            " retried after its lease expires",
+            job.id,
+            job.attempts,
+            one_line(exc),
+        )
+        self.reports.report(job.id, job.attempts, Outcome.LOST, exc)
+
+    def unrunnable(self, job: Claimed, exc: Exception) -> None:
+        """A job no attempt could run (unknown task, undecodable payload): straight to dead."""
+        with self._single.connect() as conn:
+            conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
+        log.error("job %d: %s; moved to dead", job.id, exc)
+        if self.reports.observe:
+            self.reports.observe.finished(job.run(), Outcome.DEAD.value, None, exc)
+
+    # -- failure ----------------------------------------------------------------------------
+
+    def fail(
+        self, job_id: int, attempt: int, backoff: Backoff, exc: BaseException
+    ) -> Row[Any] | None:
+        """Record one failed attempt (fenced); the job's new status, or None if it was stale."""
+        with self._single.connect() as conn:
+            return conn.execute(
+                transitions.fail(),
+                {
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "delay": backoff.delay(attempt).total_seconds(),
+                    "error": error_json(exc),
+                },
+            ).one_or_none()
+
+    def _record_failure(self, job: Claimed, verdict: Fail, backoff: Backoff) -> None:
+        exc = verdict.error
+        row = self.fail(job.id, job.attempts, backoff, exc)
+        self.reports.report(
+            job.id, job.attempts, outcome_of(verdict, None if row is None else row.status), exc
+        )
+        if row is None:
+            log.warning(
+                "job %d: attempt %d failed after losing its lease (or timing out); ignored",
+                job.id,
+                job.attempts,
+            )
+        elif row.status == CANCELLED:
+            log.info("job %d (%s) was cancelled", job.id, job.task)
+        elif row.status == DEAD:
+            log.error(
+                "job %d (%s) failed on its last attempt (%d/%d), moved to dead: %s",
+                job.id,
+                job.task,
+                job.attempts,
+                job.max_attempts,
+                one_line(exc),
+            )
+        else:
+            log.info(
+                "job %d (%s) attempt %d failed, retrying at %s: %s",
+                job.id,
+                job.task,
+                job.attempts,
+                row.visible_at.isoformat(),
+                one_line(exc),
+            )
+
+    def _control_flow(self, job: Claimed, verdict: Snooze | Bury) -> None:
+        """A handler asked for its job to run again later (Retry) or never again (Discard)."""
+        exc: Exception
+        with self._single.connect() as conn:
+            if isinstance(verdict, Snooze):
+                exc = verdict.retry
+                params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
+                row = conn.execute(transitions.snooze(), params).one_or_none()
+            else:
+                exc = verdict.discard
+                params = {**_fence(job), "error": error_json(exc)}
+                row = conn.execute(transitions.bury(), params).one_or_none()
+        outcome = outcome_of(verdict, None if row is None else row.status)
+        self.reports.report(job.id, job.attempts, outcome, exc)
+        if row is None:
+            log.warning("job %d: attempt %d ended after losing its lease", job.id, job.attempts)
+        elif outcome is Outcome.CANCELLED:
+            log.info("job %d (%s) was cancelled", job.id, job.task)
+        elif isinstance(verdict, Snooze):
+            log.info("job %d (%s) will run again at %s", job.id, job.task, row.visible_at)
+        else:
+            log.info("job %d (%s) discarded: %s", job.id, job.task, verdict.discard.reason)
+
+
+def _fence(job: Claimed) -> dict[str, object]:
+    return {"job_id": job.id, "attempt": job.attempts}

@@ -1,0 +1,367 @@
+"""Running claimed jobs: on a job thread (alone or in a group) or on the event loop.
+
+Each path runs the handler, asks :func:`~sa_jobqueue.worker._settlement.settle` for the
+verdict, and hands it to the :class:`~sa_jobqueue.worker._recorder.Recorder`; what differs is
+only the session the handler wrote through (its own transaction, a savepoint of its thread's
+group, an async session) and so how its writes commit with the completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable
+from concurrent.futures import Future
+from queue import Empty
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from ..errors import PayloadError, UnknownTaskError
+from ..observability import JobRun
+from ..queue import JobQueue
+from ..tasks import JobContext, Task
+from ._claimed import Claimed, policy
+from ._event_loop import EventLoopThread, supervised
+from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
+from ._lanes import Lane
+from ._leases import LeaseTable
+from ._recorder import Recorder
+from ._sessions import GroupSession, HandlerSession, aborted, decode
+from ._settlement import ABANDON, Complete, settle
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+#: Weight of the newest run in a task's moving average of run times.
+DURATION_WEIGHT = 0.2
+
+
+class Runner:
+    """Runs claimed attempts and settles them: job threads, and the event loop if any.
+
+    What it does not promise: that a handler runs once, or runs to its end. A sync handler is
+    asked to stop (``ctx.stop_requested``) and may not; an async one is cancelled at its next
+    ``await``. Either way the fence keeps a stale attempt's outcome out of the database.
+    """
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        engine: Engine,
+        leases: LeaseTable,
+        recorder: Recorder,
+        groups: Groups,
+        *,
+        loop: EventLoopThread | None,
+        stopping: threading.Event,
+        wake: threading.Event,
+    ) -> None:
+        self._queue = queue
+        self._engine = engine
+        self._leases = leases
+        self._recorder = recorder
+        self._reports = recorder.reports
+        self._observe = recorder.reports.observe
+        self._groups = groups
+        self._loop = loop
+        self._stopping = stopping
+        self._wake = wake
+        self._durations: dict[str, float] = {}  # task -> moving average of its run time
+        self._async_tasks = {
+            name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
+        }
+
+    def submit(self, lane: Lane, job: Claimed) -> None:
+        """Take a claimed attempt: to the event loop, or into the lane's buffer for a thread."""
+        future: Future[None] = Future()
+        self._leases.hold(lane, job, future)
+        future.add_done_callback(
+            functools.partial(self._finished, lane=lane, job_id=job.id, attempt=job.attempts)
+        )
+        if job.task in self._async_tasks:
+            # Straight to the event loop: an async handler needs no thread, so it starts even
+            # while every thread is busy.
+            future.set_running_or_notify_cancel()
+            pending = self._execute(job, ThreadState(lane))
+            if pending is None:
+                future.set_result(None)
+            else:
+                pending.add_done_callback(functools.partial(_resolve, future))
+            return
+        lane.ready.put((future, job))
+
+    def _finished(self, future: Future[None], lane: Lane, job_id: int, attempt: int) -> None:
+        if self._leases.let_go(future, lane, job_id, attempt):
+            self._wake.set()
+
+    def thread(self, lane: Lane) -> None:
+        """A job thread: run a lane's claimed jobs one after another until told to finish."""
+        here = ThreadState(lane)
+        while True:
+            try:
+                # With a group open, do not sit on its row locks waiting for work.
+                item = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
+            except Empty:
+                self._groups.commit(here)
+                continue
+            if item is None:
+                self._groups.commit(here)
+                drop_connection(here)
+                return
+            future, job = item
+            if not future.set_running_or_notify_cancel():
+                continue  # handed back on shutdown before it started
+            try:
+                self._execute(job, here)
+                # Commit before the job counts as finished: a burst ends once nothing runs,
+                # and what the group's jobs wrote (jobs they enqueued) must be in by then.
+                if here.group is not None and (here.group.due or lane.ready.empty()):
+                    self._groups.commit(here)
+            finally:
+                future.set_result(None)
+
+    def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
+        try:
+            return self._execute_fenced(job, here)
+        except (DBAPIError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
+            self._recorder.unrecorded(job, exc)
+            if here.group is not None:
+                self._groups.commit(here)  # keep what the group completed before, if it can
+        except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
+            log.exception("job %d: internal error while running it", job.id)
+        return None
+
+    def _execute_fenced(self, job: Claimed, here: ThreadState) -> Future[None] | None:
+        """Run one attempt; for an async handler, start it and return its future."""
+        try:
+            task = self._queue.get_task(job.task)
+            payload = decode(job.payload)
+        except (UnknownTaskError, PayloadError) as exc:
+            # No later attempt could do better: straight to dead, with the reason.
+            self._recorder.unrunnable(job, exc)
+            return None
+        is_async = inspect.iscoroutinefunction(task.handler)
+        # A slow task runs in a transaction of its own: commit the group before it starts, or
+        # the group's row locks would be held for as long as it runs.
+        usual = self._durations.get(job.task)
+        grouped = not is_async and usual is not None and usual < GROUP_FAST
+        if not grouped:
+            # ... and give its connection back: a job never holds two connections at once.
+            self._groups.commit(here)
+            drop_connection(here)
+        # The session is made when the handler first asks for it, and connects when first
+        # used: a handler that never touches the database costs no session, no connection and
+        # no commit of its own.
+        ctx = JobContext(
+            job_id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            session=(
+                functools.partial(self._groups.session, here)
+                if grouped
+                else functools.partial(HandlerSession, bind=self._engine)
+            ),
+            async_session=self._async_session if is_async else None,
+        )
+        run = job.run() if self._observe else None
+        if is_async:
+            assert self._loop is not None
+            return self._loop.submit(self._run_async(job, task, payload, ctx, run, here.lane))
+        self._starting(job, task, ctx, run)
+        failure: Exception | None = None
+        started = time.monotonic()
+        try:
+            with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                task.handler(ctx, payload)
+                if ctx.session_used:
+                    ctx.session.flush()
+        except Exception as exc:
+            failure = exc
+        self._ran(job, run, time.monotonic() - started)
+        if grouped and ctx.session_used:
+            self._settle_grouped(job, task, ctx, failure, here)
+        else:
+            self._settle_alone(job, task, ctx, failure)
+        return None
+
+    def _starting(self, job: Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
+        """Just before a handler starts: arm its timeout, give the heartbeat its context."""
+        self._leases.start(job, ctx, task, run, policy(job, task))
+        if run is not None:
+            self._observe.started(run)
+
+    def _ran(self, job: Claimed, run: JobRun | None, elapsed: float) -> None:
+        """Just after a handler returned or raised: note its run time."""
+        if run is not None:
+            self._reports.ran(job, run, elapsed)
+        usual = self._durations.get(job.task)
+        self._durations[job.task] = (
+            elapsed if usual is None else usual + DURATION_WEIGHT * (elapsed - usual)
+        )
+
+    # -- settling: the session's side; the verdict is settle()'s, the writing the recorder's --
+
+    def _settle_alone(
+        self,
+        job: Claimed,
+        task: Task,
+        ctx: JobContext,
+        failure: Exception | None,
+        both_sessions: bool = False,
+    ) -> None:
+        """Settle a job that ran in a transaction of its own (or none)."""
+        session = cast(HandlerSession, ctx.session) if ctx.session_used else None
+        verdict = settle(
+            failure,
+            wrote=session is not None and session.in_transaction(),
+            both_sessions=both_sessions,
+        )
+        try:
+            if isinstance(verdict, Complete):
+                if verdict.batched:
+                    self._recorder.record(job, verdict, task)
+                    return
+                # The fenced completion in the handler's own transaction: its writes and the
+                # job's success commit together, or (stale attempt, cancel) roll back together.
+                assert session is not None
+                if self._recorder.complete_in(session, job):
+                    return
+                verdict = ABANDON
+            if session is not None:
+                session.rollback()
+        finally:
+            if session is not None:
+                session.close()
+        # The handler's connection is back in the pool before the outcome is recorded, so a
+        # job never holds two connections at once.
+        self._recorder.record(job, verdict, task)
+
+    def _settle_grouped(
+        self,
+        job: Claimed,
+        task: Task,
+        ctx: JobContext,
+        failure: Exception | None,
+        here: ThreadState,
+    ) -> None:
+        """A grouped job's outcome: its savepoint joins the group, or is rolled back."""
+        session = cast(GroupSession, ctx.session)
+        try:
+            assert here.group is not None
+            stop = ctx.stop_requested
+            verdict = settle(
+                failure,
+                wrote=True,
+                grouped=True,
+                stop_requested=stop,
+                aborted=failure is None and not stop and aborted(here.group.conn),
+            )
+            if isinstance(verdict, Complete):
+                try:
+                    session.commit_for_real()  # RELEASE SAVEPOINT: its writes join the group's
+                except SQLAlchemyError as exc:
+                    verdict = settle(exc, wrote=True, grouped=True)
+                else:
+                    self._groups.join(here, job)
+                    return
+            session.rollback()
+        finally:
+            session.close()
+        self._recorder.record(job, verdict, task)
+
+    # -- async handlers, on the event loop ------------------------------------------------
+
+    def _async_session(self) -> AsyncSession:
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        assert self._loop is not None
+        # Its sync side is a HandlerSession: commit() only flushes, as for sync handlers.
+        return AsyncSession(bind=self._loop.engine(), sync_session_class=HandlerSession)
+
+    async def _run_async(
+        self,
+        job: Claimed,
+        task: Task,
+        payload: Any,
+        ctx: JobContext,
+        run: JobRun | None,
+        lane: Lane,
+    ) -> None:
+        """An async handler's attempt, on the event loop: up to the lane's concurrency at once.
+
+        Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
+        one job's database round trip never stalls the other handlers on the loop.
+        """
+        if lane.async_slots is None:
+            lane.async_slots = asyncio.Semaphore(lane.concurrency)
+        try:
+            async with lane.async_slots:
+                if self._stopping.is_set():
+                    # Shutting down before it could start: back to the queue uncounted, as
+                    # a buffered sync job is.
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
+                    return
+                self._starting(job, task, ctx, run)
+                failure: Exception | None = None
+                started = time.monotonic()
+                try:
+                    with (
+                        self._observe.running(run) if run is not None else contextlib.nullcontext()
+                    ):
+                        await supervised(cast(Awaitable[object], task.handler(ctx, payload)), ctx)
+                        if ctx.async_session_used:
+                            await ctx.async_session.flush()
+                except Exception as exc:
+                    failure = exc
+                self._ran(job, run, time.monotonic() - started)
+                await self._settle_async(job, task, ctx, failure)
+        except (DBAPIError, psycopg.Error) as exc:
+            self._recorder.unrecorded(job, exc)
+        except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
+            log.exception("job %d: internal error while running it", job.id)
+
+    async def _settle_async(
+        self, job: Claimed, task: Task, ctx: JobContext, failure: Exception | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        session = ctx.async_session if ctx.async_session_used else None
+        if session is None or ctx.session_used:
+            # No async session, or a sync one beside it: settle as a sync handler's job, on a
+            # thread of the loop's pool (a sync session blocks).
+            if session is not None:
+                await session.rollback()
+                await session.close()
+            both = session is not None
+            await loop.run_in_executor(None, self._settle_alone, job, task, ctx, failure, both)
+            return
+        verdict = settle(failure, wrote=session.in_transaction())
+        try:
+            if isinstance(verdict, Complete):
+                if verdict.batched:
+                    self._recorder.record(job, verdict, task)
+                    return
+                # The fenced completion in the handler's own transaction, as for a sync one.
+                if await self._recorder.complete_in_async(session, job):
+                    return
+                verdict = ABANDON
+            await session.rollback()
+        finally:
+            await session.close()
+        await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
+
+
+def _resolve(future: Future[None], _: object) -> None:
+    future.set_result(None)

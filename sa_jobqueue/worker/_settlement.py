@@ -1,0 +1,146 @@
+"""Settlement: what an attempt's end asks to be recorded, and what was recorded. Pure.
+
+Every path a handler runs on (a thread with its own transaction, a thread's shared group
+transaction, the event loop) asks :func:`settle` the same question with what it saw: the
+handler's exception (or none), whether it wrote through its session, and, for a grouped job,
+whether it was told to stop and whether its statement failed unnoticed. The answer is a
+:data:`Verdict`; :class:`~sa_jobqueue.worker._recorder.Recorder` writes it with one fenced
+statement, and :func:`outcome_of` names the result (the name observers and metrics see) from
+the job's status after that statement.
+
+Nothing here touches the database: the fence decides in the end. A ``Complete`` verdict is
+a request, and the completion may match no row (the attempt lost its lease, or the job was
+cancelled), which :func:`outcome_of` then names from what it finds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..models import CANCELLED, DEAD
+from ..tasks import Discard, Retry
+
+#: The message of the error a handler gets for writing through both of its sessions.
+BOTH_SESSIONS = "a handler writes through ctx.session or ctx.async_session, not both"
+
+
+class SwallowedError(Exception):
+    """A handler went on after one of its statements failed, without ``rollback()``."""
+
+
+# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
+# name this error has always been stored under, from before the worker became a package.
+SwallowedError.__module__ = "sa_jobqueue.running"
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The handler returned: mark the job succeeded.
+
+    ``batched``: it wrote nothing through its session, so its completion can go out in one
+    statement with other jobs'; otherwise the completion commits with its writes.
+    """
+
+    batched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snooze:
+    """The handler raised :class:`~sa_jobqueue.Retry`: run the job again later, uncounted."""
+
+    retry: Retry
+
+
+@dataclass(frozen=True, slots=True)
+class Bury:
+    """The handler raised :class:`~sa_jobqueue.Discard`: move the job to dead at once."""
+
+    discard: Discard
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The handler failed: record the error; the job retries, or is dead if out of attempts."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """A grouped handler returned after it was told to stop: cancelled, or no longer ours."""
+
+
+#: What an attempt's end asks to be recorded.
+Verdict = Complete | Snooze | Bury | Fail | Abandon
+
+# The verdicts without a payload, made once: settling a successful job allocates nothing.
+BATCHED = Complete(batched=True)
+IN_TRANSACTION = Complete(batched=False)
+ABANDON = Abandon()
+
+
+class Outcome(enum.Enum):
+    """What was recorded for an attempt; the value is the name observers and metrics see."""
+
+    SUCCEEDED = "succeeded"
+    RETRIED = "retried"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # the attempt was stale (lost lease, timed out) or its outcome unrecorded
+    HANDED_BACK = "handed_back"  # returned to the queue uncounted, to run again
+
+
+def settle(
+    failure: BaseException | None,
+    *,
+    wrote: bool,
+    grouped: bool = False,
+    stop_requested: bool = False,
+    aborted: bool = False,
+    both_sessions: bool = False,
+) -> Verdict:
+    """The verdict on an attempt, from how its handler ended and what its session saw.
+
+    ``wrote``: its session holds writes to commit with the completion. ``grouped``: it ran in
+    its thread's shared transaction, where a job told to stop is not completed (its savepoint
+    is rolled back) and ``aborted`` (the shared transaction is in error although the handler
+    returned) fails it as if it had raised. ``both_sessions``: an async handler used its sync
+    and its async session, which fails it.
+    """
+    if failure is None and both_sessions:
+        failure = RuntimeError(BOTH_SESSIONS)
+    if failure is None and grouped:
+        if stop_requested:
+            return ABANDON
+        if aborted:
+            failure = SwallowedError(
+                "a statement failed in the handler, which went on without rollback()"
+            )
+    if failure is None:
+        return IN_TRANSACTION if wrote else BATCHED
+    if isinstance(failure, Retry):
+        return Snooze(failure)
+    if isinstance(failure, Discard):
+        return Bury(failure)
+    return Fail(failure)
+
+
+def outcome_of(verdict: Verdict, status: str | None) -> Outcome:
+    """The outcome of writing ``verdict``, given the job's status after it (None: no row).
+
+    No row means the fence did not match: the attempt was no longer this worker's.
+    """
+    if status is None:
+        return Outcome.LOST
+    if status == CANCELLED:
+        return Outcome.CANCELLED
+    if isinstance(verdict, Complete):
+        return Outcome.SUCCEEDED
+    if isinstance(verdict, Snooze):
+        return Outcome.RETRIED
+    if isinstance(verdict, Bury):
+        return Outcome.DEAD
+    if isinstance(verdict, Fail):
+        return Outcome.DEAD if status == DEAD else Outcome.RETRIED
+    return Outcome.LOST

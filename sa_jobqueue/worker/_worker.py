@@ -1,0 +1,288 @@
+"""The Worker: validates its options, builds its collaborators, starts and stops their threads."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from datetime import timedelta
+
+from sqlalchemy import Engine
+
+from .._deadlines import guard_statements
+from ..database import HeldConnection, check_schema, pooler_of
+from ..errors import WorkerConfigError
+from ..observability import Observer, Observers
+from ..queue import JobQueue
+from ._claimed import Claimed
+from ._claimer import ClaimLoop, LaneClaimer
+from ._event_loop import EventLoopThread
+from ._groups import Groups
+from ._heartbeat import Heartbeat
+from ._lanes import Lane
+from ._leases import LeaseTable
+from ._listener import listen
+from ._recorder import Recorder, Reports
+from ._runner import Runner
+from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+
+class Worker:
+    """Runs the tasks of a :class:`JobQueue` against a database until stopped.
+
+    ``queues`` defaults to every queue the registered tasks declare plus the default queue.
+    ``poll_interval`` is the safety-net poll (jittered ±20%); with ``listen`` on, new jobs wake
+    idle workers through LISTEN/NOTIFY long before it. ``shutdown_grace`` is how long
+    :meth:`stop` lets running handlers finish; jobs still running after it are left to be
+    reclaimed when their leases expire.
+
+    Handlers' sessions use ``engine``: give it a pool of at least ``concurrency`` connections.
+    ``retention`` is how long succeeded and cancelled jobs are kept (``None``: for ever; zero:
+    deleted at the next poll); dead jobs are kept until requeued or purged.
+
+    The worker's own statements use ``control_engine`` (default: ``engine``); the CLI passes
+    one from :func:`sa_jobqueue.database.create_control_engine`, whose statement and lock
+    timeouts keep a stuck lock or server from hanging the claim loop or the heartbeat.
+
+    Raises :class:`~sa_jobqueue.errors.WorkerConfigError` (a ValueError) for an option out of
+    range. What it does not promise: that a handler runs once (see :mod:`sa_jobqueue.worker`).
+    """
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        engine: Engine,
+        *,
+        concurrency: int = 10,
+        queues: Iterable[str] | Mapping[str, int] | None = None,
+        poll_interval: timedelta = timedelta(seconds=1),
+        shutdown_grace: timedelta = timedelta(seconds=30),
+        listen: bool = True,
+        name: str | None = None,
+        control_engine: Engine | None = None,
+        prefetch: int | None = None,
+        retention: timedelta | None = timedelta(days=1),
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        if concurrency < 1:
+            raise WorkerConfigError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < 0:
+            raise WorkerConfigError("prefetch must not be negative")
+        self.queue = queue
+        self.engine = engine
+        if isinstance(queues, Mapping):
+            if not queues or any(n < 1 for n in queues.values()):
+                raise WorkerConfigError("each queue's concurrency must be at least 1")
+            self._lanes = [Lane([q], n, prefetch) for q, n in queues.items()]
+        else:
+            names = list(queues) if queues else _default_queues(queue)
+            self._lanes = [Lane(names, concurrency, prefetch)]
+        self.queues = [q for lane in self._lanes for q in lane.queues]
+        for name in undeclared_queues(queue, self.queues):
+            log.warning(
+                "serving queue %r, which no registered task declares (a typo?); only jobs"
+                " enqueued with queue=%r run there",
+                name,
+                name,
+            )
+        async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
+        self._has_async = bool(async_tasks)
+        if async_tasks and len(async_tasks) < len(queue.tasks):
+            for lane in self._lanes:
+                lane.kinds = 2
+        self.concurrency = sum(lane.concurrency for lane in self._lanes)
+        if retention is not None and retention < timedelta(0):
+            raise WorkerConfigError("retention must not be negative")
+        self.retention = retention
+        self.poll_interval = poll_interval
+        self.shutdown_grace = shutdown_grace
+        self.listen = listen
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+        # The worker's own statements (claim, lease renewal, failure, timeout) each run on their
+        # own in autocommit: no row lock can outlive its statement, so a worker frozen between
+        # statement and COMMIT (SIGSTOP, a paused VM) cannot keep jobs hidden from SKIP LOCKED.
+        # Each has a client-side deadline too (a silent network never hangs the worker).
+        self._single = (control_engine or engine).execution_options(isolation_level="AUTOCOMMIT")
+        guard_statements(self._single)
+        self.pooler = pooler_of(control_engine or engine)
+        if self.pooler == "transaction" and listen:
+            # LISTEN needs a session of its own; behind a transaction pooler the poll serves.
+            log.info("no LISTEN behind a transaction pooler: polling every %s", poll_interval)
+            self.listen = False
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._halt = threading.Event()  # run() is over: stop renewing leases
+        self._leases = LeaseTable()
+        self._claimer = HeldConnection(self._single)
+        self._pruner = Pruner(engine, retention, poll_interval)
+        # Observers see each attempt's outcome once it is recorded (see Reports).
+        self._observe = Observers(observers)
+
+    @property
+    def _futures(self) -> dict[Future[None], Claimed]:
+        """The claimed jobs not finished yet (a live view, for tests)."""
+        return self._leases.futures
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs claimed ahead of free threads, at most, over all lanes (it adapts if unset)."""
+        return sum(lane.prefetch for lane in self._lanes)
+
+    @property
+    def capacity(self) -> int:
+        """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
+        return sum(lane.capacity for lane in self._lanes)
+
+    def run(self, *, burst: bool = False) -> bool:
+        """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
+
+        Returns True if every started job finished, False if some were still running when the
+        shutdown grace ran out (they will be reclaimed after their leases expire).
+        """
+        check_schema(self.engine)
+        log.info(
+            "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
+        )
+        self._leases.burst = burst
+        recorder = Recorder(self._single, Reports(self._observe))
+        loop = None
+        if self._has_async:
+            loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
+        runner = Runner(
+            self.queue,
+            self.engine,
+            self._leases,
+            recorder,
+            Groups(self.engine, self._leases, recorder, self._wake),
+            loop=loop,
+            stopping=self._stopping,
+            wake=self._wake,
+        )
+        claims = ClaimLoop(
+            [
+                LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit)
+                for lane in self._lanes
+            ],
+            self._leases,
+            poll_interval=self.poll_interval,
+            wake=self._wake,
+            stopping=self._stopping,
+            between_rounds=self._pruner.maybe,
+        )
+        heartbeat = Heartbeat(self._single, self._leases, recorder, self._observe, self._halt)
+        upkeep = Upkeep(
+            self.queue,
+            self._single,
+            name=self.name,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            wake=self._wake,
+            stopping=self._stopping,
+            halt=self._halt,
+        )
+        job_threads = [
+            threading.Thread(
+                target=runner.thread,
+                args=(lane,),
+                name=f"sa_jobqueue-job-{lane.queues[0]}-{i}",
+                daemon=True,
+            )
+            for lane in self._lanes
+            for i in range(lane.concurrency)
+        ]
+        helpers = [
+            threading.Thread(target=heartbeat.loop, name="sa_jobqueue-heartbeat", daemon=True),
+            threading.Thread(target=upkeep.loop, name="sa_jobqueue-upkeep", daemon=True),
+        ]
+        if self.listen:
+            helpers.append(
+                threading.Thread(
+                    target=listen,
+                    args=(self.engine, self.queues, self._wake, self._stopping),
+                    name="sa_jobqueue-listener",
+                    daemon=True,
+                )
+            )
+        for thread in job_threads + helpers:
+            thread.start()
+        try:
+            claims.run(burst)
+        finally:
+            self._claimer.close()
+            self._stopping.set()
+            self._release_unstarted(recorder)
+            pending = {future for future, _ in self._leases.claimed()}
+            _, not_done = wait_futures(pending, timeout=self.shutdown_grace.total_seconds())
+            # Threads that are free commit their open groups and end; jobs still running past
+            # the grace keep their threads (Python cannot kill them), but their leases are no
+            # longer renewed, so another worker will take them over.
+            for lane in self._lanes:
+                for _ in range(lane.concurrency):
+                    lane.ready.put(None)
+            for thread in job_threads:
+                thread.join(timeout=0.5 if not_done else None)
+            if loop is not None:
+                loop.close()
+            recorder.close()
+            self._halt.set()
+            for thread in helpers:
+                thread.join(timeout=5)
+            if not_done:
+                log.warning(
+                    "worker %s stopped with %d job(s) still running; they will be"
+                    " reclaimed when their leases expire",
+                    self.name,
+                    len(not_done),
+                )
+        return not not_done
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
+        """Delete succeeded and cancelled jobs older than ``retention``; return how many.
+
+        Runs in bounded batches, each its own short transaction, and only while this worker
+        holds the prune advisory lock, so two workers never prune at once. Returns 0 without
+        waiting when another session holds the lock.
+        """
+        return self._pruner.prune(max_batches=max_batches)
+
+    def _release_unstarted(self, recorder: Recorder) -> None:
+        """On shutdown, hand the claimed jobs no thread has started back, attempt uncounted."""
+        # Future.cancel() runs the done callback (which takes the lock) in this thread, and
+        # succeeds only for a job no thread has taken yet; a thread skips a cancelled one.
+        unstarted = [job for future, job in self._leases.claimed() if future.cancel()]
+        if unstarted:
+            recorder.hand_back(unstarted, "they had not started")
+
+
+def _default_queues(queue: JobQueue) -> list[str]:
+    return sorted(_declared_queues(queue))
+
+
+def _declared_queues(queue: JobQueue) -> set[str]:
+    """The queues the tasks declare, and the default queue (where undeclared ones go)."""
+    return {task.queue for task in queue.tasks.values()} | {queue.default_queue}
+
+
+def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
+    """The queues of ``served`` that no task of ``queue`` declares, in order.
+
+    The JobQueue's ``default_queue`` is not counted: it is where a task declared without a
+    queue goes. A queue listed here is not necessarily wrong (enqueue's ``queue=`` can send
+    any task's jobs anywhere), which is why the worker warns and does not refuse.
+    """
+    declared = _declared_queues(queue)
+    return [name for name in served if name not in declared]

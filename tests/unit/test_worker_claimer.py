@@ -1,0 +1,173 @@
+"""A lane's claimer: asks each queue for the free slots, in rotation, against a fake connection."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sa_jobqueue.worker._claimed import Claimed
+from sa_jobqueue.worker._claimer import ClaimLoop, LaneClaimer
+from sa_jobqueue.worker._lanes import Lane
+from sa_jobqueue.worker._leases import LeaseTable
+
+
+class FakeConnection:
+    """Answers each claim with up to ``limit`` of the jobs waiting in the queue asked."""
+
+    def __init__(self, waiting: dict[str, int], status: str = "running") -> None:
+        self.waiting = waiting
+        self.status = status
+        self.asked: list[tuple[str, int]] = []
+        self.next_id = 1
+
+    def rows(self, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        queue, limit = params["from_queue"], params["limit"]
+        self.asked.append((queue, limit))
+        n = min(limit, self.waiting.get(queue, 0))
+        self.waiting[queue] = self.waiting.get(queue, 0) - n
+        rows = []
+        for _ in range(n):
+            rows.append(
+                (
+                    self.next_id,
+                    queue,
+                    "t",
+                    "null",
+                    self.status,
+                    1,
+                    5,
+                    timedelta(seconds=30),
+                    None,
+                    None,
+                )
+            )
+            self.next_id += 1
+        return rows
+
+
+def claimer(lane: Lane, conn: FakeConnection) -> tuple[LaneClaimer, list[Claimed]]:
+    submitted: list[Claimed] = []
+    leases = LeaseTable()
+
+    def submit(lane: Lane, job: Claimed) -> None:
+        from concurrent.futures import Future
+
+        leases.hold(lane, job, Future())
+        submitted.append(job)
+
+    return LaneClaimer(lane, conn, "w", leases, submit), submitted  # type: ignore[arg-type]
+
+
+def test_claims_the_free_slots_queue_by_queue_and_rotates_the_first() -> None:
+    lane = Lane(["a", "b"], 2, 0)  # capacity 2
+    conn = FakeConnection({"a": 1, "b": 5})
+    one, submitted = claimer(lane, conn)
+    assert one.claim()  # b had more than the slot it was asked for
+    assert conn.asked == [("a", 2), ("b", 1)]
+    assert [job.queue for job in submitted] == ["a", "b"]
+    assert lane.held == 2
+    assert lane.saturated
+    conn.asked.clear()
+    assert one.claim()  # no room left: more is probably waiting, nothing asked
+    assert conn.asked == []
+
+
+def test_the_next_round_starts_with_the_next_queue() -> None:
+    lane = Lane(["a", "b"], 1, 0)
+    conn = FakeConnection({"a": 5, "b": 5})
+    one, _ = claimer(lane, conn)
+    one.claim()
+    lane.held = 0  # the job finished
+    one.claim()
+    assert [queue for queue, _ in conn.asked] == ["a", "b"]
+
+
+def test_a_short_answer_means_nothing_more_is_waiting() -> None:
+    lane = Lane(["a"], 4, 0)
+    conn = FakeConnection({"a": 3})
+    one, submitted = claimer(lane, conn)
+    assert not one.claim()
+    assert len(submitted) == 3
+    assert not lane.saturated
+
+
+def test_a_job_that_is_no_longer_running_is_not_submitted() -> None:
+    lane = Lane(["a"], 2, 0)
+    one, submitted = claimer(lane, FakeConnection({"a": 1}, status="dead"))
+    one.claim()
+    assert submitted == []
+
+
+class FakeLaneClaimer:
+    """Answers each round from a script: whether more is probably waiting."""
+
+    def __init__(self, lane: Lane, answers: list[bool | Exception]) -> None:
+        self.lane = lane
+        self.answers = answers
+        self.rounds = 0
+
+    def claim(self) -> bool:
+        self.rounds += 1
+        answer = self.answers.pop(0) if self.answers else False
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_burst_claims_until_a_round_finds_nothing_and_nothing_runs() -> None:
+    lane = Lane(["a"], 1, 0)
+    fake = FakeLaneClaimer(lane, [True, True, False, True])
+    rounds: list[int] = []
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=threading.Event(),
+        between_rounds=lambda: rounds.append(fake.rounds),
+    )
+    loop.run(burst=True)  # "more" claims again; an empty round with nothing running ends it
+    assert fake.rounds == 3
+    assert rounds == [0, 1, 2]  # pruning gets its chance before every round
+
+
+def test_a_failed_claim_is_retried_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    stopping = threading.Event()
+    lane = Lane(["a"], 1, 0)
+    down = OperationalError("claim", {}, Exception("down"))
+    fake = FakeLaneClaimer(lane, [down, down, False])
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=stopping,
+        between_rounds=lambda: stopping.set() if fake.rounds >= 3 else None,
+    )
+    with caplog.at_level(logging.INFO, logger="sa_jobqueue.worker"):
+        loop.run(burst=False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if m.startswith("cannot claim")]) == 1  # once per outage
+    assert "claiming again: the database is back" in messages
+
+
+def test_the_loop_ends_when_stopped() -> None:
+    stopping = threading.Event()
+    lane = Lane(["a"], 1, 0)
+    fake = FakeLaneClaimer(lane, [])
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=stopping,
+        between_rounds=lambda: stopping.set() if fake.rounds >= 2 else None,
+    )
+    loop.run(burst=False)
+    assert fake.rounds == 3  # the round under way when it was stopped still ran

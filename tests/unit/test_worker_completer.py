@@ -1,0 +1,86 @@
+"""The completer: batches completions and tells what became of each, against a fake flush."""
+
+from __future__ import annotations
+
+import threading
+
+from sa_jobqueue.worker._completer import Completer
+
+Pair = tuple[int, int]
+
+
+class Recording:
+    def __init__(self, matched: set[int] | None = None, fail: bool = False) -> None:
+        self.batches: list[list[Pair]] = []
+        self.completed: list[Pair] = []
+        self.not_completed: list[Pair] = []
+        self.unrecorded: list[Pair] = []
+        self.matched = matched
+        self.fail = fail
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def flush(self, batch: list[Pair]) -> set[int]:
+        assert self.gate.wait(10)
+        self.batches.append(list(batch))
+        if self.fail:
+            raise OSError("connection lost")
+        return {job_id for job_id, _ in batch if self.matched is None or job_id in self.matched}
+
+    def completer(self, **kwargs: float) -> Completer:
+        return Completer(
+            self.flush,
+            lambda job_id, attempt: self.not_completed.append((job_id, attempt)),
+            self.completed.extend,
+            self.unrecorded.extend,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+def test_close_flushes_what_is_pending_and_each_pair_is_told_its_fate() -> None:
+    seen = Recording(matched={1, 3})
+    completer = seen.completer(max_delay=10.0)
+    for pair in [(1, 1), (2, 1), (3, 2)]:
+        completer.add(*pair)
+    completer.close()
+    assert seen.batches == [[(1, 1), (2, 1), (3, 2)]]  # one statement for all three
+    assert seen.completed == [(1, 1), (3, 2)]
+    assert seen.not_completed == [(2, 1)]
+    assert seen.unrecorded == []
+
+
+def test_batches_hold_at_most_batch_size_pairs() -> None:
+    seen = Recording()
+    seen.gate.clear()  # hold the first flush until everything is queued
+    completer = seen.completer(batch_size=2, max_delay=10.0)
+    for job_id in range(5):
+        completer.add(job_id, 1)
+    seen.gate.set()
+    completer.close()
+    assert [len(b) for b in seen.batches] == [2, 2, 1]
+    assert [pair for b in seen.batches for pair in b] == [(i, 1) for i in range(5)]
+
+
+def test_a_failed_flush_reports_its_pairs_unrecorded_and_the_thread_goes_on() -> None:
+    seen = Recording(fail=True)
+    completer = seen.completer(max_delay=10.0)
+    completer.add(1, 1)
+    completer.add(2, 1)
+    completer.close()
+    assert seen.unrecorded == [(1, 1), (2, 1)]
+    assert (seen.completed, seen.not_completed) == ([], [])
+
+
+def test_a_callback_that_raises_does_not_stop_the_others() -> None:
+    not_completed: list[Pair] = []
+
+    def complain(pairs: list[Pair]) -> None:
+        raise RuntimeError("an observer's trouble")
+
+    completer = Completer(
+        lambda batch: {1}, lambda j, a: not_completed.append((j, a)), complain, max_delay=10.0
+    )
+    completer.add(1, 1)
+    completer.add(2, 1)
+    completer.close()
+    assert not_completed == [(2, 1)]

@@ -1,0 +1,159 @@
+"""The lease table: which attempts are still held, slots, wake-ups, renewal scheduling."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from datetime import timedelta
+
+from sa_jobqueue.tasks import Backoff, JobContext, Task
+from sa_jobqueue.worker._claimed import Claimed
+from sa_jobqueue.worker._lanes import Lane
+from sa_jobqueue.worker._leases import (
+    HEARTBEAT_RETRY,
+    LeaseTable,
+    overdue,
+    renewal_due,
+    schedule_renewals,
+    schedule_retries,
+)
+
+
+def claimed(job_id: int, attempt: int = 1, lease: float = 30.0) -> Claimed:
+    return Claimed(
+        job_id, "default", "t", "null", "running", attempt, 5, timedelta(seconds=lease), None, None
+    )
+
+
+def context(job: Claimed) -> JobContext:
+    return JobContext(
+        job_id=job.id,
+        task=job.task,
+        queue=job.queue,
+        attempt=job.attempts,
+        max_attempts=job.max_attempts,
+        session=lambda: None,  # type: ignore[arg-type,return-value]
+    )
+
+
+def task(timeout: timedelta | None = None) -> Task:
+    return Task(name="t", handler=lambda ctx, payload: None, timeout=timeout)
+
+
+def test_held_from_claim_to_finish_and_counted_in_its_lane() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    future: Future[None] = Future()
+    job = claimed(7)
+    table.hold(lane, job, future)
+    assert lane.held == 1
+    assert table.futures == {future: job}
+    held = table.snapshot()
+    assert list(held) == [7]
+    assert held[7].attempt == 1
+    assert table.ours(held) == {7}
+    table.let_go(future, lane, 7, 1)
+    assert lane.held == 0
+    assert table.futures == {}
+    assert table.snapshot() == {}
+    assert table.ours(held) == set()  # finished meanwhile: not renewed
+
+
+def test_a_stale_attempt_cannot_touch_the_next_attempts_entry() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    first, second = Future[None](), Future[None]()
+    table.hold(lane, claimed(7, attempt=1), first)
+    # The first attempt timed out, ran on, and the worker claimed the job again.
+    table.hold(lane, claimed(7, attempt=2), second)
+    t = task(timeout=timedelta(seconds=1))
+    ctx = context(claimed(7, attempt=1))
+    table.start(claimed(7, attempt=1), ctx, t, None, Backoff())
+    assert table.snapshot()[7].ctx is None  # the old attempt armed nothing
+    table.await_group(claimed(7, attempt=1))
+    assert not table.snapshot()[7].grouped
+    table.forget([claimed(7, attempt=1)])
+    table.let_go(first, lane, 7, 1)
+    assert table.snapshot()[7].attempt == 2  # still held, still renewed
+    table.let_go(second, lane, 7, 2)
+    assert table.snapshot() == {}
+
+
+def test_starting_arms_the_timeout_and_a_grouped_job_keeps_its_lease_until_forgotten() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    future: Future[None] = Future()
+    job = claimed(3)
+    table.hold(lane, job, future)
+    ctx = context(job)
+    table.start(job, ctx, task(timeout=timedelta(seconds=5)), None, Backoff())
+    held = table.snapshot()[3]
+    assert held.ctx is ctx
+    assert held.deadline is not None
+    assert overdue(table.snapshot(), held.deadline + 0.1) == [3]
+    table.await_group(job)
+    assert held.grouped
+    assert held.ctx is None
+    assert held.deadline is None
+    table.let_go(future, lane, 3, 1)
+    assert list(table.snapshot()) == [3]  # renewed until its group commits
+    table.forget([job])
+    assert table.snapshot() == {}
+
+
+def test_a_timed_out_attempt_is_dropped_only_if_still_the_same_entry() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    table.hold(lane, claimed(5), Future())
+    old = table.snapshot()[5]
+    table.hold(lane, claimed(5, attempt=2), Future())
+    table.drop(5, old)
+    assert table.snapshot()[5].attempt == 2
+    table.drop(5, table.snapshot()[5])
+    assert table.snapshot() == {}
+
+
+def test_a_freed_slot_wakes_the_claim_loop_once_a_saturated_lane_runs_low() -> None:
+    table = LeaseTable()
+    lane = Lane(["default"], 2, 2)  # capacity 4, low water 3
+    futures = [Future[None]() for _ in range(4)]
+    for i, future in enumerate(futures):
+        table.hold(lane, claimed(i), future)
+    assert table.busy([lane]) == (4, False)
+    table.saturate(lane, True)
+    assert table.let_go(futures[0], lane, 0, 1)  # held 3: at low water
+    assert not lane.saturated  # woken once
+    assert table.busy([lane]) == (3, False)
+    assert not table.let_go(futures[1], lane, 1, 1)  # nothing left behind: no wake
+    table.saturate(lane, True)
+    assert table.busy([lane]) == (2, True)
+
+
+def test_a_burst_wakes_at_every_finish_and_open_groups_count_as_running() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    table.burst = True
+    future: Future[None] = Future()
+    table.hold(lane, claimed(1), future)
+    table.group_opened()
+    assert table.let_go(future, lane, 1, 1)
+    assert table.busy([lane]) == (1, False)
+    table.group_closed()
+    assert table.busy([lane]) == (0, False)
+
+
+def test_claimed_lists_what_shutdown_must_wait_for() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    a, b = Future[None](), Future[None]()
+    table.hold(lane, claimed(1), a)
+    table.hold(lane, claimed(2), b)
+    assert [(f, j.id) for f, j in table.claimed()] == [(a, 1), (b, 2)]
+
+
+def test_renewals_are_spaced_a_third_of_the_lease_and_retried_sooner() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    table.hold(lane, claimed(1, lease=30), Future())
+    table.hold(lane, claimed(2, lease=3), Future())
+    held = table.snapshot()
+    assert not renewal_due(held, 0.0)
+    assert renewal_due(held, held[2].renew_at)
+    schedule_renewals(held, 100.0, busy={2})
+    assert held[1].renew_at == 110.0
+    assert held[2].renew_at == 100.0 + HEARTBEAT_RETRY
+    schedule_retries(held, 200.0)
+    assert held[1].renew_at == 203.0  # a tenth of the lease
+    assert held[2].renew_at == 200.5  # at least half a second
