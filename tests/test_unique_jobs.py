@@ -23,17 +23,14 @@ from sqlalchemy import event, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Enqueued, InvalidJobError, JobContext, JobQueue
+from sa_jobqueue import Enqueued, InvalidJobError, JobQueue
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from tests.enqueue_support import listening, notifications, recording
-from tests.support import wait_for
+from tests.helpers.jobs import handler
+from tests.helpers.notify import listening, notifications, recording
+from tests.helpers.waiting import wait_for
 
 j = jobs_table.c
-
-
-def handler(ctx: JobContext, payload: Any) -> None:
-    """Never run here."""
 
 
 def user_key(payload: Any) -> str | None:
