@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue, Worker
 from sa_jobqueue.models import Job, jobs_table
+from sa_jobqueue.ops.health import Finding, Thresholds, check
 
 j = jobs_table.c
 Bind = sa.Engine | sa.Connection
@@ -146,3 +147,9 @@ def make_queue(**options: Any) -> JobQueue:
     queue.task(name="work_b", queue="b")(handler)
     queue.task(name="plain")(handler)
     return queue
+
+
+def findings(bind: Bind, **thresholds: Any) -> dict[str, Finding]:
+    """The health check's findings with these ``thresholds``, by the check's name."""
+    with reading(bind) as conn:
+        return {f.check: f for f in check(conn, Thresholds(**thresholds))}
