@@ -33,6 +33,17 @@ def reading(bind: Bind) -> Iterator[sa.Connection]:
             yield conn
 
 
+@contextlib.contextmanager
+def writing(bind: Bind) -> Iterator[sa.Connection]:
+    """A connection to write through: a transaction of an Engine, committed at the end of the
+    block, or the Connection itself (its transaction is the caller's)."""
+    if isinstance(bind, sa.Connection):
+        yield bind
+    else:
+        with bind.begin() as conn:
+            yield conn
+
+
 def statuses(
     bind: Bind, ids: Sequence[int] | None = None, queue: str | None = None
 ) -> Counter[str]:

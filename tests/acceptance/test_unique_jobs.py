@@ -10,8 +10,6 @@ and many enqueuers at once.
 
 from __future__ import annotations
 
-import json
-import pickle
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +24,7 @@ from sqlalchemy.orm import Session
 from sa_jobqueue import Enqueued, InvalidJobError, JobQueue
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from tests.helpers.jobs import handler
+from tests.helpers.jobs import Bind, handler, reading, writing
 from tests.helpers.notify import listening, notifications, recording
 from tests.helpers.waiting import wait_for
 
@@ -59,8 +57,8 @@ def sent_sql(engine: sa.Engine) -> Iterator[list[str]]:
     yield from recording(engine)
 
 
-def finish(engine: sa.Engine, job_id: int, status: str = "succeeded") -> None:
-    with engine.begin() as conn:
+def finish(engine: Bind, job_id: int, status: str = "succeeded") -> None:
+    with writing(engine) as conn:
         done = conn.execute(
             sa.update(jobs_table)
             .where(j.id == job_id)
@@ -69,8 +67,8 @@ def finish(engine: sa.Engine, job_id: int, status: str = "succeeded") -> None:
     assert done == 1
 
 
-def set_running(engine: sa.Engine, job_id: int) -> None:
-    with engine.begin() as conn:
+def set_running(engine: Bind, job_id: int) -> None:
+    with writing(engine) as conn:
         conn.execute(
             sa.update(jobs_table)
             .where(j.id == job_id)
@@ -78,8 +76,8 @@ def set_running(engine: sa.Engine, job_id: int) -> None:
         )
 
 
-def live(engine: sa.Engine, task: str, key: str) -> list[int]:
-    with engine.connect() as conn:
+def live(engine: Bind, task: str, key: str) -> list[int]:
+    with reading(engine) as conn:
         return list(
             conn.execute(
                 select(j.id)
@@ -89,56 +87,12 @@ def live(engine: sa.Engine, task: str, key: str) -> list[int]:
         )
 
 
-def payload_of(engine: sa.Engine, job_id: int) -> Any:
-    with engine.connect() as conn:
+def payload_of(engine: Bind, job_id: int) -> Any:
+    with reading(engine) as conn:
         return conn.execute(select(j.payload).where(j.id == job_id)).scalar_one()
 
 
 # -- one job at a time --------------------------------------------------------------------------
-
-
-def test_a_live_key_is_held_per_task(engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(engine) as session, session.begin():
-        first = queue.enqueue(session, "sync", {"n": 1}, unique_key="k")
-    with Session(engine) as session, session.begin():
-        again = queue.enqueue(session, "sync", {"n": 2}, unique_key="k", priority=-5)
-        other_task = queue.enqueue(session, "other", {"n": 3}, unique_key="k")
-        other_key = queue.enqueue(session, "sync", {"n": 4}, unique_key="k2")
-        keyless = [queue.enqueue(session, "sync", {"n": 5}) for _ in range(2)]
-    assert isinstance(first, Enqueued)
-    assert first.created
-    assert again == first
-    assert not again.created
-    assert (other_task.created, other_key.created) == (True, True)
-    assert all(job.created for job in keyless)
-    assert len({first, other_task, other_key, *keyless}) == 5
-    # The live job is left as it was: first come, first served.
-    with Session(engine) as session:
-        info = queue.get_job(session, first)
-    assert info is not None
-    assert (info.payload, info.priority, info.unique_key) == ({"n": 1}, 0, "k")
-
-
-@pytest.mark.parametrize("outcome", ["succeeded", "dead", "cancelled"])
-def test_a_running_job_holds_its_key_and_a_finished_one_frees_it(
-    engine: sa.Engine, queue: JobQueue, outcome: str
-) -> None:
-    with Session(engine) as session, session.begin():
-        first = queue.enqueue(session, "sync", {"n": 1}, unique_key="k")
-    set_running(engine, first)
-    with Session(engine) as session, session.begin():
-        assert queue.enqueue(session, "sync", {"n": 2}, unique_key="k") == first
-    finish(engine, first, outcome)
-    with Session(engine) as session, session.begin():
-        second = queue.enqueue(session, "sync", {"n": 3}, unique_key="k")
-    assert second.created
-    assert second != first
-    assert live(engine, "sync", "k") == [second]
-    # The finished job keeps its key as history; only live jobs hold it.
-    with Session(engine) as session:
-        old = queue.get_job(session, first)
-    assert old is not None
-    assert (old.status, old.unique_key) == (outcome, "k")
 
 
 def test_twice_in_one_transaction_and_rolled_back(engine: sa.Engine, queue: JobQueue) -> None:
@@ -153,40 +107,6 @@ def test_twice_in_one_transaction_and_rolled_back(engine: sa.Engine, queue: JobQ
         conn.commit()
     assert third.created
     assert live(engine, "sync", "k") == [third]
-
-
-def test_the_tasks_key_function_and_an_explicit_key(engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(engine) as session, session.begin():
-        one = queue.enqueue(session, "per_user", {"user": 1})
-        one_again = queue.enqueue(session, "per_user", {"user": 1, "extra": True})
-        two = queue.enqueue(session, "per_user", {"user": 2})
-        explicit = queue.enqueue(session, "per_user", {"user": 1}, unique_key="manual")
-        no_key = [queue.enqueue(session, "per_user", {"anyone": True}) for _ in range(2)]
-    assert (one.created, one_again.created, one_again) == (True, False, one)
-    assert (two.created, explicit.created) == (True, True)
-    assert explicit not in (one, two)
-    assert all(job.created for job in no_key)
-    assert live(engine, "per_user", "user:1") == [one]
-    assert live(engine, "per_user", "manual") == [explicit]
-
-
-def test_enqueued_is_an_int(engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(engine) as session, session.begin():
-        job_id = queue.enqueue(session, "sync", {"n": 1}, unique_key="k")
-        found = queue.enqueue(session, "sync", {"n": 1}, unique_key="k")
-        # Usable wherever an id is: as a bind parameter, in get_job.
-        assert session.execute(select(j.id).where(j.id == found)).scalar_one() == job_id
-        info = queue.get_job(session, found)
-        assert info is not None
-        assert info.id == job_id
-    assert isinstance(job_id, int)
-    assert job_id == int(job_id)
-    assert hash(job_id) == hash(int(job_id))
-    assert {found: 1} == {int(job_id): 1}
-    assert str(job_id) == repr(job_id) == f"{job_id}" == str(int(job_id))
-    assert json.dumps({"id": found}) == json.dumps({"id": int(job_id)})
-    copied = pickle.loads(pickle.dumps(found))
-    assert (copied, copied.created) == (found, False)
 
 
 def test_a_job_that_was_not_added_sends_no_notification(
@@ -291,13 +211,6 @@ def test_bad_keys_are_refused_before_any_sql(
         with pytest.raises(InvalidJobError, match="2 entries for 3 payloads"):
             queue.enqueue_many(session, "sync", [{}, {}, {}], unique_keys=["a", "b"])
     assert sent_sql == []
-
-
-def test_the_longest_key_is_accepted(engine: sa.Engine, queue: JobQueue) -> None:
-    longest = "é" * 500  # 1,000 bytes
-    with Session(engine) as session, session.begin():
-        assert queue.enqueue(session, "sync", {}, unique_key=longest).created
-        assert not queue.enqueue(session, "sync", {}, unique_key=longest).created
 
 
 # -- races ---------------------------------------------------------------------------------------
