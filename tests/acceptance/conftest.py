@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from sa_jobqueue.database import create_engine
+from tests.helpers.notify import listening, recording
 from tests.helpers.processes import WorkerApp, Workers
 
 
@@ -62,3 +65,16 @@ def workers(worker_app: WorkerApp, database_url: URL, tmp_path: Path) -> Iterato
         yield started
     finally:
         started.kill_all()
+
+
+@pytest.fixture
+def sent_sql(engine: sa.Engine) -> Iterator[list[str]]:
+    """Every statement the test's ``engine`` sends to the server, in order."""
+    yield from recording(engine)
+
+
+@pytest.fixture
+def listener(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
+    """A plain psycopg connection to the test's database that LISTENs on the queue's channel."""
+    with listening(engine) as conn:
+        yield conn

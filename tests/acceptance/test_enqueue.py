@@ -11,34 +11,32 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-import os
 from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
-from sqlalchemy import event, func, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sa_jobqueue import (
     InvalidNameError,
     InvalidScheduleError,
-    JobContext,
     JobInfo,
     JobQueue,
     JobQueueError,
     PayloadError,
     UnknownTaskError,
 )
-from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.models import Job, jobs_table
-from tests.helpers.jobs import handler, make_queue
+from sa_jobqueue.models import jobs_table
+from tests.helpers.databases import cloned_database
+from tests.helpers.jobs import count, job, make_queue
+from tests.helpers.notify import notifications, recording
 
 # -- the application's side: a business table on a MetaData of its own ------------------------
 
@@ -69,23 +67,6 @@ def app_engine(engine: sa.Engine) -> sa.Engine:
     return engine
 
 
-def _recording(engine: sa.Engine) -> Iterator[list[str]]:
-    sent: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield sent
-    event.remove(engine, "before_cursor_execute", record)
-
-
-@pytest.fixture
-def sent_sql(engine: sa.Engine) -> Iterator[list[str]]:
-    """Every statement the test's engine sends to the server, in order."""
-    yield from _recording(engine)
-
-
 @pytest.fixture(scope="module")
 def shared_engine(server_url: URL, template_database: str) -> Iterator[sa.Engine]:
     """One migrated database for the many cases of refused input in this module.
@@ -93,72 +74,19 @@ def shared_engine(server_url: URL, template_database: str) -> Iterator[sa.Engine
     A fresh database per case would cost more than the case itself. Sharing is safe because a
     refused job leaves nothing behind, and each case counts only its own business rows.
     """
-    name = f"sajq_enqueue_refusals_{os.getpid()}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
-    engine = create_engine(server_url.set(database=name))
-    try:
-        AppBase.metadata.create_all(engine)
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with cloned_database(server_url, template_database, prefix="sajq_refusals") as url:
+        engine = create_engine(url)
+        try:
+            AppBase.metadata.create_all(engine)
+            yield engine
+        finally:
+            engine.dispose()
 
 
 @pytest.fixture
 def shared_sql(shared_engine: sa.Engine) -> Iterator[list[str]]:
     """Every statement the shared engine sends to the server during the test, in order."""
-    yield from _recording(shared_engine)
-
-
-@pytest.fixture
-def listener(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    """A plain psycopg connection to the test's database that LISTENs on the queue's channel."""
-    _, params = engine.dialect.create_connect_args(engine.url)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-        yield conn
-
-
-_markers = itertools.count()
-
-
-def notifications(listener: psycopg.Connection[Any], engine: sa.Engine) -> list[str]:
-    """The payloads of all notifications on the channel committed so far (and not yet read).
-
-    PostgreSQL delivers notifications in commit order, so a marker notification committed now
-    arrives after everything committed earlier: reading up to it needs no fixed wait.
-    """
-    marker = f"~marker-{next(_markers)}"  # "~" can never start a queue name
-    with engine.begin() as conn:
-        conn.execute(select(func.pg_notify(CHANNEL, marker)))
-    received: list[str] = []
-    for notify in listener.notifies(timeout=10):
-        assert notify.channel == CHANNEL
-        if notify.payload == marker:
-            return received
-        received.append(notify.payload)
-    raise AssertionError("the marker notification did not arrive within 10 s")
-
-
-def count(engine: sa.Engine, table: sa.Table | Any = jobs_table) -> int:
-    """Rows of ``table`` as a fresh connection (not the one under test) sees them."""
-    with engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(table)).scalar_one()
-
-
-def job(engine: sa.Engine, job_id: int) -> Job:
-    """The committed row of a job, read through the model in a session of its own."""
-    with Session(engine) as session:
-        row = session.get(Job, job_id)
-        assert row is not None, f"job {job_id} does not exist"
-        session.expunge(row)
-        return row
+    yield from recording(shared_engine)
 
 
 def info(queue: JobQueue, session: Session | sa.Connection, job_id: int) -> JobInfo:
@@ -447,14 +375,6 @@ def test_enqueue_many_inserts_a_large_batch_in_one_statement(
     assert [stored[i] for i in ids] == payloads
 
 
-def test_enqueue_many_accepts_any_iterable(engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(engine) as session, session.begin():
-        ids = queue.enqueue_many(session, "plain", ({"n": n} for n in range(3)))
-        mixed = queue.enqueue_many(session, "plain", [None, 1, "two", [3], {"four": 4.5}, True])
-    assert [job(engine, i).payload for i in ids] == [{"n": 0}, {"n": 1}, {"n": 2}]
-    assert [job(engine, i).payload for i in mixed] == [None, 1, "two", [3], {"four": 4.5}, True]
-
-
 @pytest.mark.parametrize("empty", [[], (), iter([])], ids=["list", "tuple", "iterator"])
 def test_enqueue_many_of_nothing_sends_nothing(
     engine: sa.Engine,
@@ -691,32 +611,6 @@ def test_default_payload_limit_is_one_megabyte(app_engine: sa.Engine, sent_sql: 
     )
 
 
-def test_values_at_the_limits_are_accepted(engine: sa.Engine) -> None:
-    queue = JobQueue(default_queue="q" * 64)
-    longest = queue.task(name="t" * 200)(handler)
-    with Session(engine) as session, session.begin():
-        high = queue.enqueue(session, longest, {"n": 1}, priority=32767, max_attempts=2**31 - 1)
-        low = queue.enqueue(
-            session,
-            "t" * 200,
-            {"n": 2},
-            priority=-32768,
-            queue="Z",
-            lease=timedelta(microseconds=1),
-        )
-        zero = queue.enqueue(session, longest.name, None, run_at=timedelta(0))
-    first, second, third = job(engine, high), job(engine, low), job(engine, zero)
-    assert (first.queue, first.task, first.priority, first.max_attempts) == (
-        "q" * 64,
-        "t" * 200,
-        32767,
-        2**31 - 1,
-    )
-    assert (second.queue, second.priority, second.lease) == ("Z", -32768, timedelta(microseconds=1))
-    assert third.payload is None
-    assert third.visible_at == third.created_at
-
-
 # -- 6. scheduling --------------------------------------------------------------------------
 
 
@@ -729,21 +623,6 @@ def _now(session: Session | sa.Connection) -> datetime:
 def _after(later: datetime, earlier: datetime) -> timedelta:
     """The elapsed time between two aware datetimes, whatever their tzinfo."""
     return later.astimezone(UTC) - earlier.astimezone(UTC)
-
-
-def test_run_at_datetime_is_stored_as_visible_at(engine: sa.Engine, queue: JobQueue) -> None:
-    india = timezone(timedelta(hours=5, minutes=30))
-    when = datetime(2031, 7, 4, 9, 30, 15, 123456, tzinfo=india)
-    past = datetime(2001, 1, 1, tzinfo=UTC)
-    with Session(engine) as session, session.begin():
-        single = queue.enqueue(session, "work_a", {"n": 1}, run_at=when)
-        batch = queue.enqueue_many(session, "work_a", [{"n": 2}, {"n": 3}], run_at=when)
-        overdue = queue.enqueue(session, "work_a", {"n": 4}, run_at=past)
-    for job_id in [single, *batch]:
-        stored = job(engine, job_id).visible_at
-        assert stored == when
-        assert stored.utcoffset() is not None
-    assert job(engine, overdue).visible_at == past
 
 
 def test_run_at_delay_counts_from_database_now(engine: sa.Engine, queue: JobQueue) -> None:
@@ -765,118 +644,4 @@ def test_run_at_delay_counts_from_database_now(engine: sa.Engine, queue: JobQueu
         conn.rollback()
 
 
-def test_delay_in_days_is_an_exact_duration_across_dst(engine: sa.Engine, queue: JobQueue) -> None:
-    # A timedelta is an exact duration: 30 days are 720 hours even if a daylight-saving
-    # change falls in between. Among twelve consecutive 30-day steps, at least one crosses
-    # exactly one change of a zone with DST, whatever today's date is.
-    delays = [timedelta(days=30 * k) for k in range(1, 13)]
-    with Session(engine) as session, session.begin():
-        session.execute(sa.text("SET LOCAL TIME ZONE 'Europe/Berlin'"))
-        now = _now(session)
-        single = [
-            queue.enqueue(session, "work_a", {"k": k}, run_at=d) for k, d in enumerate(delays)
-        ]
-        batches = [queue.enqueue_many(session, "work_a", [{"k": 0}], run_at=d)[0] for d in delays]
-        assert [_after(info(queue, session, i).visible_at, now) for i in single] == delays
-        assert [_after(info(queue, session, i).visible_at, now) for i in batches] == delays
-
-
-def test_explicit_options_override_task_defaults(engine: sa.Engine) -> None:
-    queue = JobQueue()
-    declared = queue.task(
-        name="declared", queue="mail", priority=3, max_attempts=9, lease=timedelta(seconds=90)
-    )(handler)
-    options: dict[str, Any] = {
-        "priority": -7,
-        "max_attempts": 2,
-        "lease": timedelta(minutes=3, microseconds=5),
-        "queue": "urgent",
-    }
-    with Session(engine) as session, session.begin():
-        defaults = queue.enqueue(session, "declared", {"d": 1})
-        defaults_many = queue.enqueue_many(session, declared, [{"d": 2}, {"d": 3}])
-        overridden = queue.enqueue(session, "declared", {"o": 1}, **options)
-        overridden_many = queue.enqueue_many(session, declared, [{"o": 2}, {"o": 3}], **options)
-        partly = queue.enqueue(session, "declared", {"p": 1}, priority=0)
-        as_seen = info(queue, session, overridden)
-
-    for job_id in [defaults, *defaults_many]:
-        row = job(engine, job_id)
-        assert (row.task, row.queue, row.priority, row.max_attempts, row.lease) == (
-            "declared",
-            "mail",
-            3,
-            9,
-            timedelta(seconds=90),
-        )
-    for job_id in [overridden, *overridden_many]:
-        row = job(engine, job_id)
-        assert (row.task, row.queue, row.priority, row.max_attempts, row.lease) == (
-            "declared",
-            "urgent",
-            -7,
-            2,
-            timedelta(minutes=3, microseconds=5),
-        )
-    row = job(engine, partly)
-    assert (row.queue, row.priority, row.max_attempts) == ("mail", 0, 9)  # 0 is not "unset"
-
-    assert (as_seen.queue, as_seen.priority, as_seen.max_attempts) == ("urgent", -7, 2)
-    assert (as_seen.status, as_seen.attempts) == ("queued", 0)
-    assert as_seen.started_at is None
-    assert as_seen.finished_at is None
-    assert as_seen.last_error is None
-    assert as_seen.payload == {"o": 1}
-
-
-def test_queue_default_applies_to_tasks_without_a_queue(engine: sa.Engine) -> None:
-    queue = JobQueue(default_queue="background")
-    queue.task(name="undeclared")(handler)
-    with Session(engine) as session, session.begin():
-        job_id = queue.enqueue(session, "undeclared", [1, 2])
-    row = job(engine, job_id)
-    assert (row.queue, row.priority, row.max_attempts, row.lease) == (
-        "background",
-        0,
-        5,
-        timedelta(seconds=30),
-    )
-    assert row.worker is None
-    with Session(engine) as session:
-        assert queue.counts(session) == {"background": {"queued": 1}}
-
-
-def test_payload_round_trips(engine: sa.Engine, queue: JobQueue) -> None:
-    payload = {
-        "text": "naïve ☃ \U0001f600 'quotes' \"double\" \\ back",
-        "int": -(2**62),
-        "float": 0.1,
-        "bool": False,
-        "none": None,
-        "nested": {"list": [1, [2, {"three": 3}]], "empty": {}},
-        "": "empty key",
-    }
-    with Session(engine) as session, session.begin():
-        job_id = queue.enqueue(session, "work_a", payload)
-    assert job(engine, job_id).payload == payload
-
-
 # -- 7. the task registry -------------------------------------------------------------------
-
-
-def test_task_object_can_be_passed_to_enqueue(engine: sa.Engine) -> None:
-    queue = JobQueue()
-
-    @queue.task(queue="objects", priority=4, max_attempts=3)
-    def by_object(ctx: JobContext, payload: Any) -> None:
-        pass
-
-    with Session(engine) as session, session.begin():
-        single = queue.enqueue(session, by_object, {"n": 1})
-        many = queue.enqueue_many(session, by_object, [{"n": 2}])
-        by_name = queue.enqueue(session, "by_object", {"n": 3})
-    rows = [job(engine, i) for i in (single, *many, by_name)]
-    assert {(r.task, r.queue, r.priority, r.max_attempts) for r in rows} == {
-        ("by_object", "objects", 4, 3)
-    }
-    assert [r.payload for r in rows] == [{"n": 1}, {"n": 2}, {"n": 3}]

@@ -6,14 +6,13 @@ by batch), and the health checks that look at other sessions, VACUUM or another 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
@@ -44,15 +43,6 @@ def _scoped(engine: sa.Engine) -> Any:
 
 def _connection(engine: sa.Engine) -> sa.Connection:
     return engine.connect()
-
-
-@pytest.fixture
-def listener(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    _, params = engine.dialect.create_connect_args(engine.url)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-        yield conn
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from sa_jobqueue import Enqueued, InvalidJobError, JobQueue
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from tests.helpers.jobs import Bind, handler, reading, writing
-from tests.helpers.notify import listening, notifications, recording
+from tests.helpers.notify import listening, notifications
 from tests.helpers.waiting import wait_for
 
 j = jobs_table.c
@@ -50,11 +50,6 @@ def other_engine(database_url: URL) -> Iterator[sa.Engine]:
     engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
     yield engine
     engine.dispose()
-
-
-@pytest.fixture
-def sent_sql(engine: sa.Engine) -> Iterator[list[str]]:
-    yield from recording(engine)
 
 
 def finish(engine: Bind, job_id: int, status: str = "succeeded") -> None:

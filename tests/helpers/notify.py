@@ -51,6 +51,7 @@ def notifications(listener: psycopg.Connection[Any], engine: sa.Engine) -> list[
         conn.execute(select(func.pg_notify(CHANNEL, marker)))
     received: list[str] = []
     for notify in listener.notifies(timeout=10):
+        assert notify.channel == CHANNEL
         if notify.payload == marker:
             return received
         received.append(notify.payload)
