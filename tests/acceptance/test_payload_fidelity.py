@@ -13,11 +13,8 @@ says where it is.
 from __future__ import annotations
 
 import asyncio
-import enum
 import re
 import sys
-from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -61,11 +58,6 @@ def assert_same(sent: Any, got: Any, path: str = "payload") -> None:
         assert repr(got) == repr(sent), f"{path}: sent {sent!r}, got {got!r}"
     else:
         assert got == sent, f"{path}: sent {sent!r}, got {got!r}"
-
-
-@pytest.fixture
-def queue() -> JobQueue:
-    return JobQueue()
 
 
 @pytest.fixture
@@ -211,57 +203,6 @@ def test_a_periodic_jobs_payload_arrives_intact(engine: sa.Engine) -> None:
 # -- what is refused, and where -------------------------------------------------------------
 
 
-class Level(enum.IntEnum):
-    HIGH = 1
-
-
-class Key(enum.StrEnum):
-    A = "a"
-
-
-class Celsius(float):
-    pass
-
-
-class Names(list[str]):
-    pass
-
-
-REFUSED = [
-    # numeric has no negative zero: it would arrive as 0.0.
-    pytest.param(-0.0, "payload", id="minus-zero"),
-    pytest.param({"a": [0.0, 1, 2, -0.0]}, 'payload["a"][3]', id="nested-minus-zero"),
-    pytest.param([[{"x": -0.0}]], 'payload[0][0]["x"]', id="minus-zero-in-lists"),
-    # One digit past Python's default int-string limit: the worker could not decode it.
-    pytest.param(10**INT_DIGITS, "payload", id="int-of-4301-digits"),
-    pytest.param({"n": [-(10**INT_DIGITS)]}, 'payload["n"][0]', id="negative-int-of-4301"),
-    # Subclasses of JSON's types come back as the plain type: an IntEnum as an int, and so on.
-    pytest.param({"level": Level.HIGH}, 'payload["level"]', id="int-enum"),
-    pytest.param({"colour": [Key.A]}, 'payload["colour"][0]', id="str-enum"),
-    pytest.param({"t": Celsius(21.5)}, 'payload["t"]', id="float-subclass"),
-    pytest.param({"n": Names(["x"])}, 'payload["n"]', id="list-subclass"),
-    pytest.param(OrderedDict(a=1), "payload", id="dict-subclass"),
-    pytest.param({"o": [OrderedDict(a=1)]}, 'payload["o"][0]', id="nested-dict-subclass"),
-    pytest.param({Key.A: 1}, "payload", id="str-enum-key"),
-    # Deeper than the fixed limit, whatever this process's recursion limit.
-    pytest.param(nested(DEPTH + 1, 1), "nested too deeply", id="one-level-too-deep"),
-    pytest.param(nested(DEPTH, [1]), "nested too deeply", id="list-one-level-too-deep"),
-]
-
-
-@pytest.mark.parametrize(("payload", "where"), REFUSED)
-def test_what_cannot_arrive_intact_is_refused_saying_where(
-    queue: JobQueue, received: dict[int, Any], engine: sa.Engine, payload: Any, where: str
-) -> None:
-    at = re.compile(re.escape(where) + r"($|[ ,:;])")
-    with Session(engine) as session:
-        with pytest.raises(PayloadError, match=at):
-            queue.enqueue(session, "record", payload)
-        with pytest.raises(PayloadError, match=at):
-            queue.enqueue_many(session, "record", [{"ok": 1}, payload])
-        assert session.execute(sa.text("SELECT 1")).scalar_one() == 1  # still usable
-
-
 def test_the_async_enqueue_refuses_the_same(
     queue: JobQueue, received: dict[int, Any], database_url: URL
 ) -> None:
@@ -277,42 +218,3 @@ def test_the_async_enqueue_refuses_the_same(
             await async_engine.dispose()
 
     asyncio.run(scenario())
-
-
-@pytest.fixture
-def generous_process() -> Iterator[None]:
-    """An enqueuing process that raised its recursion and int-string limits."""
-    recursion, digits = sys.getrecursionlimit(), sys.get_int_max_str_digits()
-    sys.setrecursionlimit(20_000)
-    sys.set_int_max_str_digits(0)  # no limit
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(recursion)
-        sys.set_int_max_str_digits(digits)
-
-
-@pytest.mark.usefixtures("generous_process")
-def test_the_limits_do_not_follow_the_enqueuing_process(
-    queue: JobQueue, received: dict[int, Any], engine: sa.Engine
-) -> None:
-    # The worker decodes with its own, default limits: a process that raised its own may not
-    # enqueue what a worker could not read.
-    with Session(engine) as session:
-        with pytest.raises(PayloadError, match="nested too deeply"):
-            queue.enqueue(session, "record", nested(5_000, 1))
-        with pytest.raises(PayloadError, match=re.escape('payload["n"]')):
-            queue.enqueue(session, "record", {"n": 10**INT_DIGITS})
-        with pytest.raises(PayloadError, match=re.escape("payload[0]")):
-            queue.enqueue_many(session, "record", [[10 ** (2 * INT_DIGITS)]])
-
-
-@pytest.mark.usefixtures("received")
-def test_refused_numbers_name_what_is_wrong(queue: JobQueue, engine: sa.Engine) -> None:
-    with Session(engine) as session:
-        with pytest.raises(PayloadError, match=re.escape("-0.0")) as zero:
-            queue.enqueue(session, "record", {"z": -0.0})
-        with pytest.raises(PayloadError, match="4300") as digits:
-            queue.enqueue(session, "record", {"n": 10**INT_DIGITS})
-    assert "negative zero" in str(zero.value)
-    assert "more than 4300 digits" in str(digits.value)

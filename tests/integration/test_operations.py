@@ -33,11 +33,6 @@ j = jobs_table.c
 w = workers_table.c
 
 
-@pytest.fixture
-def queue() -> JobQueue:
-    return JobQueue()
-
-
 # -- requeue ---------------------------------------------------------------------------------
 
 
