@@ -23,26 +23,16 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued, JobQueue, PayloadError
 from sa_jobqueue.models import jobs_table
+from tests.apps.application import AppBase, Invoice
 from tests.helpers.jobs import count, handler
 from tests.helpers.notify import listening, notifications
 
 T = TypeVar("T")
 j = jobs_table.c
-
-
-class AppBase(DeclarativeBase):
-    """The application's own tables."""
-
-
-class Invoice(AppBase):
-    __tablename__ = "app_invoices"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    note: Mapped[str]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
 from sa_jobqueue import (
     InvalidNameError,
@@ -34,6 +34,7 @@ from sa_jobqueue import (
 )
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
+from tests.apps.application import AppBase, Order
 from tests.helpers.databases import cloned_database
 from tests.helpers.jobs import count, job, make_queue
 from tests.helpers.notify import notifications, recording
@@ -41,30 +42,13 @@ from tests.helpers.notify import notifications, recording
 # -- the application's side: a business table on a MetaData of its own ------------------------
 
 
-class AppBase(DeclarativeBase):
-    """The application's declarative base, unrelated to sa_jobqueue's."""
-
-
-class Order(AppBase):
-    __tablename__ = "app_orders"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    note: Mapped[str]
-
-
+TABLES = AppBase.metadata
 orders_table = Order.__table__
 
 
 @pytest.fixture
 def queue() -> JobQueue:
     return make_queue()
-
-
-@pytest.fixture
-def app_engine(engine: sa.Engine) -> sa.Engine:
-    """The test's engine, with the application's table created in its database."""
-    AppBase.metadata.create_all(engine)
-    return engine
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +82,8 @@ def info(queue: JobQueue, session: Session | sa.Connection, job_id: int) -> JobI
 # -- 1. transactional outbox ----------------------------------------------------------------
 
 
-def test_job_and_business_row_commit_together(app_engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(app_engine) as session:
+def test_job_and_business_row_commit_together(tables: sa.Engine, queue: JobQueue) -> None:
+    with Session(tables) as session:
         order = Order(note="ten widgets")
         session.add(order)
         session.flush()  # the caller's own flush, to learn the id it puts in the payload
@@ -107,20 +91,20 @@ def test_job_and_business_row_commit_together(app_engine: sa.Engine, queue: JobQ
         job_id = queue.enqueue(session, "work_a", {"order_id": order_id})
 
         # Until the caller commits, no other connection (no worker) sees either row.
-        assert count(app_engine) == 0
-        assert count(app_engine, orders_table) == 0
+        assert count(tables) == 0
+        assert count(tables, orders_table) == 0
 
         session.commit()
 
-    assert count(app_engine) == 1
-    assert count(app_engine, orders_table) == 1
-    stored = job(app_engine, job_id)
+    assert count(tables) == 1
+    assert count(tables, orders_table) == 1
+    stored = job(tables, job_id)
     assert stored.payload == {"order_id": order_id}
     assert (stored.task, stored.queue, stored.status) == ("work_a", "a", "queued")
 
 
-def test_rollback_discards_job_and_business_row(app_engine: sa.Engine, queue: JobQueue) -> None:
-    with Session(app_engine) as session:
+def test_rollback_discards_job_and_business_row(tables: sa.Engine, queue: JobQueue) -> None:
+    with Session(tables) as session:
         session.add(Order(note="ten widgets"))
         session.flush()
         job_id = queue.enqueue(session, "work_a", {"order": 1})
@@ -129,18 +113,18 @@ def test_rollback_discards_job_and_business_row(app_engine: sa.Engine, queue: Jo
         session.rollback()
         assert queue.get_job(session, job_id) is None
 
-    assert count(app_engine) == 0
-    assert count(app_engine, orders_table) == 0
+    assert count(tables) == 0
+    assert count(tables, orders_table) == 0
 
 
 def test_exception_in_transaction_block_discards_the_job(
-    app_engine: sa.Engine, queue: JobQueue
+    tables: sa.Engine, queue: JobQueue
 ) -> None:
     class Boom(Exception):
         pass
 
     def business_that_fails() -> None:
-        with Session(app_engine) as session, session.begin():
+        with Session(tables) as session, session.begin():
             session.add(Order(note="never"))
             queue.enqueue(session, "work_a", {"n": 1})
             raise Boom
@@ -148,17 +132,17 @@ def test_exception_in_transaction_block_discards_the_job(
     with pytest.raises(Boom):
         business_that_fails()
 
-    assert count(app_engine) == 0
-    assert count(app_engine, orders_table) == 0
+    assert count(tables) == 0
+    assert count(tables, orders_table) == 0
 
 
 # -- 2. enqueue neither commits nor flushes ---------------------------------------------------
 
 
 def test_enqueue_leaves_pending_objects_unflushed_and_transaction_open(
-    app_engine: sa.Engine, queue: JobQueue
+    tables: sa.Engine, queue: JobQueue
 ) -> None:
-    with Session(app_engine) as session:
+    with Session(tables) as session:
         order = Order(note="pending")
         session.add(order)
         job_id = queue.enqueue(session, "work_a", {"n": 1})
@@ -177,11 +161,11 @@ def test_enqueue_leaves_pending_objects_unflushed_and_transaction_open(
         # The jobs are there, in the open transaction only.
         assert conn.execute(select(func.count()).select_from(jobs_table)).scalar_one() == 3
         assert {info(queue, session, i).status for i in [job_id, *ids]} == {"queued"}
-        assert count(app_engine) == 0
+        assert count(tables) == 0
 
     # Closing the session without a commit leaves nothing behind.
-    assert count(app_engine) == 0
-    assert count(app_engine, orders_table) == 0
+    assert count(tables) == 0
+    assert count(tables, orders_table) == 0
 
 
 def test_enqueue_on_connection_without_commit_is_rolled_back(
@@ -580,13 +564,13 @@ def test_bad_option_is_refused_before_any_sql(
     )
 
 
-def test_payload_size_limit_counts_utf8_bytes(app_engine: sa.Engine, sent_sql: list[str]) -> None:
+def test_payload_size_limit_counts_utf8_bytes(tables: sa.Engine, sent_sql: list[str]) -> None:
     queue = make_queue(max_payload_bytes=50)
     # {"s":"..."} is 8 bytes of JSON around the string; "é" is two bytes in UTF-8.
     at_limit = {"s": "é" * 21}  # 50 bytes, 29 characters
     over_limit = {"s": "é" * 22}  # 52 bytes, 30 characters
     _refused(
-        app_engine,
+        tables,
         sent_sql,
         [
             lambda s: queue.enqueue(s, "work_a", over_limit),
@@ -594,17 +578,17 @@ def test_payload_size_limit_counts_utf8_bytes(app_engine: sa.Engine, sent_sql: l
         ],
         PayloadError,
     )
-    with Session(app_engine) as session, session.begin():
+    with Session(tables) as session, session.begin():
         ids = [queue.enqueue(session, "work_a", at_limit)]
         ids += queue.enqueue_many(session, "work_a", [at_limit, {"s": "x"}])
-    assert [job(app_engine, i).payload for i in ids] == [at_limit, at_limit, {"s": "x"}]
+    assert [job(tables, i).payload for i in ids] == [at_limit, at_limit, {"s": "x"}]
 
 
-def test_default_payload_limit_is_one_megabyte(app_engine: sa.Engine, sent_sql: list[str]) -> None:
+def test_default_payload_limit_is_one_megabyte(tables: sa.Engine, sent_sql: list[str]) -> None:
     queue = make_queue()
     assert queue.max_payload_bytes == 1_000_000
     _refused(
-        app_engine,
+        tables,
         sent_sql,
         [lambda s: queue.enqueue(s, "work_a", "x" * 1_000_000)],  # plus two quotes
         PayloadError,

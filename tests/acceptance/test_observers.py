@@ -13,7 +13,7 @@ from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue.observability import JobRun, Observer
 
 
-class Recorder(Observer):
+class OutcomeRecorder(Observer):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.starts: Counter[tuple[int, int]] = Counter()
@@ -77,7 +77,7 @@ def test_each_attempt_is_reported_once_with_its_outcome(db: sa.Engine) -> None:
         )
         unknown = conn.exec_driver_sql("SELECT max(id) FROM sa_jobqueue_jobs").scalar_one()
 
-    recorder = Recorder()
+    recorder = OutcomeRecorder()
     Worker(
         queue, db, concurrency=4, listen=False, retention=None, observers=[Broken(), recorder]
     ).run(burst=True)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from sa_jobqueue import InvalidJobError, JobQueueError
 from sa_jobqueue.models import jobs_table, periodic_table
 from sa_jobqueue.testing import DrainResult, assert_enqueued, drain
-from tests.apps.notes import (
+from tests.apps.application import (
     Note,
     chain,
     describe,

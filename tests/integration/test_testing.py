@@ -22,7 +22,7 @@ from sa_jobqueue.testing import (
     refute_enqueued,
     run_task,
 )
-from tests.apps.notes import (
+from tests.apps.application import (
     Note,
     committing,
     describe,

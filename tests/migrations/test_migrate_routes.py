@@ -11,30 +11,21 @@ subprocesses, as a user runs them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from sa_jobqueue.database import create_engine
 from sa_jobqueue.migrations import VERSION_TABLE, upgrade
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table
 from tests.helpers.databases import url_string
 
-from .test_migrations import REPO_ROOT, run, tables, versions, write_app
+from .test_migrations import REPO_ROOT, run, table_names, versions, write_app_project
 
 APP_VERSION_TABLE = "alembic_version"
 #: A revision of the application's own, recorded next to ours in its alembic_version.
 APP_REVISION = "app_0001"
-
-
-@pytest.fixture
-def engine(empty_database_url: URL) -> Iterator[sa.Engine]:
-    engine = create_engine(empty_database_url, poolclass=sa.pool.NullPool)
-    yield engine
-    engine.dispose()
 
 
 def install_in_app_history(engine: sa.Engine, revision: str) -> None:
@@ -52,7 +43,7 @@ def install_in_app_history(engine: sa.Engine, revision: str) -> None:
                 version_num=APP_REVISION
             )
         )
-    assert VERSION_TABLE not in tables(engine)
+    assert VERSION_TABLE not in table_names(engine)
 
 
 def schema_snapshot(engine: sa.Engine) -> dict[str, object]:
@@ -80,7 +71,7 @@ def repository_alembic(url: URL) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def one_line(stdout: str, stderr: str) -> str:
+def single_line(stdout: str, stderr: str) -> str:
     """The whole output is one line (on either stream), and not a traceback."""
     assert "Traceback" not in stderr, stderr
     lines = (stdout + stderr).strip().splitlines()
@@ -96,58 +87,58 @@ def _run_route(route: str, url: URL, cwd: Path) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("route", ["cli", "repository-alembic"])
 def test_behind_in_the_applications_history_says_what_to_run(
-    route: str, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    route: str, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
-    install_in_app_history(engine, "sajq_0003")
-    before = schema_snapshot(engine)
+    install_in_app_history(empty_engine, "sajq_0003")
+    before = schema_snapshot(empty_engine)
 
     status, out, err = _run_route(route, empty_database_url, tmp_path)
 
     assert status != 0
-    line = one_line(out, err)
+    line = single_line(out, err)
     assert "sajq_0003" in line  # what it found ...
     assert APP_VERSION_TABLE in line  # ... and where
     assert "alembic upgrade heads" in line  # what to run instead
     if route == "cli":
         assert line.startswith("sa-jobqueue: ")
-    assert schema_snapshot(engine) == before
-    assert VERSION_TABLE not in tables(engine)
+    assert schema_snapshot(empty_engine) == before
+    assert VERSION_TABLE not in table_names(empty_engine)
 
 
 @pytest.mark.parametrize("route", ["cli", "repository-alembic"])
 def test_at_head_in_the_applications_history_is_a_no_op(
-    route: str, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    route: str, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
-    install_in_app_history(engine, SCHEMA_REVISION)
-    before = schema_snapshot(engine)
+    install_in_app_history(empty_engine, SCHEMA_REVISION)
+    before = schema_snapshot(empty_engine)
 
     status, out, err = _run_route(route, empty_database_url, tmp_path)
 
     assert status == 0, f"--- stdout\n{out}\n--- stderr\n{err}"
     assert "Traceback" not in err
     assert "Running upgrade" not in err
-    assert schema_snapshot(engine) == before
+    assert schema_snapshot(empty_engine) == before
     # Nothing recorded a second time in a version table of ours.
-    assert VERSION_TABLE not in tables(engine)
+    assert VERSION_TABLE not in table_names(empty_engine)
 
 
 @pytest.mark.parametrize("route", ["cli", "repository-alembic"])
 def test_at_head_by_our_own_route_is_a_no_op(
-    route: str, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    route: str, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
-    upgrade(engine)
+    upgrade(empty_engine)
     status, out, err = _run_route(route, empty_database_url, tmp_path)
     assert status == 0, f"--- stdout\n{out}\n--- stderr\n{err}"
     assert "Running upgrade" not in err
-    assert versions(engine, VERSION_TABLE) == [SCHEMA_REVISION]
+    assert versions(empty_engine, VERSION_TABLE) == [SCHEMA_REVISION]
 
 
 @pytest.mark.parametrize("route", ["cli", "repository-alembic"])
 def test_a_revision_newer_than_the_package_says_so(
-    route: str, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    route: str, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
-    install_in_app_history(engine, SCHEMA_REVISION)
-    with engine.begin() as conn:
+    install_in_app_history(empty_engine, SCHEMA_REVISION)
+    with empty_engine.begin() as conn:
         versions_table = sa.table(APP_VERSION_TABLE, sa.column("version_num", sa.Text))
         conn.execute(
             sa.update(versions_table)
@@ -158,41 +149,41 @@ def test_a_revision_newer_than_the_package_says_so(
     status, out, err = _run_route(route, empty_database_url, tmp_path)
 
     assert status != 0
-    line = one_line(out, err)
+    line = single_line(out, err)
     assert "sajq_9999" in line
     assert "upgrade the sa_jobqueue package" in line
 
 
 @pytest.mark.parametrize("route", ["cli", "repository-alembic"])
 def test_tables_without_a_recorded_revision_are_left_alone(
-    route: str, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    route: str, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
     """A schema made by ``metadata.create_all``: no revision anywhere says what it is."""
     from sa_jobqueue.models import metadata
 
-    metadata.create_all(engine)
+    metadata.create_all(empty_engine)
 
     status, out, err = _run_route(route, empty_database_url, tmp_path)
 
     assert status != 0
     if route == "cli":
-        line = one_line(out, err)
+        line = single_line(out, err)
     else:
         # Alembic's own log lines (this repository's alembic.ini asks for them) come first.
         assert "Traceback" not in err, err
         line = err.strip().splitlines()[-1]
     assert jobs_table.name in line
     assert "stamp" in line
-    assert VERSION_TABLE not in tables(engine)
+    assert VERSION_TABLE not in table_names(empty_engine)
 
 
 def test_the_applications_history_refuses_tables_our_route_installed(
-    tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
     """The mirror case: installed by ``sa-jobqueue migrate``, then upgraded by an application
     whose history our revisions joined. Its alembic_version records none of ours."""
-    upgrade(engine)
-    app = write_app(tmp_path / "shopapp-project")
+    upgrade(empty_engine)
+    app = write_app_project(tmp_path / "shopapp-project")
     url = url_string(empty_database_url)
 
     result = run(["-m", "alembic", "-x", f"url={url}", "upgrade", "heads"], cwd=app)
@@ -203,4 +194,4 @@ def test_the_applications_history_refuses_tables_our_route_installed(
     assert "SchemaManagedElsewhereError" in last
     assert f"{SCHEMA_REVISION} in {VERSION_TABLE}" in last
     assert "alembic stamp" in last
-    assert versions(engine, VERSION_TABLE) == [SCHEMA_REVISION]
+    assert versions(empty_engine, VERSION_TABLE) == [SCHEMA_REVISION]

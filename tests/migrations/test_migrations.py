@@ -75,21 +75,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
     return result
 
 
-@pytest.fixture
-def empty_engine(empty_database_url: URL) -> Iterator[sa.Engine]:
-    engine = create_engine(empty_database_url, poolclass=sa.pool.NullPool)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def migrated_engine(database_url: URL) -> Iterator[sa.Engine]:
-    engine = create_engine(database_url, poolclass=sa.pool.NullPool)
-    yield engine
-    engine.dispose()
-
-
-def tables(engine: sa.Engine) -> set[str]:
+def table_names(engine: sa.Engine) -> set[str]:
     with engine.connect() as conn:
         return set(sa.inspect(conn).get_table_names())
 
@@ -142,7 +128,7 @@ def test_repository_alembic_upgrade_head(
     if how == "x-argument-plain-url":
         # What users type: no driver. The env must still pick psycopg 3, not psycopg2.
         url = url_string(empty_database_url.set(drivername="postgresql"))
-    assert JOBS not in tables(empty_engine)
+    assert JOBS not in table_names(empty_engine)
     if how == "DATABASE_URL":
         result = run(["-m", "alembic", "upgrade", "head"], cwd=REPO_ROOT, env={"DATABASE_URL": url})
     else:
@@ -150,11 +136,11 @@ def test_repository_alembic_upgrade_head(
     ok(result)
     assert f"-> {SCHEMA_REVISION}" in result.stderr  # alembic's "Running upgrade" log line
 
-    assert JOBS in tables(empty_engine)
+    assert JOBS in table_names(empty_engine)
     check_schema(empty_engine)
     assert versions(empty_engine, VERSION_TABLE) == [SCHEMA_REVISION]
     # Our own version table only: an application's alembic_version is never created or touched.
-    assert "alembic_version" not in tables(empty_engine)
+    assert "alembic_version" not in table_names(empty_engine)
 
     # `alembic current` agrees, and a second upgrade does nothing.
     current = ok(run(["-m", "alembic", "-x", f"url={url}", "current"], cwd=REPO_ROOT))
@@ -312,7 +298,7 @@ def downgrade():
 '''
 
 
-def write_app(root: Path) -> Path:
+def write_app_project(root: Path) -> Path:
     """Lay out shopapp's project: alembic.ini, migrations/ and the shopapp package."""
     (root / "migrations" / "versions").mkdir(parents=True)
     (root / "alembic.ini").write_text(APP_INI)
@@ -345,7 +331,7 @@ def probe(cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
 def test_joined_to_an_application_alembic_history(
     tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
-    app = write_app(tmp_path / "shopapp-project")
+    app = write_app_project(tmp_path / "shopapp-project")
     url = url_string(empty_database_url)
 
     # The subprocesses below see sa_jobqueue as an installed package, not as the checkout's
@@ -362,10 +348,10 @@ def test_joined_to_an_application_alembic_history(
     assert f"-> {SCHEMA_REVISION}" in upgraded.stderr
     assert "-> app_0001" in upgraded.stderr
 
-    assert {"app_orders", JOBS} <= tables(empty_engine)
+    assert {"app_orders", JOBS} <= table_names(empty_engine)
     assert versions(empty_engine, "alembic_version") == sorted(["app_0001", SCHEMA_REVISION])
     # In this setup the application's alembic_version is the only version table.
-    assert VERSION_TABLE not in tables(empty_engine)
+    assert VERSION_TABLE not in table_names(empty_engine)
     check_schema(empty_engine)
 
     # The application's autogenerate, fed both metadatas, sees nothing to do.
@@ -425,7 +411,7 @@ def test_wheel_carries_the_migrations(tmp_path: Path, empty_database_url: URL) -
     # With the unpacked wheel first on the path, an application's Alembic environment takes our
     # revisions from the wheel's files, and `sa-jobqueue migrate` from it works too.
     installed = {"PYTHONPATH": str(tmp_path / "installed")}
-    app = write_app(tmp_path / "shopapp-project")
+    app = write_app_project(tmp_path / "shopapp-project")
     found = probe(app, env=installed)
     assert Path(found["package"]).is_relative_to(tmp_path / "installed")
     heads = ok(run(["-m", "alembic", "heads", "--verbose"], cwd=app, env=installed)).stdout
@@ -544,7 +530,7 @@ def test_head_is_the_schema_revision(ini: str) -> None:
 
 def test_downgrade_to_base_and_upgrade_again(migrated_engine: sa.Engine) -> None:
     migrate_in_process(migrated_engine, "downgrade", "base")
-    assert JOBS not in tables(migrated_engine)
+    assert JOBS not in table_names(migrated_engine)
     assert versions(migrated_engine, VERSION_TABLE) == []
     with pytest.raises(SchemaMissingError):
         check_schema(migrated_engine)

@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from sa_jobqueue.database import check_schema, create_engine
+from sa_jobqueue.database import check_schema
 from sa_jobqueue.models import SCHEMA_REVISION
 from tests.helpers.databases import url_string
 from tests.helpers.processes import REPO_ROOT
@@ -333,15 +332,8 @@ def assert_finished(project: Project, venv: Venv, engine: sa.Engine, head: str) 
     check_schema(engine)
 
 
-@pytest.fixture
-def engine(empty_database_url: URL) -> Iterator[sa.Engine]:
-    engine = create_engine(empty_database_url, poolclass=sa.pool.NullPool)
-    yield engine
-    engine.dispose()
-
-
 def test_starting_fresh(
-    venv: Venv, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    venv: Venv, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
     project = Project(tmp_path / "myproject", venv, empty_database_url)
     project.init()
@@ -353,7 +345,7 @@ def test_starting_fresh(
     assert "INSERT INTO alembic_version (version_num) VALUES ('sajq_0001')" in offline.stdout
 
     project.alembic("upgrade", "heads")  # our tables first: autogenerate needs an up-to-date db
-    ours = snapshot_ours(engine)
+    ours = snapshot_ours(empty_engine)
 
     first = project.autogenerate("orders")
     assert_in_users_tree(project, venv, first)
@@ -367,12 +359,12 @@ def test_starting_fresh(
     assert second.down_revision == first.revision
     assert creates_table(second, "customers")
 
-    assert_finished(project, venv, engine, second.revision)
-    assert snapshot_ours(engine) == ours
+    assert_finished(project, venv, empty_engine, second.revision)
+    assert snapshot_ours(empty_engine) == ours
 
 
 def test_existing_history(
-    venv: Venv, tmp_path: Path, empty_database_url: URL, engine: sa.Engine
+    venv: Venv, tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
 ) -> None:
     project = Project(tmp_path / "myproject", venv, empty_database_url)
     project.init()
@@ -380,12 +372,12 @@ def test_existing_history(
     (project.versions / "app_0001_orders.py").write_text(EXISTING_REVISION)
     project.set_ini({"sqlalchemy.url": url_string(empty_database_url).replace("%", "%%")})
     project.alembic("upgrade", "head")
-    assert app_versions(engine) == {"app_0001"}
+    assert app_versions(empty_engine) == {"app_0001"}
 
     # It adds sa_jobqueue as the README says, and installs our tables.
     project.follow_readme()
     project.alembic("upgrade", "heads")
-    ours = snapshot_ours(engine)
+    ours = snapshot_ours(empty_engine)
 
     project.models(MODELS_CUSTOMERS)
     first = project.autogenerate("customers")
@@ -413,5 +405,5 @@ def test_existing_history(
         assert "sa_jobqueue's" in refused.stdout
         assert "Traceback" not in refused.stderr
 
-    assert_finished(project, venv, engine, third.revision)
-    assert snapshot_ours(engine) == ours
+    assert_finished(project, venv, empty_engine, third.revision)
+    assert snapshot_ours(empty_engine) == ours

@@ -8,7 +8,7 @@ from sa_jobqueue import JobQueueError
 from sa_jobqueue.testing import (
     run_task,
 )
-from tests.apps.notes import describe, describe_async, write_note
+from tests.apps.application import describe, describe_async, write_note
 
 
 def test_run_task_gives_the_handler_a_context_and_a_decoded_payload() -> None:

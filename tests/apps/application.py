@@ -1,7 +1,8 @@
-"""The tasks of the sa_jobqueue.testing tests, and the application table they write.
+"""An application's own tables (a declarative base of its own) and the tasks of the
+sa_jobqueue.testing tests, which write notes.
 
 Imported by the test modules of every tier (the unit tier only calls the handlers); the
-integration and acceptance tiers create :data:`metadata`'s table in their databases.
+integration and acceptance tiers create :data:`metadata`'s tables in their databases.
 """
 
 from __future__ import annotations
@@ -17,7 +18,21 @@ from sa_jobqueue import Backoff, JobContext, JobQueue
 
 
 class AppBase(DeclarativeBase):
-    pass
+    """The application's declarative base, unrelated to sa_jobqueue's."""
+
+
+class Order(AppBase):
+    __tablename__ = "app_orders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    note: Mapped[str]
+
+
+class Invoice(AppBase):
+    __tablename__ = "app_invoices"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    note: Mapped[str]
 
 
 class Note(AppBase):
