@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -33,6 +34,17 @@ from sa_jobqueue import JobQueue
 from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
 from tests.helpers.databases import cloned_database, drop_database, recreate_database
+
+TIERS = ("unit", "integration", "acceptance", "migrations")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the directory it is in under tests/."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
 
 
 def _docker_answers() -> bool:
