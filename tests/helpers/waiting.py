@@ -1,4 +1,4 @@
-"""Helpers shared by the tests."""
+"""Waiting for a condition without a fixed sleep, and running a worker in a thread."""
 
 from __future__ import annotations
 
