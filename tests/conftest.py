@@ -1,4 +1,4 @@
-"""Test fixtures: a real PostgreSQL server, and a fresh database per test cloned from a template.
+"""Test fixtures: a real PostgreSQL server, and databases on it migrated from one template.
 
 The server is chosen in this order:
 
@@ -7,14 +7,15 @@ The server is chosen in this order:
 2. a testcontainers PostgreSQL, when a Docker engine answers;
 3. an embedded server from the ``pgserver`` wheel, in a temporary directory.
 
-The template database is migrated once with our Alembic revisions; each test that asks for
-``database_url`` gets its own copy, so tests can commit, LISTEN and run worker processes
-without seeing each other's rows.
+Nothing here starts before a test asks for a database: the unit tier (tests/unit) never does.
+The template database is migrated once with our Alembic revisions. The integration tier
+(tests/integration/conftest.py) clones it once and rolls each test back; each test that asks
+for ``database_url`` here gets its own copy, so the acceptance and migration tiers can commit,
+LISTEN and run worker processes without seeing each other's rows.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import tempfile
@@ -24,11 +25,26 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy.engine import URL
 
+from sa_jobqueue import JobQueue
 from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
-from tests.workers import WorkerApp, Workers
+from tests.helpers.databases import cloned_database, drop_database, recreate_database
+
+TIERS = ("unit", "integration", "acceptance", "migrations")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the directory it is in under tests/."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
 
 
 def _docker_answers() -> bool:
@@ -76,53 +92,29 @@ def server_url() -> Iterator[URL]:
         shutil.rmtree(datadir, ignore_errors=True)
 
 
-def _admin(url: URL) -> sa.Engine:
-    return create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-
-
 @pytest.fixture(scope="session")
 def template_database(server_url: URL) -> Iterator[str]:
     """A database migrated to our newest revision, to clone for each test."""
     name = f"sajq_template_{os.getpid()}"
-    admin = _admin(server_url)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    engine = create_engine(server_url.set(database=name), poolclass=sa.pool.NullPool)
+    engine = create_engine(recreate_database(server_url, name), poolclass=sa.pool.NullPool)
     upgrade(engine)
     engine.dispose()
     yield name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-_counter = itertools.count()
-
-
-def _new_database(server_url: URL, template: str) -> Iterator[URL]:
-    name = f"sajq_t{os.getpid()}_{next(_counter)}"
-    admin = _admin(server_url)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    try:
-        yield server_url.set(database=name)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_url(server_url: URL, template_database: str) -> Iterator[URL]:
     """A fresh database of this test's own, with the schema installed."""
-    yield from _new_database(server_url, template_database)
+    with cloned_database(server_url, template_database) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_database_url(server_url: URL) -> Iterator[URL]:
     """A fresh database of this test's own, without our schema."""
-    yield from _new_database(server_url, "template0")
+    with cloned_database(server_url, "template0") as url:
+        yield url
 
 
 @pytest.fixture
@@ -132,16 +124,22 @@ def engine(database_url: URL) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def url_string(url: URL) -> str:
-    """A URL as a string a subprocess can take (password included)."""
-    return url.render_as_string(hide_password=False)
+@pytest.fixture
+def queue() -> JobQueue:
+    """A queue with no tasks yet (a module that needs tasks declared up front has its own)."""
+    return JobQueue()
 
 
 @pytest.fixture
-def workers(worker_app: WorkerApp, database_url: URL, tmp_path: Path) -> Iterator[Workers]:
-    """Worker subprocesses of the test module's ``worker_app`` fixture, killed at the end."""
-    started = Workers(worker_app, database_url, tmp_path)
-    try:
-        yield started
-    finally:
-        started.kill_all()
+def exporter() -> InMemorySpanExporter:
+    """Collects the spans of a tracing test, in memory."""
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
+    """A tracer provider of the test's own, exporting to ``exporter``."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider
+    provider.shutdown()

@@ -1,4 +1,4 @@
-"""The tasks the fault-injection tests (tests/test_faults.py) run in real worker subprocesses.
+"""The tasks the fault-injection tests (tests/acceptance/test_faults.py) run in worker processes.
 
 Every handler records its execution in ``fault_runs`` through its own autocommit connection, so
 that table counts every execution, including attempts whose transaction was rolled back. Writes

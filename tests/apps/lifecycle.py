@@ -1,4 +1,4 @@
-"""The tasks tests/test_shutdown_and_cancel.py runs in real worker subprocesses.
+"""The tasks tests/acceptance/test_shutdown_and_cancel.py runs in real worker subprocesses.
 
 Timeouts, cancellation and shutdown: handlers that watch ``ctx.stop_requested`` or
 ``ctx.cancel_requested``, handlers that ignore them, and handlers that block on a gate file the

@@ -1,4 +1,4 @@
-"""The tasks the network tests (tests/test_network.py) run in real worker subprocesses.
+"""The tasks the network tests (tests/acceptance/test_network.py) run in real worker subprocesses.
 
 ``write`` inserts one row through ``ctx.session``: the exactly-once effect, committed with the
 job's completion. ``touch`` writes nothing to the database; it appends ``job_id attempt pid``

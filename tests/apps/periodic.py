@@ -1,7 +1,7 @@
 """A queue with periodic schedules, for tests that run real worker processes.
 
 ``yearly`` ticks at midnight on January 1st (UTC) only, so during a test every one of its jobs
-comes from :func:`tests.periodic_support.rewind` making that tick due again; ``minutely`` ticks
+comes from :func:`tests.helpers.periodic.rewind` making that tick due again; ``minutely`` ticks
 every minute, for tests that can afford to wait for a real tick. Both handlers do nothing: the
 jobs (``sa_jobqueue_jobs`` rows, their tick in the payload) are what the tests count.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sa_jobqueue import JobContext, JobQueue
-from tests.periodic_support import YEARLY
+from tests.helpers.periodic import YEARLY
 
 queue = JobQueue()
 

@@ -1,0 +1,353 @@
+"""``sa-jobqueue stats | jobs ... | check``, run in-process through ``cli.main``.
+
+What the commands print is their product, so the tests read it: the JSON outputs parsed, the
+tables split into cells. What they change is asserted in the database.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import update
+from sqlalchemy.engine import URL
+
+from sa_jobqueue import cli
+from sa_jobqueue.cli import _jobs
+from sa_jobqueue.database import MIGRATE_HINT
+from sa_jobqueue.models import jobs_table, workers_table
+from tests.helpers.databases import url_string
+from tests.helpers.job_states import ERROR, add_dead, add_job, add_worker, ago
+from tests.helpers.jobs import row, status_by_id
+
+j = jobs_table.c
+
+
+class Run:
+    """Runs ``sa-jobqueue ...`` against the test's database and keeps what it printed."""
+
+    def __init__(self, url: URL, capsys: pytest.CaptureFixture[str]) -> None:
+        self.url = url_string(url)
+        self.capsys = capsys
+        self.out = self.err = ""
+
+    def __call__(self, *args: str) -> int:
+        self.capsys.readouterr()  # drop anything printed before
+        status = cli.main([*args, "--database-url", self.url])
+        self.out, self.err = self.capsys.readouterr()
+        return status
+
+    def json(self, *args: str) -> Any:
+        assert self(*args, "--json") == 0, self.err
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def run(database_url: URL, capsys: pytest.CaptureFixture[str]) -> Run:
+    return Run(database_url, capsys)
+
+
+def one_line_error(run: Run) -> str:
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1, run.err
+    assert lines[0].startswith("sa-jobqueue: ")
+    assert "Traceback" not in run.err
+    return lines[0]
+
+
+def cells(text: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == first:
+            return parts
+    raise AssertionError(f"no row {first!r} in:\n{text}")
+
+
+# -- stats -----------------------------------------------------------------------------------
+
+
+def test_stats_table_and_json(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_job(conn, queue="mail", visible_in=-30)
+        add_job(conn, queue="mail", status="running", attempts=1, started_ago=2, visible_in=28)
+        add_job(conn, queue="mail", task="send", status="succeeded", started_ago=3, finished_ago=1)
+        add_dead(conn, queue="mail", task="send", finished_ago=5)
+        add_worker(conn, "w-1")
+
+    assert run("stats") == 0
+    # QUEUE QUEUED RUNNING SUCCEEDED DEAD CANCELLED DUE OLDEST-DUE SUCCEEDED DEAD CANCELLED
+    mail = cells(run.out, "mail")
+    assert mail[1:7] == ["1", "1", "1", "1", "0", "1"]
+    assert mail[8:] == ["1", "1", "0"]
+    assert cells(run.out, "send")[1] == "2"  # finished within the window
+    assert cells(run.out, "w-1")[1:3] == ["host-a", "4242"]
+
+    data = run.json("stats", "--window", "1h")
+    assert data["window"] == 3600
+    (queue,) = data["queues"]
+    assert queue["counts"] == {
+        "queued": 1,
+        "running": 1,
+        "succeeded": 1,
+        "dead": 1,
+        "cancelled": 0,
+    }
+    assert queue["due"] == 1
+    assert 30 <= queue["oldest_due_age"] < 60
+    assert [t["task"] for t in data["tasks"]] == ["send"]
+    assert data["tasks"][0]["p50"] == pytest.approx(1.5, abs=0.01)  # runs of 2 s and 1 s
+    assert [w["name"] for w in data["workers"]] == ["w-1"]
+
+
+def test_stats_watch_prints_until_interrupted(
+    run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with engine.begin() as conn:
+        add_job(conn)
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_jobs.time, "sleep", sleep)
+    assert run("stats", "--json", "--watch", "2") == 0
+    rounds = [json.loads(line) for line in run.out.splitlines()]
+    assert len(rounds) == 2
+    assert naps == [2.0, 2.0]
+    assert all(r["queues"][0]["counts"]["queued"] == 1 for r in rounds)
+
+
+def test_stats_on_a_database_without_the_schema(
+    empty_database_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Run(empty_database_url, capsys)
+    assert run("stats") == 1
+    assert MIGRATE_HINT in one_line_error(run)
+    assert run("jobs", "list") == 1
+    assert MIGRATE_HINT in one_line_error(run)
+
+
+def test_database_url_from_the_environment(
+    database_url: URL, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", url_string(database_url))
+    assert cli.main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["queues"] == []
+    monkeypatch.delenv("DATABASE_URL")
+    assert cli.main(["stats"]) == 2
+    assert "no database" in capsys.readouterr().err
+
+
+# -- jobs list / show ------------------------------------------------------------------------
+
+
+def test_jobs_list_filters_and_pages(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        dead = [add_dead(conn, queue="mail", task="send") for _ in range(3)]
+        add_dead(conn, queue="mail", task="other")
+        queued = add_job(conn, queue="mail", task="send")
+        old = add_job(conn, queue="mail", task="send", created_ago=3 * 86400)
+
+    found = run.json("jobs", "list", "--queue", "mail", "--task", "send", "--status", "dead")
+    assert [job["id"] for job in found] == dead
+    assert found[0]["last_error"] == ERROR
+
+    assert run("jobs", "list", "--status", "dead,queued", "--task", "send", "--limit", "2") == 0
+    listed = [int(line.split()[0]) for line in run.out.splitlines()[1:-1]]
+    assert listed == dead[:2]
+    assert run.out.splitlines()[-1] == f"(more: --after {dead[1]})"
+    assert cells(run.out, str(dead[0]))[3:5] == ["dead", "3/3"]
+
+    rest = run.json("jobs", "list", "--task", "send", "--after", str(dead[1]))
+    assert [job["id"] for job in rest] == [dead[2], queued, old]
+    older = run.json("jobs", "list", "--older-than", "2d")
+    assert [job["id"] for job in older] == [old]
+
+
+def test_jobs_list_newest_first_pages_backwards(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        sent = [add_job(conn, queue="mail", task="send") for _ in range(5)]
+        add_job(conn, queue="mail", task="other")
+
+    assert run("jobs", "list", "--task", "send", "--newest-first", "--limit", "2") == 0
+    listed = [int(line.split()[0]) for line in run.out.splitlines()[1:-1]]
+    assert listed == [sent[4], sent[3]]
+    assert run.out.splitlines()[-1] == f"(more: --after {sent[3]} --newest-first)"
+
+    rest = run.json("jobs", "list", "--task", "send", "--newest-first", "--after", str(sent[3]))
+    assert [job["id"] for job in rest] == [sent[2], sent[1], sent[0]]
+
+
+def test_jobs_list_refuses_bad_filters(run: Run) -> None:
+    for args in (["--status", "exploded"], ["--older-than", "5 weeks"], ["--limit", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            run("jobs", "list", *args)
+        assert exited.value.code == 2
+
+
+def test_jobs_show(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = add_dead(conn, payload={"order": 7})
+    assert run("jobs", "show", str(job_id)) == 0
+    assert f"id:           {job_id}" in run.out.splitlines()
+    assert 'payload:      {"order": 7}' in run.out.splitlines()
+    assert ERROR["traceback"] in run.out
+    shown = run.json("jobs", "show", str(job_id))
+    assert (shown["status"], shown["payload"]) == ("dead", {"order": 7})
+
+    assert run("jobs", "show", "999999") == 1
+    assert one_line_error(run) == "sa-jobqueue: no job with id 999999"
+
+
+# -- jobs retry / cancel ---------------------------------------------------------------------
+
+
+def test_jobs_retry_by_id(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        first, second = add_dead(conn), add_dead(conn, attempts=2, max_attempts=2)
+        queued = add_job(conn)
+    assert run("jobs", "retry", str(first)) == 0
+    assert (row(engine, first).status, row(engine, first).max_attempts) == ("queued", 6)
+    assert run("jobs", "retry", str(second), "--reset-attempts") == 0
+    assert (row(engine, second).status, row(engine, second).attempts) == ("queued", 0)
+
+    assert run("jobs", "retry", str(queued), "424242") == 1
+    assert run.err.splitlines() == [
+        f"sa-jobqueue: job {queued}: not dead but queued, left as it is",
+        "sa-jobqueue: job 424242: no such job",
+    ]
+
+
+def test_jobs_retry_by_filter(run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_jobs, "RETRY_PAGE", 2)  # several pages, each its own transaction
+    with engine.begin() as conn:
+        mail = [add_dead(conn, queue="mail") for _ in range(5)]
+        other = add_dead(conn, queue="other")
+    assert run("jobs", "retry", "--queue", "mail") == 0
+    assert run.out.strip() == "requeued 5 dead job(s)"
+    assert {status_by_id(engine)[i] for i in mail} == {"queued"}
+    assert status_by_id(engine)[other] == "dead"
+    assert run("jobs", "retry", "--all") == 0
+    assert status_by_id(engine)[other] == "queued"
+
+
+def test_jobs_retry_needs_ids_or_filters_not_both(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = add_dead(conn)
+    assert run("jobs", "retry") == 2
+    assert "give either job IDs or filters" in one_line_error(run)
+    assert run("jobs", "retry", str(job_id), "--all") == 2
+    assert status_by_id(engine)[job_id] == "dead"
+
+
+def test_jobs_cancel(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        queued = add_job(conn)
+        running = add_job(conn, status="running", attempts=1, started_ago=1, visible_in=29)
+        done = add_job(conn, status="succeeded", attempts=1, started_ago=2)
+    assert run("jobs", "cancel", str(queued), str(running)) == 0
+    assert run.out.splitlines() == [
+        f"job {queued}: cancelled",
+        f"job {running}: cancellation requested; its worker stops it",
+    ]
+    assert row(engine, queued).status == "cancelled"
+    assert (row(engine, running).status, row(engine, running).cancel_requested) == (
+        "running",
+        True,
+    )
+    assert run("jobs", "cancel", str(done)) == 1
+    assert one_line_error(run) == f"sa-jobqueue: job {done}: already succeeded, left as it is"
+    assert row(engine, done).status == "succeeded"
+
+
+# -- jobs purge ------------------------------------------------------------------------------
+
+
+def test_jobs_purge(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        old = [add_dead(conn, finished_ago=8 * 86400) for _ in range(5)]
+        recent = add_dead(conn, finished_ago=3600)
+        old_succeeded = add_job(conn, status="succeeded", finished_ago=8 * 86400)
+        other_task = add_dead(conn, task="keep", finished_ago=8 * 86400)
+
+    assert run("jobs", "purge", "--status", "dead", "--older-than", "7d", "--dry-run") == 0
+    assert run.out.strip() == "would purge 6 dead job(s) finished over 7d ago"
+    assert len(status_by_id(engine)) == 8
+
+    args = ("--status", "dead", "--older-than", "7d", "--task", "work", "--batch", "2")
+    assert run("jobs", "purge", *args) == 0
+    assert run.out.strip() == "purged 5 dead job(s) finished over 7d ago of task work"
+    assert set(status_by_id(engine)) == {recent, old_succeeded, other_task}
+    assert not set(old) & set(status_by_id(engine))
+
+
+@pytest.mark.parametrize("status", ["queued", "running", "dead,running"])
+def test_jobs_purge_refuses_live_jobs(run: Run, engine: sa.Engine, status: str) -> None:
+    with engine.begin() as conn:
+        add_job(conn, created_ago=86400)
+        add_job(conn, status="running", attempts=1, created_ago=86400)
+        add_dead(conn, finished_ago=86400)
+    assert run("jobs", "purge", "--status", status, "--older-than", "0") == 2
+    assert "refusing to purge" in one_line_error(run)
+    assert len(status_by_id(engine)) == 3
+
+
+def test_jobs_purge_needs_status_and_age(run: Run) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run("jobs", "purge", "--status", "dead")
+    assert exited.value.code == 2
+
+
+# -- check -----------------------------------------------------------------------------------
+
+
+def test_check_exit_status_follows_the_worst_finding(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_worker(conn, "w-1")
+    assert run("check") == 0, run.out
+    assert all(line.startswith(("OK", " ")) for line in run.out.splitlines())
+
+    with engine.begin() as conn:
+        job_id = add_job(conn, visible_in=-600)
+    assert run("check", "--max-wait", "5m") == 1
+    assert cells(run.out, "WARNING")[1] == "backlog"
+    assert run("check", "--max-wait", "15m") == 0
+
+    with engine.begin() as conn:  # the only worker went quiet while a job is due
+        conn.execute(update(workers_table).values(last_seen_at=ago(3600)))
+    assert run("check", "--max-wait", "15m", "--json") == 2
+    report = json.loads(run.out)
+    assert report["status"] == "critical"
+    by_check = {f["check"]: f for f in report["findings"]}
+    assert by_check["workers"]["severity"] == "critical"
+    assert by_check["workers"]["action"]
+    assert by_check["backlog"]["severity"] == "ok"
+
+    with engine.begin() as conn:
+        conn.execute(update(jobs_table).where(j.id == job_id).values(visible_at=ago(-3600)))
+    assert run("check", "--stale-after", "2h") == 0
+
+
+def test_check_thresholds_from_options(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_worker(conn, "w-1")
+        add_dead(conn, finished_ago=600)
+        add_dead(conn, finished_ago=600)
+    assert run("check") == 1
+    assert cells(run.out, "WARNING")[1] == "dead_jobs"
+    assert run("check", "--max-dead", "2") == 0
+    assert run("check", "--dead-window", "5m") == 0
+
+
+def test_check_without_the_schema_is_critical(
+    empty_database_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = Run(empty_database_url, capsys)
+    assert run("check") == 2
+    assert cells(run.out, "CRITICAL")[1] == "schema"
+    assert f"what to do: {MIGRATE_HINT}" in run.out

@@ -1,0 +1,253 @@
+"""Real deployments' networks: PgBouncer in transaction and session mode, and silent connections.
+
+The PgBouncer tests run the Debian ``pgbouncer`` binary with its stock settings (see
+:mod:`tests.helpers.poolers`); on a machine without it they are skipped with the reason (CI installs
+it, so they always run there). The silent-connection test puts a TCP proxy between the worker
+processes and PostgreSQL and, once the workers are busy, makes every connection they hold
+forward nothing while still accepting new ones.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import JobQueue, Worker
+from sa_jobqueue._deadlines import guard_statements
+from sa_jobqueue._sql.retention import PRUNE_LOCK
+from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create_engine
+from sa_jobqueue.models import jobs_table, workers_table
+from tests.apps import network
+from tests.helpers.jobs import statuses
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy, pgbouncer
+from tests.helpers.processes import WorkerApp, Workers, listen_backends, run_cli
+from tests.helpers.waiting import wait_for
+
+APP = WorkerApp("tests.apps.network:queue", log_level="INFO")
+TABLES = network.metadata
+j = jobs_table.c
+
+needs_pgbouncer = pytest.mark.skipif(
+    PGBOUNCER is None, reason="pgbouncer is not installed (Debian package pgbouncer)"
+)
+
+
+@pytest.fixture
+def transaction_pooler(server_url: URL) -> Iterator[PgBouncer]:
+    with pgbouncer(server_url, "transaction") as bouncer:
+        yield bouncer
+
+
+def enqueue_through(url: URL, task: str, n: int, **engine_options: object) -> list[int]:
+    engine = create_engine(url, **engine_options)  # type: ignore[arg-type]
+    try:
+        with Session(engine) as session, session.begin():
+            return network.queue.enqueue_many(session, task, [{"n": i} for i in range(n)])
+    finally:
+        engine.dispose()
+
+
+def effects_per_job(engine: sa.Engine) -> collections.Counter[int]:
+    with engine.connect() as conn:
+        return collections.Counter(conn.execute(sa.select(network.effects.c.job_id)).scalars())
+
+
+@needs_pgbouncer
+@pytest.mark.slow
+def test_workers_and_the_cli_run_through_pgbouncer_in_transaction_mode(
+    tables: sa.Engine, database_url: URL, transaction_pooler: PgBouncer, tmp_path: Path
+) -> None:
+    pooled = transaction_pooler.url(database_url)
+    workers = Workers(APP, pooled, tmp_path)
+    try:
+        # Enqueued through the pooler too: the single way and the bulk way.
+        ids = enqueue_through(pooled, "write", 1_990, pooler="transaction")
+        engine = create_engine(pooled, pooler="transaction")
+        try:
+            for _ in range(10):
+                with Session(engine) as session, session.begin():
+                    ids.append(network.queue.enqueue(session, "write", {}))
+        finally:
+            engine.dispose()
+        for _ in range(2):
+            workers.start("--pooler", "transaction", concurrency=8)
+        workers.wait(lambda: statuses(tables, ids) == {"succeeded": 2_000}, timeout=150)
+        effects = effects_per_job(tables)
+        assert sorted(effects) == sorted(ids)
+        assert set(effects.values()) == {1}  # every job's row written exactly once
+        for command in ("stats", "check", "migrate"):
+            done = run_cli(
+                command,
+                "--database-url",
+                str(pooled.render_as_string(False)),
+                "--pooler",
+                "transaction",
+            )
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+        workers.terminate_all()
+    finally:
+        workers.kill_all()
+
+
+@needs_pgbouncer
+def test_settings_apply_per_transaction_and_never_reach_the_poolers_next_client(
+    database_url: URL, server_url: URL
+) -> None:
+    # One server connection: whatever our transactions left on it, the next client would see.
+    with pgbouncer(server_url, "transaction", pool_size=1) as bouncer:
+        url = bouncer.url(database_url).update_query_dict({"options": "-c search_path=pg_catalog"})
+        control = create_control_engine(url, concurrency=2, pooler="transaction")
+        plain = create_engine(bouncer.url(database_url), pooler="transaction")
+        try:
+            with control.connect() as conn:
+                for _ in range(3):  # each statement its own transaction, each with the settings
+                    seen = {
+                        name: conn.execute(sa.select(sa.func.current_setting(name))).scalar_one()
+                        for name in [*CONTROL_SETTINGS, "search_path"]
+                    }
+                    assert seen == {**CONTROL_SETTINGS, "search_path": "pg_catalog"}
+            with plain.connect() as conn:
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar_one() == "0"
+                assert conn.exec_driver_sql("SHOW search_path").scalar_one() != "pg_catalog"
+            # The limits hold: a statement over its statement timeout is cancelled.
+            brief = create_engine(url, pooler="transaction", settings={"statement_timeout": "50ms"})
+            with brief.connect() as conn, pytest.raises(sa.exc.OperationalError, match="timeout"):
+                conn.execute(sa.select(sa.func.pg_sleep(2)))
+            brief.dispose()
+        finally:
+            control.dispose()
+            plain.dispose()
+
+
+@needs_pgbouncer
+def test_pruning_is_one_at_a_time_behind_a_transaction_pooler(
+    database_url: URL, transaction_pooler: PgBouncer
+) -> None:
+    """Retention's lock is a transaction-level advisory lock: it holds through the pooler."""
+    queue = JobQueue()
+
+    @queue.task
+    def noop(ctx: object, payload: object) -> None:
+        pass
+
+    direct = create_engine(database_url)
+    engine = create_engine(transaction_pooler.url(database_url), pooler="transaction")
+    try:
+        with Session(direct) as session, session.begin():
+            ids = queue.enqueue_many(session, noop, [{}] * 3)
+        worker = Worker(queue, engine, retention=timedelta(0))
+        assert worker.listen is False  # LISTEN needs a session: the poll serves instead
+        with direct.connect() as holder, holder.begin():
+            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(PRUNE_LOCK)))
+            worker.run(burst=True)  # prunes at every poll, but another session holds the lock
+            assert statuses(direct, ids) == {"succeeded": 3}
+            assert worker.prune() == 0  # and it does not wait for it
+        assert worker.prune() == 3
+    finally:
+        engine.dispose()
+        direct.dispose()
+
+
+@needs_pgbouncer
+def test_the_default_mode_works_through_pgbouncer_in_session_mode(
+    tables: sa.Engine, database_url: URL, server_url: URL, tmp_path: Path
+) -> None:
+    """No startup options: PgBouncer refuses them in either mode. LISTEN works in this one."""
+    with pgbouncer(server_url, "session") as bouncer:
+        pooled = bouncer.url(database_url)
+        workers = Workers(APP, pooled, tmp_path)
+        try:
+            workers.start(concurrency=2, poll=30)  # a wake-up can only come from NOTIFY
+            wait_for(lambda: listen_backends(tables), timeout=20)
+            ids = enqueue_through(pooled, "write", 20)
+            workers.wait(lambda: statuses(tables, ids) == {"succeeded": 20}, timeout=20)
+            done = run_cli("stats", "--database-url", pooled.render_as_string(False))
+            assert done.returncode == 0, done.stderr
+            workers.terminate_all()
+        finally:
+            workers.kill_all()
+
+
+def _registered(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(workers_table)).scalar_one())
+
+
+@pytest.mark.slow
+def test_workers_ride_out_connections_that_go_silent(
+    tables: sa.Engine,
+    database_url: URL,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("SAJQ_TEST_RUNS_FILE", str(runs))
+    proxy = SilentProxy(database_url)
+    workers = Workers(APP, proxy.url(database_url), tmp_path)
+    try:
+        for _ in range(2):
+            workers.start(concurrency=4, poll=0.2)
+        # Busy first, so that every kind of connection a worker holds is open: the claim
+        # loop's, the completer's, the listener's, the heartbeat's and the registry's.
+        workers.wait(lambda: len(listen_backends(tables)) == 2 and _registered(tables) == 2, 30)
+        warm = enqueue_through(database_url, "touch", 40)
+        workers.wait(lambda: statuses(tables, warm) == {"succeeded": 40}, timeout=30)
+        # Two workers, each with its claim loop's, completer's, listener's and registry's.
+        assert proxy.silence() >= 6
+        ids = enqueue_through(database_url, "touch", 200)  # directly: the database itself is fine
+        try:
+            workers.wait(lambda: statuses(tables, ids) == {"succeeded": 200}, timeout=90)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {statuses(tables, ids)}\n{workers.all_output()}"
+            ) from None
+        executions = collections.Counter(
+            int(line.split()[0]) for line in runs.read_text().splitlines()
+        )
+        assert all(executions[i] == 1 for i in ids), "a job ran twice"
+        with tables.connect() as conn:
+            attempts = set(conn.execute(sa.select(j.attempts).where(j.id.in_(ids))).scalars())
+        assert attempts == {1}
+        workers.terminate_all(timeout=40)
+    finally:
+        workers.kill_all()
+        proxy.close()
+
+
+def test_a_statement_cut_at_its_deadline_discards_its_connection(database_url: URL) -> None:
+    """The deadline's own mechanism, on a direct connection: a statement that overstays is
+    cut, raises a connection error at once, and its connection never goes back to the pool."""
+    control = create_control_engine(database_url, concurrency=1)
+    guarded = control.execution_options()
+    guard_statements(guarded, 0.5)
+    try:
+        with guarded.connect() as conn:
+            before = conn.connection.dbapi_connection
+            with pytest.raises(sa.exc.OperationalError):
+                conn.execute(sa.select(sa.func.pg_sleep(5)))
+            assert conn.invalidated
+        with guarded.connect() as conn:
+            assert conn.connection.dbapi_connection is not before
+            assert conn.execute(sa.select(1)).scalar_one() == 1
+    finally:
+        control.dispose()
+
+
+@needs_pgbouncer
+@pytest.mark.slow
+def test_verify_runs_through_pgbouncer_in_transaction_mode(
+    database_url: URL, transaction_pooler: PgBouncer
+) -> None:
+    pooled = transaction_pooler.url(database_url).render_as_string(hide_password=False)
+    done = run_cli(
+        "verify", "--database-url", pooled, "--pooler", "transaction", "--jobs", "300",
+        "--workers", "2", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,457 @@
+"""The worker in-process: exactly-once under concurrency, fencing, retries, reclaim, schedules."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
+from sa_jobqueue._sql import claiming, leases, transitions
+from sa_jobqueue.models import Job
+from tests.helpers.jobs import burst, job
+from tests.helpers.waiting import running, wait_for
+
+EFFECTS = sa.table("effects", sa.column("job_id", sa.BigInteger), sa.column("note", sa.Text))
+
+
+TABLES = "CREATE TABLE effects (job_id bigint PRIMARY KEY, note text)"
+
+
+def effect_ids(engine: sa.Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(EFFECTS.c.job_id).order_by(EFFECTS.c.job_id)).scalars())
+
+
+def db_now(engine: sa.Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.now())).scalar_one()
+
+
+def make_due(engine: sa.Engine, job_id: int) -> None:
+    """Move a job's visible_at into the past: a retry's backoff or a lease has run out."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(Job)
+            .where(Job.id == job_id)
+            .values(visible_at=sa.func.now() - timedelta(seconds=1))
+        )
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_hammer_100_jobs_10_workers_each_runs_once(db: sa.Engine, round_: int) -> None:
+    queue = JobQueue()
+    runs: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    @queue.task
+    def work(ctx: JobContext, payload: None) -> None:
+        with lock:
+            runs[ctx.job_id] += 1
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))
+
+    with Session(db) as session, session.begin():
+        ids = queue.enqueue_many(session, "work", [None] * 100)
+    workers = [Worker(queue, db, concurrency=1, listen=False) for _ in range(10)]
+    threads = [threading.Thread(target=w.run, kwargs={"burst": True}) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert runs == Counter(dict.fromkeys(ids, 1))
+    assert effect_ids(db) == ids
+    with Session(db) as session:
+        assert queue.counts(session) == {"default": {"succeeded": 100}}
+
+
+def test_retries_follow_the_backoff_schedule_then_dead_letter(db: sa.Engine) -> None:
+    queue = JobQueue()
+    backoff = Backoff(base=timedelta(seconds=10), cap=timedelta(seconds=25), jitter=0)
+
+    @queue.task(max_attempts=4, backoff=backoff)
+    def flaky(ctx: JobContext, payload: None) -> None:
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))
+        raise RuntimeError(f"boom on attempt {ctx.attempt}")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "flaky")
+    # Waits of 10 s, 20 s, then 25 s (the cap), measured by the database clock.
+    for attempt, expected in enumerate([10, 20, 25], start=1):
+        burst(queue, db)
+        row = job(db, job_id)
+        assert (row.status, row.attempts) == ("queued", attempt)
+        wait = (row.visible_at - db_now(db)).total_seconds()
+        assert expected - 2 < wait <= expected
+        assert row.last_error["message"] == f"boom on attempt {attempt}"
+        make_due(db, job_id)
+    burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("dead", 4)
+    assert row.finished_at is not None
+    assert row.last_error["type"] == "builtins.RuntimeError"
+    assert "Traceback" in row.last_error["traceback"]
+    assert effect_ids(db) == []  # every failed attempt's writes were rolled back
+
+
+def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -> None:
+    queue = JobQueue()
+    started = threading.Event()
+    release = threading.Event()
+    contexts: list[JobContext] = []
+
+    @queue.task(lease=timedelta(seconds=3))
+    def slow(ctx: JobContext, payload: None) -> None:
+        contexts.append(ctx)
+        started.set()
+        assert release.wait(30)
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id, note="stale"))
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "slow")
+    with running(Worker(queue, db, concurrency=1, listen=False)) as worker:
+        try:
+            assert started.wait(10)
+            # The worker froze past its lease; another worker reclaims the job as attempt 2.
+            make_due(db, job_id)
+            with db.begin() as conn:
+                reclaimed = conn.execute(
+                    claiming.claim(), {"from_queue": "default", "limit": 10, "worker": "other"}
+                ).all()
+            assert [(r.id, r.attempts, r.status) for r in reclaimed] == [(job_id, 2, "running")]
+            # The first worker's heartbeat finds its lease gone and tells the handler.
+            wait_for(lambda: contexts[0].stop_requested, timeout=10)
+            release.set()
+            wait_for(lambda: not worker._futures, timeout=10)
+        finally:
+            release.set()  # let the handler return before the worker is stopped and joined
+    row = job(db, job_id)
+    assert (row.status, row.attempts, row.worker) == ("running", 2, "other")
+    assert effect_ids(db) == []
+    # The live attempt completes normally.
+    with db.begin() as conn:
+        done = conn.execute(transitions.complete(), {"job_id": job_id, "attempt": 2}).rowcount
+    assert done == 1
+    assert job(db, job_id).status == "succeeded"
+
+
+def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
+    queue = JobQueue()
+    started = threading.Event()
+    release = threading.Event()
+
+    @queue.task
+    def doomed(ctx: JobContext, payload: None) -> None:
+        started.set()
+        assert release.wait(30)
+        raise ValueError("late failure")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "doomed")
+    with running(Worker(queue, db, concurrency=1, listen=False)) as worker:
+        try:
+            assert started.wait(10)
+            make_due(db, job_id)
+            with db.begin() as conn:
+                conn.execute(
+                    claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "other"}
+                )
+            release.set()
+            wait_for(lambda: not worker._futures, timeout=10)
+        finally:
+            release.set()  # let the handler return before the worker is stopped and joined
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("running", 2)
+    assert (
+        row.last_error["message"] == claiming.LEASE_EXPIRED
+    )  # not overwritten by the stale attempt
+
+
+def test_expired_lease_is_reclaimed_by_the_claim_and_counts_an_attempt(db: sa.Engine) -> None:
+    queue = JobQueue()
+    seen: list[int] = []
+
+    @queue.task
+    def once(ctx: JobContext, payload: None) -> None:
+        seen.append(ctx.attempt)
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "once")
+    with db.begin() as conn:  # a worker claims it, then dies without a trace
+        conn.execute(claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+    burst(queue, db)
+    assert seen == []  # the lease has not expired yet
+    make_due(db, job_id)
+    burst(queue, db)
+    assert seen == [2]
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("succeeded", 2)
+
+
+def test_reclaimed_job_with_no_attempts_left_goes_dead_without_running(db: sa.Engine) -> None:
+    queue = JobQueue()
+    seen: list[int] = []
+
+    @queue.task(max_attempts=1)
+    def fragile(ctx: JobContext, payload: None) -> None:
+        seen.append(ctx.job_id)
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "fragile")
+        other = queue.enqueue(session, "fragile")
+    with db.begin() as conn:
+        conn.execute(claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "lost"})
+    make_due(db, job_id)
+    burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error == {"type": "LeaseExpired", "message": claiming.LEASE_EXPIRED}
+    assert row.finished_at is not None
+    assert seen == [other]
+
+
+def test_unknown_task_goes_dead_and_the_worker_carries_on(db: sa.Engine) -> None:
+    producer, consumer = JobQueue(), JobQueue()
+    ran: list[int] = []
+
+    @producer.task
+    def retired(ctx: JobContext, payload: None) -> None:  # pragma: no cover - never runs
+        raise AssertionError
+
+    @producer.task(name="current")
+    @consumer.task(name="current")
+    def current(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
+
+    with Session(db) as session, session.begin():
+        ghost = producer.enqueue(session, "retired")
+        live = producer.enqueue(session, "current")
+    burst(consumer, db)
+    row = job(db, ghost)
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
+    assert "retired" in row.last_error["message"]
+    assert ran == [live]
+
+
+def test_a_future_run_at_is_not_run_early(db: sa.Engine) -> None:
+    queue = JobQueue()
+    ran: list[int] = []
+
+    @queue.task
+    def later(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
+
+    now = db_now(db)
+    with Session(db) as session, session.begin():
+        soon = queue.enqueue(session, "later", run_at=timedelta(seconds=1))
+        far = queue.enqueue(session, "later", run_at=now + timedelta(hours=1))
+        due = queue.enqueue(session, "later")
+    burst(queue, db)
+    assert ran == [due]
+    wait_for(lambda: db_now(db) >= job(db, soon).visible_at, timeout=10)
+    burst(queue, db)
+    assert ran == [due, soon]
+    assert job(db, far).status == "queued"
+
+
+def test_lower_priority_number_runs_first(db: sa.Engine) -> None:
+    queue = JobQueue()
+    order: list[int] = []
+
+    @queue.task
+    def ranked(ctx: JobContext, payload: int) -> None:
+        order.append(payload)
+
+    with Session(db) as session, session.begin():
+        for priority in (5, 0, 3, -2):
+            queue.enqueue(session, "ranked", priority, priority=priority)
+    burst(queue, db, concurrency=1)
+    assert order == [-2, 0, 3, 5]
+
+
+def test_handler_commit_does_not_commit_early(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(max_attempts=1)
+    def sneaky(ctx: JobContext, payload: None) -> None:
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))
+        ctx.session.commit()  # only the worker's fenced completion may commit
+        raise RuntimeError("after commit")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "sneaky")
+    burst(queue, db)
+    assert job(db, job_id).status == "dead"
+    assert effect_ids(db) == []
+
+
+def test_orm_writes_in_the_handler_session_commit_with_the_completion(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    class Base(sa.orm.DeclarativeBase):
+        pass
+
+    class Effect(Base):
+        __tablename__ = "effects"
+        job_id: sa.orm.Mapped[int] = sa.orm.mapped_column(sa.BigInteger, primary_key=True)
+        note: sa.orm.Mapped[str | None]
+
+    @queue.task
+    def orm_write(ctx: JobContext, payload: str) -> None:
+        ctx.session.add(Effect(job_id=ctx.job_id, note=payload))  # flushed by the worker
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "orm_write", "hello")
+    burst(queue, db)
+    assert job(db, job_id).status == "succeeded"
+    assert effect_ids(db) == [job_id]
+
+
+def test_nul_and_huge_error_messages_are_recorded_cleaned_and_truncated(db: sa.Engine) -> None:
+    queue = JobQueue()
+
+    @queue.task(max_attempts=2)
+    def noisy(ctx: JobContext, payload: None) -> None:
+        raise ValueError("bad\x00byte " + "x" * 3_000_000 + "\udcff")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "noisy")
+    burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("queued", 1)  # recorded and rescheduled, not stuck
+    message = row.last_error["message"]
+    assert message.startswith("bad\N{REPLACEMENT CHARACTER}byte xxx")
+    assert len(message) < 2_100
+    assert len(row.last_error["traceback"]) < 21_000
+
+
+def test_notify_wakes_an_idle_worker_long_before_the_poll(db: sa.Engine) -> None:
+    queue = JobQueue()
+    done = threading.Event()
+
+    @queue.task
+    def ping(ctx: JobContext, payload: None) -> None:
+        done.set()
+
+    with running(Worker(queue, db, poll_interval=timedelta(seconds=60))):
+        # The listener is up once the worker's LISTEN backend shows in pg_stat_activity.
+        wait_for(lambda: _listening(db), timeout=10)
+        with Session(db) as session, session.begin():
+            queue.enqueue(session, "ping")
+        assert done.wait(10), "the job was not picked up by NOTIFY"
+
+
+def _listening(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
+            ).scalar()
+        )
+
+
+def test_stop_lets_the_running_job_finish(db: sa.Engine) -> None:
+    queue = JobQueue()
+    started = threading.Event()
+    release = threading.Event()
+
+    @queue.task
+    def steady(ctx: JobContext, payload: None) -> None:
+        started.set()
+        assert release.wait(30)
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "steady")
+    worker = Worker(queue, db, listen=False)
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()))
+    thread.start()
+    assert started.wait(10)
+    worker.stop()
+    with Session(db) as session, session.begin():
+        later = queue.enqueue(session, "steady")
+    release.set()
+    thread.join(30)
+    assert result == [True]
+    assert job(db, job_id).status == "succeeded"
+    assert job(db, later).status == "queued"  # nothing was claimed after stop()
+
+
+def test_finished_at_is_when_the_job_completed_not_when_its_transaction_began(
+    db: sa.Engine,
+) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def early_writer(ctx: JobContext, payload: None) -> None:
+        ctx.session.execute(sa.insert(EFFECTS).values(job_id=ctx.job_id))  # begins the txn
+        time.sleep(0.3)  # simulated work after the first write
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "early_writer")
+    burst(queue, db)
+    row = job(db, job_id)
+    assert row.started_at is not None
+    assert row.finished_at is not None
+    assert row.finished_at - row.started_at >= timedelta(seconds=0.3)
+
+
+def test_the_claim_buffer_grows_for_short_jobs_and_a_fixed_prefetch_stays(
+    db: sa.Engine,
+) -> None:
+    queue = JobQueue()
+
+    @queue.task
+    def instant(ctx: JobContext, payload: None) -> None:
+        pass
+
+    with Session(db) as session, session.begin():
+        queue.enqueue_many(session, "instant", [None] * 2_000)
+    adaptive = Worker(queue, db, concurrency=2, listen=False)
+    adaptive.run(burst=True)
+    assert adaptive.prefetch > 2  # grew from its start at the concurrency
+    assert adaptive.prefetch <= 16  # PREFETCH_MAX_FACTOR * concurrency
+
+    with Session(db) as session, session.begin():
+        queue.enqueue_many(session, "instant", [None] * 500)
+    fixed = Worker(queue, db, concurrency=2, listen=False, prefetch=3)
+    fixed.run(burst=True)
+    assert fixed.prefetch == 3
+    with Session(db) as session:
+        assert queue.counts(session) == {"default": {"succeeded": 2_500}}
+
+
+@pytest.mark.parametrize("statement", ["complete_many", "extend_leases", "release"])
+def test_batched_transitions_find_their_rows_by_primary_key(db: sa.Engine, statement: str) -> None:
+    """Statistics taken while a backlog is all queued must not turn them into backlog scans."""
+    queue = JobQueue()
+
+    @queue.task
+    def idle(ctx: JobContext, payload: None) -> None:  # pragma: no cover - never runs
+        pass
+
+    with Session(db) as session, session.begin():
+        ids = queue.enqueue_many(session, "idle", [None] * 5_000)
+    with db.begin() as conn:
+        conn.exec_driver_sql("ANALYZE sa_jobqueue_jobs")
+        builder = getattr(leases if statement == "extend_leases" else transitions, statement)
+        compiled = builder().compile(
+            dialect=conn.dialect, compile_kwargs={"render_postcompile": True}
+        )
+        params = {**compiled.params, "job_ids": ids[:50], "attempt_list": [1] * 50}
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + str(compiled), params).scalar()
+        conn.rollback()
+    text = str(plan)
+    assert "sa_jobqueue_jobs_pkey" in text
+    assert "sa_jobqueue_jobs_claim_idx" not in text

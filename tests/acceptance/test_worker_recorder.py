@@ -1,0 +1,172 @@
+"""The recorder: each verdict's fenced statement, and the outcome observers are told."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import Discard, JobQueue, Retry
+from sa_jobqueue._sql import claiming
+from sa_jobqueue.models import Job
+from sa_jobqueue.observability import JobRun, Observer, Observers
+from sa_jobqueue.tasks import Task
+from sa_jobqueue.worker._claimed import Claimed
+from sa_jobqueue.worker._recorder import Recorder, Reports
+from sa_jobqueue.worker._sessions import HandlerSession
+from sa_jobqueue.worker._settlement import Abandon, Bury, Complete, Fail, Snooze
+
+
+class Outcomes(Observer):
+    """Collects (job id, outcome) as observers are told them (helper local to this file)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def finished(
+        self, job: JobRun, outcome: str, run_time: float | None, error: BaseException | None
+    ) -> None:
+        self.seen.append((job.id, outcome))
+
+
+@pytest.fixture
+def recorded(db: sa.Engine) -> Iterator[tuple[Recorder, Outcomes]]:
+    outcomes = Outcomes()
+    recorder = Recorder(
+        db.execution_options(isolation_level="AUTOCOMMIT"), Reports(Observers([outcomes]))
+    )
+    yield recorder, outcomes
+    recorder.close()
+
+
+QUEUE = JobQueue()
+
+
+@QUEUE.task(max_attempts=2)
+def work(ctx: object, payload: object) -> None:
+    pass
+
+
+TASK: Task = QUEUE.get_task("work")
+
+
+def claim(db: sa.Engine, recorder: Recorder, n: int = 1) -> list[Claimed]:
+    """Enqueue and claim ``n`` jobs; each waits for its outcome report as after its handler."""
+    with Session(db) as session, session.begin():
+        for _ in range(n):
+            QUEUE.enqueue(session, "work")
+    with db.begin() as conn:
+        rows = conn.execute(
+            claiming.claim(), {"from_queue": "default", "limit": n, "worker": "w"}
+        ).all()
+    jobs = [Claimed(*row) for row in rows]
+    for job in jobs:
+        recorder.reports.ran(job, job.run(), 0.01)
+    return jobs
+
+
+def status(db: sa.Engine, job_id: int) -> str:
+    with Session(db) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        return row.status
+
+
+def take_over(db: sa.Engine, job: Claimed) -> None:
+    """Another worker reclaims the job: this attempt is stale."""
+    with db.begin() as conn:
+        conn.execute(sa.update(Job).where(Job.id == job.id).values(attempts=job.attempts + 1))
+
+
+def test_a_failure_retries_then_is_dead_on_the_last_attempt(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    (job,) = claim(db, recorder)
+    recorder.record(job, Fail(ValueError("boom")), TASK)
+    assert status(db, job.id) == "queued"
+    with db.begin() as conn:  # due again now, and claimed for its last attempt
+        conn.execute(sa.update(Job).where(Job.id == job.id).values(visible_at=sa.func.now()))
+        (row,) = conn.execute(
+            claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "w"}
+        ).all()
+    last = Claimed(*row)
+    recorder.reports.ran(last, last.run(), 0.01)
+    recorder.record(last, Fail(ValueError("boom")), TASK)
+    assert status(db, job.id) == "dead"
+    assert outcomes.seen == [(job.id, "retried"), (job.id, "dead")]
+
+
+def test_retry_snoozes_and_discard_buries(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    snoozed, buried = claim(db, recorder, 2)
+    recorder.record(snoozed, Snooze(Retry(after=timedelta(minutes=5))), TASK)
+    recorder.record(buried, Bury(Discard("unwanted")), TASK)
+    assert (status(db, snoozed.id), status(db, buried.id)) == ("queued", "dead")
+    assert outcomes.seen == [(snoozed.id, "retried"), (buried.id, "dead")]
+
+
+def test_a_stale_attempt_writes_nothing_and_is_reported_lost(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    failed, abandoned = claim(db, recorder, 2)
+    take_over(db, failed)
+    take_over(db, abandoned)
+    recorder.record(failed, Fail(ValueError("late")), TASK)
+    recorder.record(abandoned, Abandon(), TASK)
+    assert (status(db, failed.id), status(db, abandoned.id)) == ("running", "running")
+    assert outcomes.seen == [(failed.id, "lost"), (abandoned.id, "lost")]
+
+
+def test_an_abandoned_attempt_of_a_cancelled_job_finishes_it_cancelled(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    (job,) = claim(db, recorder)
+    with db.begin() as conn:
+        conn.execute(sa.update(Job).where(Job.id == job.id).values(cancel_requested=True))
+    recorder.record(job, Abandon(), TASK)
+    assert status(db, job.id) == "cancelled"
+    assert outcomes.seen == [(job.id, "cancelled")]
+
+
+def test_completions_batched_or_in_the_handlers_transaction(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    batched, own, stale = claim(db, recorder, 3)
+    recorder.record(batched, Complete(batched=True), TASK)
+    with HandlerSession(bind=db) as session:
+        session.execute(sa.text("SELECT 1"))
+        assert recorder.complete_in(session, own)
+    take_over(db, stale)
+    with HandlerSession(bind=db) as session:
+        session.execute(sa.text("SELECT 1"))
+        assert not recorder.complete_in(session, stale)
+        session.rollback()
+    recorder.close()  # flushes the batch
+    assert (status(db, batched.id), status(db, own.id), status(db, stale.id)) == (
+        "succeeded",
+        "succeeded",
+        "running",
+    )
+    assert sorted(outcomes.seen) == sorted([(batched.id, "succeeded"), (own.id, "succeeded")])
+
+
+def test_hand_back_returns_the_attempt_uncounted(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    recorder, outcomes = recorded
+    (job,) = claim(db, recorder)
+    recorder.hand_back([job], "shutting down", report=True)
+    with Session(db) as session:
+        row = session.get(Job, job.id)
+        assert row is not None
+        assert (row.status, row.attempts) == ("queued", 0)
+    assert outcomes.seen == [(job.id, "handed_back")]

@@ -1,0 +1,166 @@
+"""The runner without a worker: one job thread settles each kind of ending, in this thread."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import JobContext, JobQueue, Retry
+from sa_jobqueue._sql import claiming
+from sa_jobqueue.models import Job
+from sa_jobqueue.observability import JobRun, Observer, Observers
+from sa_jobqueue.worker._claimed import Claimed
+from sa_jobqueue.worker._groups import Groups
+from sa_jobqueue.worker._lanes import Lane
+from sa_jobqueue.worker._leases import LeaseTable
+from sa_jobqueue.worker._recorder import Recorder, Reports
+from sa_jobqueue.worker._runner import Runner
+
+NOTES = sa.table("notes", sa.column("job_id", sa.BigInteger))
+
+
+class Outcomes(Observer):
+    """Collects (job id, outcome) as observers are told them (helper local to this file)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def finished(
+        self, job: JobRun, outcome: str, run_time: float | None, error: BaseException | None
+    ) -> None:
+        self.seen.append((job.id, outcome))
+
+
+#: The table the handlers write, created by the tier's ``db`` fixture.
+TABLES = "CREATE TABLE notes (job_id bigint PRIMARY KEY)"
+
+
+def note(ctx: JobContext) -> None:
+    ctx.session.execute(NOTES.insert().values(job_id=ctx.job_id))
+
+
+def make_queue(db: sa.Engine) -> JobQueue:
+    queue = JobQueue()
+
+    @queue.task
+    def writes(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+
+    @queue.task
+    def writes_then_fails(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        raise ValueError("after writing")
+
+    @queue.task
+    def snoozes(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        raise Retry()
+
+    @queue.task
+    def loses_its_lease(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        with db.begin() as conn:  # another worker takes the job over meanwhile
+            conn.execute(sa.update(Job).where(Job.id == ctx.job_id).values(attempts=2))
+
+    @queue.task
+    def is_cancelled(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        with db.begin() as conn:
+            conn.execute(sa.update(Job).where(Job.id == ctx.job_id).values(cancel_requested=True))
+
+    @queue.task
+    def quiet(ctx: JobContext, payload: Any) -> None:
+        pass
+
+    return queue
+
+
+def run(
+    db: sa.Engine, queue: JobQueue, tasks: list[str], rename: dict[str, str] | None = None
+) -> tuple[dict[str, str], Outcomes]:
+    """Enqueue one job per task, claim them all, and run them on one job thread, in order.
+
+    ``rename`` changes tasks' names in the table after enqueueing (to ones nobody registered).
+    """
+    with Session(db) as session, session.begin():
+        ids = [queue.enqueue(session, task) for task in tasks]
+        for old, new in (rename or {}).items():
+            session.execute(sa.update(Job).where(Job.task == old).values(task=new))
+    outcomes = Outcomes()
+    leases = LeaseTable()
+    recorder = Recorder(
+        db.execution_options(isolation_level="AUTOCOMMIT"), Reports(Observers([outcomes]))
+    )
+    wake, stopping = threading.Event(), threading.Event()
+    runner = Runner(
+        queue,
+        db,
+        leases,
+        recorder,
+        Groups(db, leases, recorder, wake),
+        loop=None,
+        stopping=stopping,
+        wake=wake,
+    )
+    lane = Lane(["default"], 1, len(tasks))
+    with db.begin() as conn:
+        rows = conn.execute(
+            claiming.claim(), {"from_queue": "default", "limit": len(tasks), "worker": "w"}
+        ).all()
+    for job in sorted((Claimed(*row) for row in rows), key=lambda j: ids.index(j.id)):
+        runner.submit(lane, job)
+    lane.ready.put(None)
+    runner.thread(lane)  # runs them all, then ends
+    recorder.close()
+    assert lane.held == 0
+    assert leases.snapshot() == {}
+    with Session(db) as session:
+        status = {job.id: job.status for job in session.scalars(sa.select(Job))}
+    return {task: status[job_id] for task, job_id in zip(tasks, ids, strict=True)}, outcomes
+
+
+def notes(db: sa.Engine) -> set[int]:
+    with db.connect() as conn:
+        return set(conn.execute(sa.select(NOTES.c.job_id)).scalars())
+
+
+def test_each_ending_is_settled_and_only_a_success_keeps_its_writes(db: sa.Engine) -> None:
+    queue = make_queue(db)
+    tasks = ["writes", "writes_then_fails", "snoozes", "loses_its_lease", "is_cancelled", "quiet"]
+    status, outcomes = run(db, queue, tasks)
+    assert status == {
+        "writes": "succeeded",
+        "writes_then_fails": "queued",
+        "snoozes": "queued",
+        "loses_its_lease": "running",  # the other worker's now
+        "is_cancelled": "cancelled",
+        "quiet": "succeeded",
+    }
+    with Session(db) as session:
+        written = {job.task: job.id for job in session.scalars(sa.select(Job))}
+    assert notes(db) == {written["writes"]}
+    assert sorted(outcome for _, outcome in outcomes.seen) == sorted(
+        ["succeeded", "retried", "retried", "lost", "cancelled", "succeeded"]
+    )
+
+
+def test_fast_writing_jobs_share_a_group_and_all_commit(db: sa.Engine) -> None:
+    queue = make_queue(db)
+    status, outcomes = run(db, queue, ["writes"] * 5)
+    assert set(status.values()) == {"succeeded"}
+    assert len(notes(db)) == 5
+    assert [outcome for _, outcome in outcomes.seen] == ["succeeded"] * 5
+
+
+def test_an_unknown_task_is_dead_at_once_and_its_neighbours_run(db: sa.Engine) -> None:
+    queue = make_queue(db)
+    status, outcomes = run(db, queue, ["quiet", "writes"], rename={"quiet": "gone"})
+    assert status == {"quiet": "dead", "writes": "succeeded"}
+    with Session(db) as session:
+        dead = session.scalars(sa.select(Job).where(Job.task == "gone")).one()
+        assert dead.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
+        assert dead.attempts == 1
+    assert sorted(outcome for _, outcome in outcomes.seen) == ["dead", "succeeded"]

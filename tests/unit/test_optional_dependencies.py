@@ -1,0 +1,53 @@
+"""Optional dependencies are loaded only by the modules that need them (no database)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.helpers.processes import REPO_ROOT, subprocess_env
+
+OPTIONAL = ("prometheus_client", "opentelemetry")
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_importing_the_package_the_worker_and_the_cli_loads_neither() -> None:
+    result = python(
+        "import sys\n"
+        "import sa_jobqueue, sa_jobqueue.worker, sa_jobqueue.cli, sa_jobqueue.joblog\n"
+        "sa_jobqueue.JobQueue()\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r}))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_modules_that_need_them_load_them() -> None:
+    result = python(
+        "import sys\n"
+        "import sa_jobqueue.metrics, sa_jobqueue.tracing\n"
+        f"print(all(m in sys.modules for m in {OPTIONAL!r}))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_tracing_without_opentelemetry_says_what_to_install() -> None:
+    result = python(
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None  # as if not installed\n"
+        "from sa_jobqueue import JobQueue\n"
+        "JobQueue(tracing=True)\n"
+    )
+    assert result.returncode != 0
+    assert "pip install 'sa_jobqueue[tracing]'" in result.stderr
