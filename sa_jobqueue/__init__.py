@@ -10,26 +10,21 @@ The promise:
   so a stale attempt can never overwrite a newer one.
 * Exactly-once database effects. Writes a handler makes through ``ctx.session`` commit in the
   same transaction as the job's fenced completion, or not at all.
+
+What this module exports is what an application needs to declare, enqueue and run jobs. The
+rest has a home of its own: every exception in :mod:`sa_jobqueue.errors` (the root and the two
+families callers catch most are here too), operator calls in :mod:`sa_jobqueue.ops`, engines
+in :mod:`sa_jobqueue.database`, the schema in :mod:`sa_jobqueue.migrations`, helpers for your
+tests in :mod:`sa_jobqueue.testing`, observers in :mod:`sa_jobqueue.observability`.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .errors import (
-    AppImportError,
-    DatabaseUnavailableError,
-    InvalidJobError,
-    InvalidNameError,
-    InvalidScheduleError,
-    JobQueueError,
-    PayloadError,
-    SchemaError,
-    SchemaManagedElsewhereError,
-    SchemaMissingError,
-    SchemaOutdatedError,
-    TaskDefinitionError,
-    UnknownTaskError,
-)
-from .queue import Enqueued, JobInfo, JobQueue
+from ._enqueue import Enqueued
+from .errors import InvalidJobError, JobQueueError, SchemaError
+from .observability import Observer
+from .ops.admin import JobInfo
+from .queue import JobQueue
 from .tasks import Backoff, Discard, JobContext, Retry, Task
 from .worker import Worker
 
@@ -41,27 +36,18 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 del PackageNotFoundError, version
 
 __all__ = [
-    "AppImportError",
     "Backoff",
-    "DatabaseUnavailableError",
     "Discard",
     "Enqueued",
     "InvalidJobError",
-    "InvalidNameError",
-    "InvalidScheduleError",
     "JobContext",
     "JobInfo",
     "JobQueue",
     "JobQueueError",
-    "PayloadError",
+    "Observer",
     "Retry",
     "SchemaError",
-    "SchemaManagedElsewhereError",
-    "SchemaMissingError",
-    "SchemaOutdatedError",
     "Task",
-    "TaskDefinitionError",
-    "UnknownTaskError",
     "Worker",
     "__version__",
 ]

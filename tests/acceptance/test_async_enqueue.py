@@ -25,7 +25,8 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Enqueued, JobQueue, PayloadError
+from sa_jobqueue import Enqueued, JobQueue
+from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import jobs_table
 from tests.apps.application import AppBase, Invoice
 from tests.helpers.jobs import count, handler

@@ -23,16 +23,14 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import (
+from sa_jobqueue import JobInfo, JobQueue, JobQueueError
+from sa_jobqueue.database import create_engine
+from sa_jobqueue.errors import (
     InvalidNameError,
     InvalidScheduleError,
-    JobInfo,
-    JobQueue,
-    JobQueueError,
     PayloadError,
     UnknownTaskError,
 )
-from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from tests.apps.application import AppBase, Order
 from tests.helpers.databases import cloned_database

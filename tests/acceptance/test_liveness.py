@@ -11,10 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Backoff, JobContext, JobQueue, PayloadError, Worker
+from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue._deadlines import STATEMENT_DEADLINE
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine
+from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import Job
 from tests.acceptance.test_worker import EFFECTS, TABLES, effect_ids, make_due
 from tests.helpers.jobs import burst, job

@@ -23,7 +23,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobContext, JobQueue, PayloadError
+from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.periodic import enqueue_due
 from sa_jobqueue.testing import drain
 from tests.helpers.periodic import YEARLY, rewind

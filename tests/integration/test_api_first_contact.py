@@ -8,11 +8,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import (
-    InvalidJobError,
-    InvalidNameError,
-    JobQueue,
-)
+from sa_jobqueue import InvalidJobError, JobQueue
+from sa_jobqueue.errors import InvalidNameError
 from tests.acceptance.test_api_first_contact import queue
 from tests.helpers.job_states import add_dead, add_job
 from tests.helpers.jobs import count, handler

@@ -17,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobQueue, PayloadError
+from sa_jobqueue import JobQueue
+from sa_jobqueue.errors import PayloadError
 from tests.acceptance.test_payload_fidelity import DEPTH, INT_DIGITS, nested, received
 
 

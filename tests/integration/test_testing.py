@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import InvalidJobError, PayloadError
+from sa_jobqueue import InvalidJobError
+from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.testing import (
     assert_enqueued,
     enqueued_jobs,

@@ -8,11 +8,8 @@ from typing import Any
 
 import pytest
 
-from sa_jobqueue import (
-    JobQueue,
-    Task,
-    TaskDefinitionError,
-)
+from sa_jobqueue import JobQueue, Task
+from sa_jobqueue.errors import TaskDefinitionError
 
 
 def two(ctx: Any, payload: Any) -> None: ...

@@ -7,17 +7,12 @@ from typing import Any
 
 import pytest
 
-from sa_jobqueue import (
-    Backoff,
+from sa_jobqueue import Backoff, InvalidJobError, JobContext, JobQueue, JobQueueError, Task
+from sa_jobqueue.errors import (
     DatabaseUnavailableError,
-    InvalidJobError,
     InvalidNameError,
     InvalidScheduleError,
-    JobContext,
-    JobQueue,
-    JobQueueError,
     PayloadError,
-    Task,
     TaskDefinitionError,
     UnknownTaskError,
 )

@@ -8,16 +8,9 @@ from typing import Any
 
 import pytest
 
-from sa_jobqueue import (
-    Backoff,
-    InvalidJobError,
-    InvalidNameError,
-    InvalidScheduleError,
-    JobContext,
-    PayloadError,
-    Task,
-)
+from sa_jobqueue import Backoff, InvalidJobError, JobContext, Task
 from sa_jobqueue._enqueue import EnqueueOptions, new_jobs, resolve_options
+from sa_jobqueue.errors import InvalidNameError, InvalidScheduleError, PayloadError
 
 
 def handler(ctx: JobContext, payload: Any) -> None:

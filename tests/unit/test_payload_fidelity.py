@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sa_jobqueue import JobContext, JobQueue, TaskDefinitionError
+from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue.errors import TaskDefinitionError
 from tests.helpers.periodic import YEARLY
 
 

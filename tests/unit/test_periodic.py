@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from cronsim import CronSim
 
-from sa_jobqueue import JobContext, JobQueue, TaskDefinitionError
+from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue.errors import TaskDefinitionError
 from sa_jobqueue.periodic import Schedule, latest_tick, next_tick
 from tests.helpers.jobs import handler
 

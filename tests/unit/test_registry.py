@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 
 import sa_jobqueue
-from sa_jobqueue import (
-    InvalidNameError,
-    JobContext,
-    JobQueue,
-    Task,
-    TaskDefinitionError,
-    UnknownTaskError,
-)
+from sa_jobqueue import JobContext, JobQueue, Task
 from sa_jobqueue._registry import TaskRegistry
+from sa_jobqueue.errors import InvalidNameError, TaskDefinitionError, UnknownTaskError
 
 
 def send(ctx: JobContext, payload: Any) -> None:
