@@ -83,7 +83,8 @@ def _place(directive: MigrationScript, script: ScriptDirectory) -> None:
     if not yours:
         raise CommandError(
             "version_locations lists only sa_jobqueue's revisions: add a directory of your own"
-            " in front of sa_jobqueue:migrations/versions (see sa_jobqueue's README, Alembic)"
+            " in front of sa_jobqueue:migrations/versions (see the Alembic guide in"
+            " sa_jobqueue's docs)"
         )
     if directive.version_path is not None and _is_our_directory(Path(directive.version_path)):
         raise CommandError(

@@ -38,7 +38,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 import sa_jobqueue.errors
-from tests.conftest import url_string
+from tests.helpers.databases import url_string
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"

@@ -9,6 +9,7 @@ what the workers did (the job readers are in :mod:`tests.helpers.jobs`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,7 +22,8 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from sa_jobqueue.models import jobs_table
+from sa_jobqueue.database import create_engine
+from sa_jobqueue.models import jobs_table, workers_table
 from tests.helpers.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -145,11 +147,39 @@ class Workers:
         been recorded (or fenced out), so afterwards no attempt of theirs is still open.
         """
         alive = [p for p in self.procs if p.poll() is None]
+        self.wait_registered(alive)
         for proc in alive:
             self.signal(proc, signal.SIGTERM)
         for proc in alive:
             code = self.wait_exit(proc, timeout)
             assert code == 0, f"worker {proc.pid} exited {code}:\n{self.output(proc)}"
+
+    def wait_registered(
+        self, procs: Sequence[subprocess.Popen[bytes]], timeout: float = 20.0
+    ) -> None:
+        """Wait until each of ``procs`` still running has its row in the worker registry.
+
+        A worker writes that row once it runs, after the command has installed its signal
+        handlers: a SIGTERM sent earlier, while the process is still importing the app, ends
+        it with the default action (-15), not with the clean stop the caller checks for. A
+        worker that cannot register (its database is down) is waited for no longer than
+        ``timeout``; the caller's own check then says what happened.
+        """
+        engine = create_engine(self.url)
+        try:
+
+            def registered() -> bool:
+                running = {p.pid for p in procs if p.poll() is None}
+                if not running:
+                    return True
+                with engine.connect() as conn:
+                    pids = set(conn.execute(sa.select(workers_table.c.pid)).scalars())
+                return running <= pids
+
+            with contextlib.suppress(AssertionError, sa.exc.DBAPIError):
+                wait_for(registered, timeout=timeout)
+        finally:
+            engine.dispose()
 
     def kill_all(self) -> None:
         for proc in self.procs:
