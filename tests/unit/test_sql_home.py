@@ -27,12 +27,14 @@ ALLOWED: dict[tuple[str, str], str] = {
     # statements; Alembic's autogenerate compares them with the migrations.
     ("models.py", "sqlalchemy.text"): "DDL fragments of the table definitions",
     # The pooler support runs below SQLAlchemy, in connection events: a driver-level simple
-    # query with no parameters ("BEGIN; SELECT set_config(...)", COMMIT, ROLLBACK, the
-    # checkout ping ";") composed with psycopg's quoting. They are session plumbing around
-    # our statements, not statements of the queue, and must not pass through SQLAlchemy's
-    # execution (which would fire the same events again).
-    ("database.py", "psycopg.sql"): "session settings behind a transaction pooler",
-    ("database.py", "driver execute"): "BEGIN/COMMIT/ROLLBACK and the checkout ping",
+    # query with no parameters ("BEGIN; SELECT set_config(...)", COMMIT, ROLLBACK, in
+    # _pooler.py, and the control engine's checkout ping ";", in database.py) composed with
+    # psycopg's quoting. They are session plumbing around our statements, not statements of
+    # the queue, and must not pass through SQLAlchemy's execution (which would fire the same
+    # events again).
+    ("_pooler.py", "psycopg.sql"): "session settings behind a transaction pooler",
+    ("_pooler.py", "driver execute"): "BEGIN/COMMIT/ROLLBACK around the pooler's settings",
+    ("database.py", "driver execute"): "the control engine's checkout ping",
     # The listener holds a raw psycopg connection in autocommit for its notifications
     # generator: LISTEN on the constant channel (quoted as an identifier by psycopg) and the
     # keep-alive SELECT 1 after a silence are driver calls on that connection, not statements
