@@ -12,27 +12,16 @@ from sqlalchemy.orm import Session
 from sa_jobqueue import JobQueue
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.models import Job
-from sa_jobqueue.observability import JobRun, Observer, Observers
+from sa_jobqueue.observability import Observers
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups, ThreadState
 from sa_jobqueue.worker._lanes import Lane
 from sa_jobqueue.worker._leases import LeaseTable
 from sa_jobqueue.worker._recorder import Recorder, Reports
 from sa_jobqueue.worker._sessions import GroupSession
+from tests.helpers.observers import Outcomes
 
 NOTES = sa.table("notes", sa.column("job_id", sa.BigInteger))
-
-
-class Outcomes(Observer):
-    """Collects (job id, outcome) as observers are told them (helper local to this file)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, str]] = []
-
-    def finished(
-        self, job: JobRun, outcome: str, run_time: float | None, error: BaseException | None
-    ) -> None:
-        self.seen.append((job.id, outcome))
 
 
 #: The table the handlers write, created by the tier's ``db`` fixture.

@@ -12,24 +12,13 @@ from sqlalchemy.orm import Session
 from sa_jobqueue import Discard, JobQueue, Retry
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.models import Job
-from sa_jobqueue.observability import JobRun, Observer, Observers
+from sa_jobqueue.observability import Observers
 from sa_jobqueue.tasks import Task
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._recorder import Recorder, Reports
 from sa_jobqueue.worker._sessions import HandlerSession
 from sa_jobqueue.worker._settlement import Abandon, Bury, Complete, Fail, Snooze
-
-
-class Outcomes(Observer):
-    """Collects (job id, outcome) as observers are told them (helper local to this file)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, str]] = []
-
-    def finished(
-        self, job: JobRun, outcome: str, run_time: float | None, error: BaseException | None
-    ) -> None:
-        self.seen.append((job.id, outcome))
+from tests.helpers.observers import Outcomes
 
 
 @pytest.fixture
