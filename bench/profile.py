@@ -3,7 +3,9 @@
     bench/.venv/bin/python bench/profile.py [--jobs N] [--concurrency C] [--handler write|noop]
 
 Uses $DATABASE_URL's server (a database ``bench_profile`` is created and dropped). Enqueues the
-jobs in bulk, drains them with one in-process ``Worker`` in burst mode, and prints the drain's
+jobs in bulk, drains them with one in-process ``Worker`` (run as a deployed worker runs, not in
+burst mode, whose claim loop wakes at every finished job; stopped once no job is left), and
+prints the drain's
 rate, the process's CPU time per job (user + system, from getrusage: the worker's whole cost on
 the client side, its threads together) and how many statements of each kind the worker sent
 per job. The ``write`` handler inserts one row through ``ctx.session``, the exactly-once path;
@@ -34,6 +36,8 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench import harness  # noqa: E402
 
 RESULTS = sa.table("profile_results", sa.column("job_id"), sa.column("n"))
+#: Jobs not finished yet.
+LEFT = sa.text("SELECT count(*) FROM sa_jobqueue_jobs WHERE status IN ('queued', 'running')")
 
 
 class Statements:
@@ -106,8 +110,17 @@ def main() -> int:
         worker = Worker(queue, engine, concurrency=args.concurrency, listen=False)
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        worker.run(burst=True)
+        runner = threading.Thread(target=worker.run, name="profiled-worker")
+        runner.start()
+        watcher = create_engine(dsn, pool_size=1)  # its statements are not the worker's
+        with watcher.connect() as conn:
+            while conn.execute(LEFT).scalar_one():
+                conn.rollback()
+                time.sleep(0.02)
         elapsed = time.perf_counter() - started
+        worker.stop()
+        runner.join()
+        watcher.dispose()
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         with engine.connect() as conn:
