@@ -46,14 +46,9 @@ from ._arguments import DEFAULT_LOG_LEVEL, build_parser
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
 from ._schema import migrate
-from ._values import duration
 from ._worker import run_worker
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_ERROR", "EXIT_USAGE", "load_app", "main"]
-
-#: The parser and the duration reader under the names they had when this was one module.
-_parser = build_parser
-_duration = duration
 
 
 def main(argv: Sequence[str] | None = None) -> int:

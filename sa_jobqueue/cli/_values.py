@@ -14,7 +14,7 @@ from typing import Final
 from .._validation import check_queue_name, check_task_name
 from ..errors import JobQueueError
 from ..models import STATUSES
-from ..ops.jobs import MAX_PAGE
+from ..ops.filters import MAX_PAGE
 
 _DURATION: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
 _UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

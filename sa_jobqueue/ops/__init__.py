@@ -13,9 +13,9 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``stats``, ``purge``, ``health`` (the functions above), ``jobs`` (checks of the filters callers
-pass), ``workers`` (each worker's row in the registry), ``reports`` (the CLI's text and JSON
-renderings) and ``verify`` (``sa-jobqueue verify``). Their statements are in
+``stats``, ``purge``, ``health`` (the functions above), ``filters`` (checks of the filters
+callers pass), ``workers`` (each worker's row in the registry), ``reports`` (the CLI's text
+and JSON renderings) and ``verify`` (``sa-jobqueue verify``). Their statements are in
 :mod:`sa_jobqueue._sql`.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's

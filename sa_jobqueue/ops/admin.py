@@ -20,10 +20,12 @@ from typing import Any, Final, Literal
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql import admin as admin_sql
+from .._sql.finished import requeue_dead
+from .._sql.listing import select_jobs
 from .._validation import check_queue_name, check_task_name
 from ..errors import InvalidJobError
 from ..models import Job
-from .jobs import check_age, check_limit, check_statuses, requeue_dead, select_jobs
+from .filters import check_age, check_limit, check_statuses
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from .._sql.stats import due_per_queue
 from ..database import MIGRATE_HINT, check_schema
 from ..errors import SchemaError
 from ..models import SCHEMA_REVISION, jobs_table
-from .jobs import check_age
+from .filters import check_age
 
 Severity = Literal["ok", "warning", "critical"]
 OK: Final = "ok"

@@ -12,7 +12,7 @@ from .._sql.finished import count_purgeable, purge_batch
 from .._validation import check_queue_name, check_task_name
 from ..errors import InvalidJobError
 from ..models import FINISHED_STATUSES
-from .jobs import check_age, check_limit, check_statuses
+from .filters import check_age, check_limit, check_statuses
 
 
 def purge(

@@ -16,7 +16,7 @@ from .._sql.admin import counts
 from .._sql.clock import database_now
 from .._sql.stats import due_per_queue, finished_per_queue, live_workers, run_times
 from ..models import FINISHED_STATUSES, STATUSES
-from .jobs import check_age
+from .filters import check_age
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from datetime import timedelta
 from sqlalchemy import Connection
 
 from .._sql.workers import delete_stale_workers, delete_worker, touch_worker_row, upsert_worker
-from .jobs import check_age
+from .filters import check_age
 
 
 def register_worker(

@@ -13,10 +13,11 @@ from unittest.mock import ANY
 from sqlalchemy import Engine
 
 from .._binds import SessionLike
+from .._sql.listing import select_jobs
 from .._validation import check_queue_name
 from ..errors import InvalidJobError
 from ..models import QUEUED
-from ..ops import jobs as operations
+from ..ops.filters import MAX_PAGE, check_statuses
 from ..queue import JobInfo
 from ..tasks import Task
 from ._reading import JOB_FIELDS, reading
@@ -41,14 +42,14 @@ def enqueued_jobs(
     (``{"user_id": 1, "token": ANY}``). ``status`` defaults to ``"queued"``;
     None means any status. Reads at most 10,000 jobs.
     """
-    params: dict[str, Any] = {"limit": operations.MAX_PAGE}
+    params: dict[str, Any] = {"limit": MAX_PAGE}
     if status is not None:
-        params["statuses"] = operations.check_statuses(status)
+        params["statuses"] = check_statuses(status)
     if queue is not None:
         params["queue"] = check_queue_name(queue)
     if task is not None:
         params["task"] = task.name if isinstance(task, Task) else task
-    statement = operations.select_jobs(
+    statement = select_jobs(
         JOB_FIELDS,
         statuses=status is not None,
         queue=queue is not None,

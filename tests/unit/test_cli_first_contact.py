@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from sa_jobqueue import JobQueue, Worker, cli
 from sa_jobqueue import worker as worker_module
+from sa_jobqueue.cli._arguments import build_parser as _parser
 from sa_jobqueue.database import create_engine
 from tests.helpers.jobs import handler
 from tests.helpers.processes import run_cli
@@ -204,7 +205,7 @@ def test_a_missing_app_module_is_one_line_without_a_location(
 
 
 def test_every_command_takes_the_global_options_before_or_after_it() -> None:
-    parser = cli._parser()
+    parser = _parser()
     commands = list(subcommands(parser))
     assert ("jobs", "list") in commands
     assert ("verify",) in commands

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from sa_jobqueue import cli
+from sa_jobqueue.cli._values import duration as _duration
 
 
 def test_unreachable_database_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,10 +34,10 @@ def test_unreachable_database_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
-    assert cli._duration(text) == expected
+    assert _duration(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "5 weeks", "-1m", "m", "1e9999d", "1y"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="duration"):
-        cli._duration(text)
+        _duration(text)

@@ -1,9 +1,8 @@
 """The filters callers give when they read, requeue or purge jobs, checked before any SQL.
 
-:class:`~sa_jobqueue.queue.JobQueue` (``list_jobs``, ``requeue``) and
-:mod:`sa_jobqueue.testing` use these with the statements of :mod:`sa_jobqueue._sql.listing`
-and :mod:`sa_jobqueue._sql.finished`, which this module also makes available under the names
-those callers use.
+Job admin (:mod:`sa_jobqueue.ops.admin`), purging, stats, health checks, the worker registry
+and :mod:`sa_jobqueue.testing` check their arguments here, so each filter is refused with the
+same typed error wherever it is given.
 """
 
 from __future__ import annotations
@@ -12,12 +11,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
-from .._sql.finished import requeue_dead
-from .._sql.listing import select_jobs
 from ..errors import InvalidJobError
 from ..models import STATUSES
-
-__all__ = ["MAX_PAGE", "check_age", "check_limit", "check_statuses", "requeue_dead", "select_jobs"]
 
 #: The most rows one call of :meth:`JobQueue.list_jobs` returns, and the largest purge batch.
 MAX_PAGE: Final = 10_000
