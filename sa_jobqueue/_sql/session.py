@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from psycopg import sql
 from sqlalchemy import Select, Text, bindparam, func, literal, literal_column, select
 
 
@@ -34,3 +35,17 @@ def transaction_id_if_written() -> Select[int | None]:
 def current_schema() -> Select[str | None]:
     """The schema that unqualified table names resolve to (first on the search_path)."""
     return select(func.current_schema())
+
+
+def savepoint(name: str) -> sql.Composed:
+    """``SAVEPOINT name``, for the driver: a group's job savepoints bypass SQLAlchemy's compiler.
+
+    SQLAlchemy names each savepoint anew (``sa_savepoint_7``), so its own ``SAVEPOINT``
+    statement is compiled afresh every time and crowds the compiled-statement cache.
+    """
+    return sql.SQL("SAVEPOINT {}").format(sql.Identifier(name))
+
+
+def rollback_to_savepoint(name: str) -> sql.Composed:
+    """``ROLLBACK TO SAVEPOINT name``, for the driver (see :func:`savepoint`)."""
+    return sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(name))

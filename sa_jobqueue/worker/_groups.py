@@ -23,7 +23,7 @@ from ._claimed import Claimed
 from ._lanes import Lane
 from ._leases import LeaseTable
 from ._recorder import Recorder
-from ._sessions import GroupSession, aborted, deadline
+from ._sessions import GroupSession, aborted, deadline, group_engine
 from ._settlement import Outcome
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -88,7 +88,8 @@ class Groups:
     def __init__(
         self, engine: Engine, leases: LeaseTable, recorder: Recorder, wake: threading.Event
     ) -> None:
-        self._engine = engine
+        # Its connections keep their jobs' savepoints until the group ends (see the view).
+        self._engine = group_engine(engine)
         self._leases = leases
         self._recorder = recorder
         self._wake = wake

@@ -1,8 +1,9 @@
 """What a handler's database work runs in: its Session, and the checks on its connection.
 
 The handler's Session (whose ``commit()`` only flushes), the savepoint Session of a job that
-shares its thread's transaction, payload decoding, and the two questions the worker asks a
-handler's connection: how long may the completion take, and is the transaction in error.
+shares its thread's transaction and the engine view its group's connection comes from,
+payload decoding, and the two questions the worker asks a handler's connection: how long may
+the completion take, and is the transaction in error.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import json
 from typing import Any
 
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from .._deadlines import DEADLINES
+from .._sql import session as session_sql
 from ..errors import PayloadError
 
 
@@ -47,6 +50,72 @@ class GroupSession(HandlerSession):
 
     def __init__(self, bind: Connection) -> None:
         super().__init__(bind=bind, join_transaction_mode="create_savepoint")
+
+
+class _KeptSavepoints:
+    """Dialect methods for a group's connection: savepoints sent straight to the driver, and
+    left in place when SQLAlchemy releases them.
+
+    Why not release: a job's savepoint exists so that its own failure can be rolled back
+    alone. Releasing it on success would cost a round trip per job and change nothing that
+    matters: the next job's savepoint, nested inside, still rolls back only what that job
+    wrote (``ROLLBACK TO`` a name undoes from that savepoint on), and the group's ``COMMIT``
+    or ``ROLLBACK`` ends them all. A savepoint kept or released takes the same subtransaction
+    id, so the group's cap on jobs (``GROUP_MAX_JOBS``) holds as before. SQLAlchemy still
+    thinks each one released, so its state stays consistent with what handlers see.
+
+    Why the driver: SQLAlchemy sends its savepoint statements through its compiler, and as
+    it names each savepoint anew, each is compiled afresh and fills the compiled cache.
+    """
+
+    def do_savepoint(self, connection: Connection, name: str) -> None:
+        driver = connection.connection.driver_connection
+        if driver is None or driver.info.transaction_status == TransactionStatus.IDLE:
+            # The transaction's first statement: through SQLAlchemy, whose events start the
+            # transaction as the engine needs it (SET LOCAL behind a transaction pooler).
+            super().do_savepoint(connection, name)  # type: ignore[misc]
+            return
+        driver.execute(session_sql.savepoint(name))
+
+    def do_release_savepoint(self, connection: Connection, name: str) -> None:
+        """Keep it: the transaction's end releases it (see the class)."""
+
+    def do_rollback_to_savepoint(self, connection: Connection, name: str) -> None:
+        driver = connection.connection.driver_connection
+        assert driver is not None  # a savepoint was made on this live connection
+        driver.execute(session_sql.rollback_to_savepoint(name))
+
+
+#: The dialect class with :class:`_KeptSavepoints` mixed in, per dialect class.
+_KEEPING: dict[type[Dialect], type[Dialect]] = {}
+
+
+def _keeping_savepoints(dialect_class: type[Dialect]) -> type[Dialect]:
+    kept = _KEEPING.get(dialect_class)
+    if kept is None:
+        kept = _KEEPING[dialect_class] = type(
+            f"KeptSavepoints{dialect_class.__name__}",
+            (_KeptSavepoints, dialect_class),
+            # A subclass must say again that SQLAlchemy may cache its compiled statements.
+            {"supports_statement_cache": True},
+        )
+    return kept
+
+
+def group_engine(engine: Engine) -> Engine:
+    """A view of ``engine`` for the group connections: same pool, events and options.
+
+    Only its dialect differs, in how it sends savepoints and that it keeps them
+    (:class:`_KeptSavepoints`); handlers' sessions of their own and the worker's statements
+    use ``engine`` itself, with SQLAlchemy's usual savepoints.
+    """
+    view = engine.execution_options()
+    dialect = engine.dialect
+    kept = _keeping_savepoints(type(dialect))
+    copy = kept.__new__(kept)
+    copy.__dict__.update(dialect.__dict__)
+    view.dialect = copy
+    return view
 
 
 def decode(payload: str) -> Any:
