@@ -53,6 +53,11 @@ class LaneClaimer:
         not asked at all because the slots ran out first.
         """
         lane = self.lane
+        if lane.saturated and lane.held > lane.low_water:
+            # Work is waiting, but the buffer is still more than half full: a claim now would
+            # bring only the few slots freed since the last one (for jobs that write, about 6
+            # a claim instead of half the buffer). The lease table wakes the loop at low water.
+            return True
         # Only a round that starts once the buffer has run low says how fast jobs drain it; a
         # NOTIFY or a poll that arrives while the buffer is still full says nothing.
         if lane.held <= lane.low_water:

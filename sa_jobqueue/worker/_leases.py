@@ -130,10 +130,13 @@ class LeaseTable:
             lane.saturated = more
 
     def busy(self, lanes: list[Lane]) -> tuple[int, bool]:
-        """Jobs and groups still running, and whether a lane with work waiting has room."""
+        """Jobs and groups still running, and whether a lane with work waiting has run low.
+
+        Run low: down to its low water mark, so that the next claim brings a batch.
+        """
         with self._lock:
             running = len(self.futures) + self.groups_open
-            room = any(lane.saturated and lane.held < lane.capacity for lane in lanes)
+            room = any(lane.saturated and lane.held <= lane.low_water for lane in lanes)
         return running, room
 
     def claimed(self) -> list[tuple[Future[None], Claimed]]:

@@ -95,6 +95,30 @@ def test_a_short_answer_means_nothing_more_is_waiting() -> None:
     assert not lane.saturated
 
 
+def test_with_work_waiting_a_lane_claims_again_only_once_its_buffer_runs_low() -> None:
+    lane = Lane(["a"], 4, 4)  # capacity 8, low water 6
+    conn = FakeConnection({"a": 100})
+    one, _ = claimer(lane, conn)
+    assert one.claim()
+    assert conn.asked == [("a", 8)]
+    lane.held = 7  # one job finished: a claim now would bring one job
+    assert one.claim()
+    assert conn.asked == [("a", 8)]
+    lane.held, lane.saturated = 6, False  # at low water the lease table wakes the loop
+    assert one.claim()
+    assert conn.asked == [("a", 8), ("a", 2)]
+
+
+def test_a_lane_that_emptied_its_queues_claims_whatever_room_it_has() -> None:
+    lane = Lane(["a"], 4, 4)
+    conn = FakeConnection({"a": 2})
+    one, _ = claimer(lane, conn)
+    assert not one.claim()
+    conn.waiting["a"] = 5  # enqueued since: a NOTIFY or the poll claims it at once
+    assert not one.claim()
+    assert conn.asked == [("a", 8), ("a", 6)]
+
+
 def test_a_job_that_is_no_longer_running_is_not_submitted() -> None:
     lane = Lane(["a"], 2, 0)
     one, submitted = claimer(lane, FakeConnection({"a": 1}, status="dead"))
