@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == ROOT / "bench":
     sys.path[0] = str(ROOT)
 
+import psycopg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from sqlalchemy import event  # noqa: E402
-from sqlalchemy.engine.default import DefaultDialect  # noqa: E402
+from psycopg import sql  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench import harness  # noqa: E402
@@ -41,38 +41,47 @@ LEFT = sa.text("SELECT count(*) FROM sa_jobqueue_jobs WHERE status IN ('queued',
 
 
 class Statements:
-    """Counts the statements sent through an engine by their first words, thread-safely.
+    """Counts the statements the worker's threads send, by their first words, thread-safely.
 
-    Savepoints and their release go through the dialect rather than the cursor events, so they
-    are counted where the dialect sends them; so is COMMIT.
+    Counted at the driver (psycopg's cursor ``execute``, and the connection's ``commit`` and
+    ``rollback``), so that a statement counts only if it is sent: the worker sends some below
+    SQLAlchemy (its group savepoints) and SQLAlchemy skips some it is asked for. The main
+    thread, which watches the drain, is left out.
     """
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        event.listen(engine, "before_cursor_execute", self._cursor)
-        for name in ("do_savepoint", "do_release_savepoint", "do_commit"):
-            self._wrap(engine.dialect, name)
+        execute = psycopg.Cursor.execute
+
+        def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(query, sql.Composable):
+                query = query.as_string(cursor.connection)
+            elif isinstance(query, bytes):
+                query = query.decode()
+            words = str(query).split()
+            # Savepoint names differ each time: count the kind of statement only.
+            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            return execute(cursor, query, *args, **kwargs)
+
+        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+        for name in ("commit", "rollback"):
+            self._wrap(name)
 
     def _add(self, kind: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            return
         with self._lock:
             self.counts[kind] += 1
 
-    def _cursor(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        words = statement.split()
-        if words and words[0] not in ("SAVEPOINT", "RELEASE"):  # counted by the dialect
-            self._add(" ".join(words[:3]))
+    def _wrap(self, name: str) -> None:
+        method = getattr(psycopg.Connection, name)
 
-    def _wrap(self, dialect: DefaultDialect, name: str) -> None:
-        method = getattr(dialect, name)
-        label = {"do_savepoint": "SAVEPOINT", "do_release_savepoint": "RELEASE SAVEPOINT"}
-        kind = label.get(name, "COMMIT")
+        def counted(connection: Any) -> Any:
+            self._add(name.upper())
+            return method(connection)
 
-        def counted(*args: Any) -> Any:
-            self._add(kind)
-            return method(*args)
-
-        setattr(dialect, name, counted)
+        setattr(psycopg.Connection, name, counted)
 
 
 def main() -> int:
@@ -106,7 +115,7 @@ def main() -> int:
             queue.enqueue_many(session, args.handler, [{"n": n} for n in range(args.jobs)])
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE sa_jobqueue_jobs")
-        statements = Statements(engine)
+        statements = Statements()
         worker = Worker(queue, engine, concurrency=args.concurrency, listen=False)
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
