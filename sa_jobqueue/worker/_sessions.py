@@ -70,12 +70,14 @@ class _KeptSavepoints:
 
     def do_savepoint(self, connection: Connection, name: str) -> None:
         driver = connection.connection.driver_connection
-        if driver is None or driver.info.transaction_status == TransactionStatus.IDLE:
-            # The transaction's first statement: through SQLAlchemy, whose events start the
-            # transaction as the engine needs it (SET LOCAL behind a transaction pooler).
-            super().do_savepoint(connection, name)  # type: ignore[misc]
+        assert driver is not None  # the connection is live: its transaction has begun
+        statement = session_sql.savepoint(name)
+        if driver.info.transaction_status == TransactionStatus.IDLE:
+            # The transaction's first statement: through SQLAlchemy's execution, whose events
+            # start the transaction as the engine needs it (SET LOCAL behind a pooler).
+            connection.exec_driver_sql(statement.as_string(driver))
             return
-        driver.execute(session_sql.savepoint(name))
+        driver.execute(statement)
 
     def do_release_savepoint(self, connection: Connection, name: str) -> None:
         """Keep it: the transaction's end releases it (see the class)."""

@@ -24,6 +24,7 @@ from sa_jobqueue._deadlines import guard_statements
 from sa_jobqueue._sql.retention import PRUNE_LOCK
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create_engine
 from sa_jobqueue.models import jobs_table, workers_table
+from sa_jobqueue.worker._sessions import GroupSession, group_engine
 from tests.apps import network
 from tests.helpers.jobs import statuses
 from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy, pgbouncer
@@ -124,6 +125,29 @@ def test_settings_apply_per_transaction_and_never_reach_the_poolers_next_client(
         finally:
             control.dispose()
             plain.dispose()
+
+
+@needs_pgbouncer
+def test_grouped_jobs_get_the_engines_settings_behind_a_transaction_pooler(
+    database_url: URL, transaction_pooler: PgBouncer
+) -> None:
+    # A group's first savepoint is its transaction's first statement: it must go through the
+    # engine's events, which put the settings in the transaction.
+    engine = create_engine(
+        transaction_pooler.url(database_url),
+        pooler="transaction",
+        settings={"statement_timeout": "4321ms"},
+    )
+    try:
+        with group_engine(engine).connect() as conn, conn.begin():
+            for _ in range(3):  # three jobs' savepoints in one group transaction
+                session = GroupSession(conn)
+                shown = session.execute(sa.text("SHOW statement_timeout")).scalar_one()
+                session.commit_for_real()
+                session.close()
+                assert shown == "4321ms"
+    finally:
+        engine.dispose()
 
 
 @needs_pgbouncer

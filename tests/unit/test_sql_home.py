@@ -35,6 +35,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("_pooler.py", "psycopg.sql"): "session settings behind a transaction pooler",
     ("_pooler.py", "driver execute"): "BEGIN/COMMIT/ROLLBACK around the pooler's settings",
     ("database.py", "driver execute"): "the control engine's checkout ping",
+    # A group's savepoints are composed in _sql/session.py; the first of each transaction is
+    # sent through SQLAlchemy's execution (so the engine's events begin the transaction as
+    # they must) without its compiler, which would compile each freshly named one anew.
+    ("worker/_sessions.py", "exec_driver_sql"): "a group transaction's first savepoint",
     # The listener holds a raw psycopg connection in autocommit for its notifications
     # generator: LISTEN on the constant channel (quoted as an identifier by psycopg) and the
     # keep-alive SELECT 1 after a silence are driver calls on that connection, not statements
