@@ -1,12 +1,14 @@
-"""Does a worker's memory stay flat over a long drain? One process, 1,000,000 no-op jobs.
+"""Does a worker's memory stay flat over a long drain? One process, 1,000,000 jobs.
 
-    bench/.venv/bin/python bench/memory.py [--jobs N] [--concurrency C]
+    bench/.venv/bin/python bench/memory.py [--jobs N] [--concurrency C] [--handler noop|write]
 
 Uses $DATABASE_URL's server (a database ``bench_memory`` is created and dropped). Enqueues
 the jobs in bulk, starts one ``sa-jobqueue worker`` and samples its resident memory
 (/proc/<pid>/status, VmRSS) together with the number of jobs finished so far. Prints the mean
 RSS over the first and over the last 10% of the jobs and their ratio: anything kept per job
-shows as growth. Linux only.
+shows as growth. The ``write`` handler inserts one row through ``ctx.session``, the
+exactly-once path (its group transactions, savepoints and sessions); ``noop`` does nothing.
+Linux only.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--handler", choices=("noop", "write"), default="noop")
     args = parser.parse_args()
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     dsn = harness.recreate_database(admin, "bench_memory")
@@ -62,11 +65,12 @@ def main() -> int:
         engine.dispose()
         with psycopg.connect(dsn, autocommit=True) as conn:
             started = time.monotonic()
+            conn.execute("CREATE TABLE memory_results (n int PRIMARY KEY)")
             conn.execute(
                 "INSERT INTO sa_jobqueue_jobs (queue, task, payload)"
-                " SELECT 'memory', 'noop', jsonb_build_object('n', g)"
+                " SELECT 'memory', %s, jsonb_build_object('n', g)"
                 " FROM generate_series(1, %s) AS g",
-                (args.jobs,),
+                (args.handler, args.jobs),
             )
             conn.execute("ANALYZE sa_jobqueue_jobs")
             print(f"enqueued {args.jobs:,} jobs in {time.monotonic() - started:.1f}s")
