@@ -106,7 +106,7 @@ class Groups:
         return GroupSession(here.group.conn)
 
     def join(self, here: ThreadState, job: Claimed) -> None:
-        """A job's savepoint was released: its completion goes out with the group's."""
+        """A job succeeded in its savepoint: its completion goes out with the group's."""
         # Until then its lease is renewed.
         self._leases.await_group(job)
         assert here.group is not None

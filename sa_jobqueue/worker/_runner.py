@@ -270,7 +270,7 @@ class Runner:
             )
             if isinstance(verdict, Complete):
                 try:
-                    session.commit_for_real()  # RELEASE SAVEPOINT: its writes join the group's
+                    session.commit_for_real()  # ends its savepoint; the server keeps it
                 except SQLAlchemyError as exc:
                     verdict = settle(exc, wrote=True, grouped=True)
                 else:
