@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import Future
 from queue import SimpleQueue
+from typing import TYPE_CHECKING
 
-from ._claimed import Claimed
+if TYPE_CHECKING:
+    from ._leases import Ticket
 
 #: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
 #: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
@@ -43,7 +44,7 @@ class Lane:
         # gets the room of a whole lane, so one kind cannot fill the other's slots.
         self.kinds = 1
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
-        self.ready: SimpleQueue[tuple[Future[None], Claimed] | None] = SimpleQueue()
+        self.ready: SimpleQueue[Ticket | None] = SimpleQueue()
         # How many of the lane's async handlers run at once (made on the event loop).
         self.async_slots: asyncio.Semaphore | None = None
 

@@ -1,7 +1,7 @@
 """The lease table: the attempts this worker holds, and whether each is still its own.
 
 One lock guards everything a job's way through the worker changes on more than one thread:
-the held attempts (what the heartbeat renews and times out), the futures of claimed jobs (what
+the held attempts (what the heartbeat renews and times out), the tickets of claimed jobs (what
 shutdown waits for), each lane's count of held jobs, and the open groups. Each method is one
 short critical section, as each step of a job's way is; none does I/O.
 
@@ -12,10 +12,10 @@ statement has the last word.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +26,31 @@ from ._lanes import Lane
 
 #: How soon a lease whose row was locked by another transaction is renewed again (seconds).
 HEARTBEAT_RETRY = 0.5
+
+
+class Stage(enum.Enum):
+    """Where a claimed job is on its way through the worker."""
+
+    WAITING = "waiting"  # claimed, in its lane's buffer until a thread takes it
+    RUNNING = "running"
+    CANCELLED = "cancelled"  # handed back on shutdown before any thread took it
+    DONE = "done"
+
+
+class Ticket:
+    """A claimed job's place in this worker, from its claim until its slot is free again.
+
+    What a ``concurrent.futures.Future`` would do here, for a fraction of its cost (a Future
+    makes a Condition, and its lock, for every job): the lease table's lock guards the stage,
+    and shutdown waits on the table, not on each ticket.
+    """
+
+    __slots__ = ("job", "lane", "stage")
+
+    def __init__(self, job: Claimed, lane: Lane) -> None:
+        self.job = job
+        self.lane = lane
+        self.stage = Stage.WAITING
 
 
 @dataclass
@@ -52,8 +77,11 @@ class LeaseTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._all_done = threading.Condition(self._lock)  # no ticket left
         self._held: dict[int, Held] = {}
-        self.futures: dict[Future[None], Claimed] = {}  # read without the lock: a snapshot
+        # Not done yet, in claim order (a dict as an ordered set); read without the lock only
+        # as a snapshot.
+        self.tickets: dict[Ticket, None] = {}
         self.groups_open = 0  # groups whose commit is still to come (a burst waits for them)
         self.burst = False
 
@@ -68,14 +96,24 @@ class LeaseTable:
 
     # -- a job's way: claimed, started, finished --------------------------------------------
 
-    def hold(self, lane: Lane, job: Claimed, future: Future[None]) -> None:
+    def hold(self, lane: Lane, job: Claimed) -> Ticket:
         """Register a claimed attempt: its lease is renewed from now on."""
         # The first renewal a third of the lease after the claim, so two can fail in a row.
         renew_at = time.monotonic() + job.lease.total_seconds() / 3
+        ticket = Ticket(job, lane)
         with self._lock:
             lane.held += 1
             self._held[job.id] = Held(job.attempts, job.lease, renew_at)
-            self.futures[future] = job
+            self.tickets[ticket] = None
+        return ticket
+
+    def take(self, ticket: Ticket) -> bool:
+        """A thread takes the job to run it; False if shutdown handed it back first."""
+        with self._lock:
+            if ticket.stage is not Stage.WAITING:
+                return False
+            ticket.stage = Stage.RUNNING
+            return True
 
     def start(
         self, job: Claimed, ctx: JobContext, task: Task, run: JobRun | None, backoff: Backoff
@@ -98,21 +136,32 @@ class LeaseTable:
             if held is not None:
                 held.grouped, held.ctx, held.deadline = True, None, None
 
-    def let_go(self, future: Future[None], lane: Lane, job_id: int, attempt: int) -> bool:
-        """Its future is done: free its slot. True if the claim loop should be woken."""
+    def let_go(self, ticket: Ticket) -> bool:
+        """The job is done with its thread (or never got one): free its slot.
+
+        True if the claim loop should be woken.
+        """
         with self._lock:
-            self.futures.pop(future, None)
-            lane.held -= 1
-            # A job whose completion waits for its group's commit keeps its lease renewed.
-            held = self._current(job_id, attempt)
-            if held is not None and not held.grouped:
-                del self._held[job_id]
-            # A freed slot only matters if the last claim left work behind, and then once the
-            # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst
-            # mode the loop also needs to notice when the last job is done.
-            wake = self.burst or (lane.saturated and lane.held <= lane.low_water)
-            if wake:
-                lane.saturated = False
+            return self._let_go(ticket)
+
+    def _let_go(self, ticket: Ticket) -> bool:
+        lane, job = ticket.lane, ticket.job
+        if ticket.stage is not Stage.CANCELLED:
+            ticket.stage = Stage.DONE
+        self.tickets.pop(ticket, None)
+        lane.held -= 1
+        # A job whose completion waits for its group's commit keeps its lease renewed.
+        held = self._current(job.id, job.attempts)
+        if held is not None and not held.grouped:
+            del self._held[job.id]
+        if not self.tickets:
+            self._all_done.notify_all()
+        # A freed slot only matters if the last claim left work behind, and then once the
+        # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst mode
+        # the loop also needs to notice when the last job is done.
+        wake = self.burst or (lane.saturated and lane.held <= lane.low_water)
+        if wake:
+            lane.saturated = False
         return wake
 
     def forget(self, jobs: list[Claimed]) -> None:
@@ -135,14 +184,24 @@ class LeaseTable:
         Run low: down to its low water mark, so that the next claim brings a batch.
         """
         with self._lock:
-            running = len(self.futures) + self.groups_open
+            running = len(self.tickets) + self.groups_open
             room = any(lane.saturated and lane.held <= lane.low_water for lane in lanes)
         return running, room
 
-    def claimed(self) -> list[tuple[Future[None], Claimed]]:
-        """The futures of every claimed job not finished yet."""
+    def hand_back_waiting(self) -> list[Claimed]:
+        """On shutdown: the claimed jobs no thread has taken, no longer to be taken."""
         with self._lock:
-            return list(self.futures.items())
+            waiting = [t for t in self.tickets if t.stage is Stage.WAITING]
+            for ticket in waiting:
+                ticket.stage = Stage.CANCELLED
+                self._let_go(ticket)
+        return [ticket.job for ticket in waiting]
+
+    def wait_all_done(self, timeout: float) -> list[Claimed]:
+        """Wait up to ``timeout`` seconds for every claimed job to finish; those that did not."""
+        with self._all_done:
+            self._all_done.wait_for(lambda: not self.tickets, timeout)
+            return [ticket.job for ticket in self.tickets]
 
     def group_opened(self) -> None:
         """A job thread opened a group transaction."""

@@ -32,7 +32,7 @@ from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, supervised
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._lanes import Lane
-from ._leases import LeaseTable
+from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode
 from ._settlement import ABANDON, Complete, settle
@@ -83,26 +83,25 @@ class Runner:
 
     def submit(self, lane: Lane, job: Claimed) -> None:
         """Take a claimed attempt: to the event loop, or into the lane's buffer for a thread."""
-        future: Future[None] = Future()
-        self._leases.hold(lane, job, future)
-        future.add_done_callback(
-            functools.partial(self._finished, lane=lane, job_id=job.id, attempt=job.attempts)
-        )
+        ticket = self._leases.hold(lane, job)
         if job.task in self._async_tasks:
             # Straight to the event loop: an async handler needs no thread, so it starts even
             # while every thread is busy.
-            future.set_running_or_notify_cancel()
+            self._leases.take(ticket)
             pending = self._execute(job, ThreadState(lane))
             if pending is None:
-                future.set_result(None)
+                self._finished(ticket)
             else:
-                pending.add_done_callback(functools.partial(_resolve, future))
+                pending.add_done_callback(functools.partial(self._finished_async, ticket))
             return
-        lane.ready.put((future, job))
+        lane.ready.put(ticket)
 
-    def _finished(self, future: Future[None], lane: Lane, job_id: int, attempt: int) -> None:
-        if self._leases.let_go(future, lane, job_id, attempt):
+    def _finished(self, ticket: Ticket) -> None:
+        if self._leases.let_go(ticket):
             self._wake.set()
+
+    def _finished_async(self, ticket: Ticket, _: Future[None]) -> None:
+        self._finished(ticket)
 
     def thread(self, lane: Lane) -> None:
         """A job thread: run a lane's claimed jobs one after another until told to finish."""
@@ -110,25 +109,24 @@ class Runner:
         while True:
             try:
                 # With a group open, do not sit on its row locks waiting for work.
-                item = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
+                ticket = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
             except Empty:
                 self._groups.commit(here)
                 continue
-            if item is None:
+            if ticket is None:
                 self._groups.commit(here)
                 drop_connection(here)
                 return
-            future, job = item
-            if not future.set_running_or_notify_cancel():
+            if not self._leases.take(ticket):
                 continue  # handed back on shutdown before it started
             try:
-                self._execute(job, here)
+                self._execute(ticket.job, here)
                 # Commit before the job counts as finished: a burst ends once nothing runs,
                 # and what the group's jobs wrote (jobs they enqueued) must be in by then.
                 if here.group is not None and (here.group.due or lane.ready.empty()):
                     self._groups.commit(here)
             finally:
-                future.set_result(None)
+                self._finished(ticket)
 
     def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
         try:
@@ -362,6 +360,3 @@ class Runner:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
 
-
-def _resolve(future: Future[None], _: object) -> None:
-    future.set_result(None)

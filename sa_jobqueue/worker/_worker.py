@@ -9,8 +9,6 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from datetime import timedelta
 
 from sqlalchemy import Engine
@@ -20,13 +18,12 @@ from ..database import HeldConnection, check_schema, pooler_of
 from ..errors import WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
-from ._claimed import Claimed
 from ._claimer import ClaimLoop, LaneClaimer
 from ._event_loop import EventLoopThread
 from ._groups import Groups
 from ._heartbeat import Heartbeat
 from ._lanes import Lane
-from ._leases import LeaseTable
+from ._leases import LeaseTable, Ticket
 from ._listener import listen
 from ._recorder import Recorder, Reports
 from ._runner import Runner
@@ -128,9 +125,9 @@ class Worker:
         self._observe = Observers(observers)
 
     @property
-    def _futures(self) -> dict[Future[None], Claimed]:
+    def _tickets(self) -> dict[Ticket, None]:
         """The claimed jobs not finished yet (a live view, for tests)."""
-        return self._leases.futures
+        return self._leases.tickets
 
     @property
     def prefetch(self) -> int:
@@ -220,8 +217,7 @@ class Worker:
             self._claimer.close()
             self._stopping.set()
             self._release_unstarted(recorder)
-            pending = {future for future, _ in self._leases.claimed()}
-            _, not_done = wait_futures(pending, timeout=self.shutdown_grace.total_seconds())
+            not_done = self._leases.wait_all_done(self.shutdown_grace.total_seconds())
             # Threads that are free commit their open groups and end; jobs still running past
             # the grace keep their threads (Python cannot kill them), but their leases are no
             # longer renewed, so another worker will take them over.
@@ -261,9 +257,8 @@ class Worker:
 
     def _release_unstarted(self, recorder: Recorder) -> None:
         """On shutdown, hand the claimed jobs no thread has started back, attempt uncounted."""
-        # Future.cancel() runs the done callback (which takes the lock) in this thread, and
-        # succeeds only for a job no thread has taken yet; a thread skips a cancelled one.
-        unstarted = [job for future, job in self._leases.claimed() if future.cancel()]
+        # Only jobs no thread has taken yet; a thread skips a job handed back.
+        unstarted = self._leases.hand_back_waiting()
         if unstarted:
             recorder.hand_back(unstarted, "they had not started")
 

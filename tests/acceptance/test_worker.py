@@ -128,7 +128,7 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
             # The first worker's heartbeat finds its lease gone and tells the handler.
             wait_for(lambda: contexts[0].stop_requested, timeout=10)
             release.set()
-            wait_for(lambda: not worker._futures, timeout=10)
+            wait_for(lambda: not worker._tickets, timeout=10)
         finally:
             release.set()  # let the handler return before the worker is stopped and joined
     row = job(db, job_id)
@@ -163,7 +163,7 @@ def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
                     claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "other"}
                 )
             release.set()
-            wait_for(lambda: not worker._futures, timeout=10)
+            wait_for(lambda: not worker._tickets, timeout=10)
         finally:
             release.set()  # let the handler return before the worker is stopped and joined
     row = job(db, job_id)

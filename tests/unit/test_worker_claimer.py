@@ -54,9 +54,7 @@ def claimer(lane: Lane, conn: FakeConnection) -> tuple[LaneClaimer, list[Claimed
     leases = LeaseTable()
 
     def submit(lane: Lane, job: Claimed) -> None:
-        from concurrent.futures import Future
-
-        leases.hold(lane, job, Future())
+        leases.hold(lane, job)
         submitted.append(job)
 
     return LaneClaimer(lane, conn, "w", leases, submit), submitted  # type: ignore[arg-type]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -50,7 +49,7 @@ def timed_out_job(status: str | None) -> tuple[Heartbeat, LeaseTable, FakeRecord
     recorder = FakeRecorder(Reports(observe), status)
     heartbeat = Heartbeat(None, leases, recorder, observe, threading.Event())  # type: ignore[arg-type]
     job = Claimed(9, "q", "t", "null", "running", 2, 3, timedelta(seconds=30), None, None)
-    leases.hold(Lane(["q"], 1, 0), job, Future())
+    leases.hold(Lane(["q"], 1, 0), job)
     ctx = JobContext(
         job_id=9,
         task="t",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import threading
 from datetime import timedelta
 
 from sa_jobqueue.tasks import Backoff, JobContext, Task
@@ -41,28 +41,27 @@ def task(timeout: timedelta | None = None) -> Task:
 
 def test_held_from_claim_to_finish_and_counted_in_its_lane() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    future: Future[None] = Future()
     job = claimed(7)
-    table.hold(lane, job, future)
+    ticket = table.hold(lane, job)
     assert lane.held == 1
-    assert table.futures == {future: job}
+    assert list(table.tickets) == [ticket]
     held = table.snapshot()
     assert list(held) == [7]
     assert held[7].attempt == 1
     assert table.ours(held) == {7}
-    table.let_go(future, lane, 7, 1)
+    assert table.take(ticket)
+    table.let_go(ticket)
     assert lane.held == 0
-    assert table.futures == {}
+    assert table.tickets == {}
     assert table.snapshot() == {}
     assert table.ours(held) == set()  # finished meanwhile: not renewed
 
 
 def test_a_stale_attempt_cannot_touch_the_next_attempts_entry() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    first, second = Future[None](), Future[None]()
-    table.hold(lane, claimed(7, attempt=1), first)
+    first = table.hold(lane, claimed(7, attempt=1))
     # The first attempt timed out, ran on, and the worker claimed the job again.
-    table.hold(lane, claimed(7, attempt=2), second)
+    second = table.hold(lane, claimed(7, attempt=2))
     t = task(timeout=timedelta(seconds=1))
     ctx = context(claimed(7, attempt=1))
     table.start(claimed(7, attempt=1), ctx, t, None, Backoff())
@@ -70,17 +69,16 @@ def test_a_stale_attempt_cannot_touch_the_next_attempts_entry() -> None:
     table.await_group(claimed(7, attempt=1))
     assert not table.snapshot()[7].grouped
     table.forget([claimed(7, attempt=1)])
-    table.let_go(first, lane, 7, 1)
+    table.let_go(first)
     assert table.snapshot()[7].attempt == 2  # still held, still renewed
-    table.let_go(second, lane, 7, 2)
+    table.let_go(second)
     assert table.snapshot() == {}
 
 
 def test_starting_arms_the_timeout_and_a_grouped_job_keeps_its_lease_until_forgotten() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    future: Future[None] = Future()
     job = claimed(3)
-    table.hold(lane, job, future)
+    ticket = table.hold(lane, job)
     ctx = context(job)
     table.start(job, ctx, task(timeout=timedelta(seconds=5)), None, Backoff())
     held = table.snapshot()[3]
@@ -91,7 +89,7 @@ def test_starting_arms_the_timeout_and_a_grouped_job_keeps_its_lease_until_forgo
     assert held.grouped
     assert held.ctx is None
     assert held.deadline is None
-    table.let_go(future, lane, 3, 1)
+    table.let_go(ticket)
     assert list(table.snapshot()) == [3]  # renewed until its group commits
     table.forget([job])
     assert table.snapshot() == {}
@@ -99,9 +97,9 @@ def test_starting_arms_the_timeout_and_a_grouped_job_keeps_its_lease_until_forgo
 
 def test_a_timed_out_attempt_is_dropped_only_if_still_the_same_entry() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    table.hold(lane, claimed(5), Future())
+    table.hold(lane, claimed(5))
     old = table.snapshot()[5]
-    table.hold(lane, claimed(5, attempt=2), Future())
+    table.hold(lane, claimed(5, attempt=2))
     table.drop(5, old)
     assert table.snapshot()[5].attempt == 2
     table.drop(5, table.snapshot()[5])
@@ -111,15 +109,13 @@ def test_a_timed_out_attempt_is_dropped_only_if_still_the_same_entry() -> None:
 def test_a_freed_slot_wakes_the_claim_loop_once_a_saturated_lane_runs_low() -> None:
     table = LeaseTable()
     lane = Lane(["default"], 2, 2)  # capacity 4, low water 3
-    futures = [Future[None]() for _ in range(4)]
-    for i, future in enumerate(futures):
-        table.hold(lane, claimed(i), future)
+    tickets = [table.hold(lane, claimed(i)) for i in range(4)]
     assert table.busy([lane]) == (4, False)
     table.saturate(lane, True)
-    assert table.let_go(futures[0], lane, 0, 1)  # held 3: at low water
+    assert table.let_go(tickets[0])  # held 3: at low water
     assert not lane.saturated  # woken once
     assert table.busy([lane]) == (3, False)
-    assert not table.let_go(futures[1], lane, 1, 1)  # nothing left behind: no wake
+    assert not table.let_go(tickets[1])  # nothing left behind: no wake
     table.saturate(lane, True)
     assert table.busy([lane]) == (2, True)
 
@@ -127,27 +123,32 @@ def test_a_freed_slot_wakes_the_claim_loop_once_a_saturated_lane_runs_low() -> N
 def test_a_burst_wakes_at_every_finish_and_open_groups_count_as_running() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
     table.burst = True
-    future: Future[None] = Future()
-    table.hold(lane, claimed(1), future)
+    ticket = table.hold(lane, claimed(1))
     table.group_opened()
-    assert table.let_go(future, lane, 1, 1)
+    assert table.let_go(ticket)
     assert table.busy([lane]) == (1, False)
     table.group_closed()
     assert table.busy([lane]) == (0, False)
 
 
-def test_claimed_lists_what_shutdown_must_wait_for() -> None:
+def test_shutdown_hands_back_the_jobs_no_thread_took_and_waits_for_the_others() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    a, b = Future[None](), Future[None]()
-    table.hold(lane, claimed(1), a)
-    table.hold(lane, claimed(2), b)
-    assert [(f, j.id) for f, j in table.claimed()] == [(a, 1), (b, 2)]
+    running, waiting = table.hold(lane, claimed(1)), table.hold(lane, claimed(2))
+    assert table.take(running)
+    assert [job.id for job in table.hand_back_waiting()] == [2]
+    assert not table.take(waiting)  # a thread that gets to it now skips it
+    assert lane.held == 1
+    assert [job.id for job in table.wait_all_done(0.01)] == [1]  # still running
+    finisher = threading.Timer(0.05, table.let_go, args=(running,))
+    finisher.start()
+    assert table.wait_all_done(10) == []
+    finisher.join()
 
 
 def test_renewals_are_spaced_a_third_of_the_lease_and_retried_sooner() -> None:
     table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    table.hold(lane, claimed(1, lease=30), Future())
-    table.hold(lane, claimed(2, lease=3), Future())
+    table.hold(lane, claimed(1, lease=30))
+    table.hold(lane, claimed(2, lease=3))
     held = table.snapshot()
     assert not renewal_due(held, 0.0)
     assert renewal_due(held, held[2].renew_at)
