@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from markupsafe import Markup
+
 from ..ops.health import span
 
 #: C0 controls but tab and line feed, DEL, C1 controls, and the bidirectional overrides and
@@ -28,8 +30,11 @@ MAX_INDENT_DEPTH: Final = 200
 
 
 def visible(value: Any) -> Any:
-    """A string with each control character written as ``\\xNN`` or ``\\uNNNN``; else as is."""
-    if not isinstance(value, str):
+    """A string with each control character written as ``\\xNN`` or ``\\uNNNN``; else as is.
+
+    Markup (a macro's output, already made of finalized and escaped values) passes unchanged.
+    """
+    if not isinstance(value, str) or isinstance(value, Markup):
         return value
     return _HIDDEN.sub(_escape_one, value)
 

@@ -59,7 +59,8 @@ class Signer:
     # -- flash -------------------------------------------------------------------------------
 
     def flash(self, ok: bool, text: str) -> str:
-        body = base64.urlsafe_b64encode(json.dumps([ok, text]).encode()).decode()
+        # Without base64's "=" padding: a cookie value holding "=" gets quoted.
+        body = base64.urlsafe_b64encode(json.dumps([ok, text]).encode()).decode().rstrip("=")
         return f"{body}.{self.sign('flash', body)}"
 
     def read_flash(self, cookie: str | None) -> tuple[bool, str] | None:
@@ -69,7 +70,7 @@ class Signer:
         if not self.valid("flash", body, signature):
             return None
         try:
-            ok, text = json.loads(base64.urlsafe_b64decode(body))
+            ok, text = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         except (ValueError, TypeError):
             return None
         return bool(ok), str(text)

@@ -190,6 +190,10 @@ def test_flash_messages_are_signed() -> None:
     body = base64.urlsafe_b64encode(json.dumps([True, "forged"]).encode()).decode()
     assert signer.read_flash(f"{body}.{signer.sign('flash', 'other')}") is None
     assert signer.read_flash("garbage") is None
+    for n in range(4):  # every length of base64 padding: none is kept, the value needs no quotes
+        value = signer.flash(False, "x" * n)
+        assert "=" not in value
+        assert signer.read_flash(value) == (False, "x" * n)
 
 
 # -- the app's guards, before any page reads ---------------------------------------------------
