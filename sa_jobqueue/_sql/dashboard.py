@@ -21,6 +21,7 @@ from sqlalchemy import (
     cast,
     extract,
     func,
+    literal,
     literal_column,
     or_,
     select,
@@ -35,6 +36,21 @@ p = periodic_table.c
 
 #: Width of one bar of the throughput chart, in seconds.
 MINUTE = 60
+
+
+@cache
+def page_settings() -> Select[str, str]:
+    """This transaction's limits: ``statement_timeout`` to ``:timeout_ms``, no parallel workers.
+
+    Each page's statements read a bounded part of the table through an index; starting
+    parallel workers for them costs more than they save (tens of milliseconds on a busy
+    server against a millisecond of work), so a page asks for none.
+    """
+    # set_config(..., true) rather than SET LOCAL, which takes no bind parameters.
+    return select(
+        func.set_config(literal("statement_timeout"), bindparam("timeout_ms", type_=Text), True),
+        func.set_config(literal("max_parallel_workers_per_gather"), literal("0"), True),
+    )
 
 
 @cache

@@ -115,11 +115,15 @@ def purge(
     if task is not None:
         params["task"] = task
     deleted = conn.execute(purge_batch(queue is not None, task is not None), params).all()
-    left = conn.execute(count_purgeable(queue is not None, task is not None), params).scalar_one()
+    left = conn.execute(
+        count_purgeable(queue is not None, task is not None, bounded=True),
+        {**params, "upto": MAX_BATCH + 1},
+    ).scalar_one()
     what = f"{'/'.join(statuses)} job(s) finished over {span(older_than)} ago"
     text = f"purged {len(deleted):,} {what}"
     if left:
-        text += f"; {left:,} left (purge again to continue)"
+        more = f"over {MAX_BATCH:,}" if left > MAX_BATCH else f"{left:,}"
+        text += f"; {more} left (purge again to continue)"
     return Outcome(True, text)
 
 
@@ -131,13 +135,20 @@ def count_purge(
     queue: str | None,
     task: str | None,
 ) -> int:
-    """How many jobs the purge form's filter matches now."""
-    params: dict[str, Any] = {"statuses": statuses, "older_than": check_age(older_than)}
+    """How many jobs the purge form's filter matches now, counted up to :data:`MAX_BATCH` + 1.
+
+    One more than a click purges says "more than one click's worth" without counting a
+    history of millions.
+    """
+    params: dict[str, Any] = {
+        "statuses": statuses,
+        "older_than": check_age(older_than),
+        "upto": MAX_BATCH + 1,
+    }
     if queue is not None:
         params["queue"] = queue
     if task is not None:
         params["task"] = task
-    count: int = conn.execute(
-        count_purgeable(queue is not None, task is not None), params
-    ).scalar_one()
+    statement = count_purgeable(queue is not None, task is not None, bounded=True)
+    count: int = conn.execute(statement, params).scalar_one()
     return count

@@ -24,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
-from .._sql.session import local_statement_timeout
+from .._sql.dashboard import page_settings
 from ..database import check_schema
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
@@ -264,7 +264,7 @@ class Dashboard:
             return _actions.Outcome(False, f"nothing changed: {exc}")
 
     def _limit_time(self, conn: Connection) -> None:
-        conn.execute(local_statement_timeout(), {"timeout_ms": self.timeout_ms})
+        conn.execute(page_settings(), {"timeout_ms": self.timeout_ms})
 
     def _explain(self, exc: DBAPIError) -> str:
         """A database error in one sentence, with what to do about the ones we know."""

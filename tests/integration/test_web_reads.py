@@ -20,7 +20,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sa_jobqueue import JobContext, JobQueue
 from sa_jobqueue.models import jobs_table, periodic_table
 from sa_jobqueue.ops.health import Thresholds
-from sa_jobqueue.web._actions import MAX_BATCH, cancel, purge, retry, retry_matching
+from sa_jobqueue.web import _actions
+from sa_jobqueue.web._actions import MAX_BATCH, cancel, count_purge, purge, retry, retry_matching
 from sa_jobqueue.web._display import json_text
 from sa_jobqueue.web._filters import JobFilter
 from sa_jobqueue.web._reads import (
@@ -309,3 +310,27 @@ def test_requeued_by_filter_as_one_by_one(conn: sa.Connection, attempts: str) ->
         b.finished_at,
         b.worker,
     )
+
+
+def test_purge_counts_no_further_than_one_click_past(
+    conn: sa.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_actions, "MAX_BATCH", 2)
+    for _ in range(5):
+        add_dead(conn, queue="purge-many", finished_ago=7200)
+    selection: dict[str, Any] = {
+        "statuses": ["dead"],
+        "older_than": timedelta(hours=1),
+        "queue": "purge-many",
+        "task": None,
+    }
+    assert count_purge(conn, **selection) == 3  # "over 2"
+    outcome = purge(conn, **selection)
+    assert (
+        outcome.text
+        == "purged 2 dead job(s) finished over 1h ago; over 2 left (purge again to continue)"
+    )
+    assert count_purge(conn, **selection) == 3
+    purge(conn, **selection)
+    assert purge(conn, **selection).text == "purged 1 dead job(s) finished over 1h ago"
+    assert count_purge(conn, **selection) == 0
