@@ -424,7 +424,16 @@ def test_the_web_command_asks_for_its_token_and_stops_on_sigterm(
     env = {**subprocess_env(), "SA_JOBQUEUE_WEB_TOKEN": "s3cret"}
     with err.open("w") as stderr:
         proc = subprocess.Popen(
-            [*CLI, "web", "--database-url", url_string(database_url), "--port", "0"],
+            [
+                *CLI,
+                "web",
+                "--database-url",
+                url_string(database_url),
+                "--port",
+                "0",
+                "--app",
+                "tests.apps.periodic:queue",
+            ],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -443,6 +452,9 @@ def test_the_web_command_asks_for_its_token_and_stops_on_sigterm(
         status, html = fetch(base + "/jobs?status=dead", {"authorization": "Bearer s3cret"})
         assert status == 200
         assert f'href="/jobs/{jobs["dead"]}"' in html
+        schedules = fetch(base + "/periodic", {"authorization": "Bearer s3cret"})[1]
+        assert "<code>* * * * *</code>" in schedules  # the app's declarations, from --app
+        assert "Europe/Paris" in schedules
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -9,13 +9,14 @@ Run as a program, it measures each page on a scratch database it creates and dro
 (``sajq_dashboard_timings``) and prints a Markdown table of timings, then every statement the
 pages send with its ``EXPLAIN (ANALYZE, BUFFERS)``::
 
-    python -m tests.helpers.dashboard_history --database-url postgresql://postgres@127.0.0.1/postgres
+    python -m tests.helpers.dashboard_history --database-url postgresql://postgres@localhost/postgres
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,12 +111,43 @@ def recording(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
         event.remove(engine, "before_cursor_execute", record)
 
 
+@contextmanager
+def timing(engine: sa.Engine) -> Iterator[list[float]]:
+    """The seconds each statement ``engine`` runs in the block takes, round trip included."""
+    spent: list[float] = []
+
+    def before(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, *_: Any
+    ) -> None:
+        context._sajq_started = time.perf_counter()
+
+    def after(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, *_: Any
+    ) -> None:
+        spent.append(time.perf_counter() - context._sajq_started)
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        yield spent
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+
+
 def reads_jobs(statement: str) -> bool:
     """Whether a recorded statement is a read of the jobs table (not a setting or a catalog)."""
     return JOBS in statement and statement.lstrip().upper().startswith(("SELECT", "WITH"))
 
 
 # -- timings ---------------------------------------------------------------------------------
+
+PAGE_NAMES = {
+    "/": "Overview",
+    "/periodic": "Periodic schedules",
+    "/jobs/{dead}": "A job",
+    "/jobs/{dead}/payload.json": "A job's payload",
+}
 
 
 def _measure(url: URL, finished: int, rounds: int) -> None:
@@ -132,37 +164,117 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
         upgrade(engine)
         started = time.perf_counter()
         ids = fill(engine, finished, spacing=0.6)
-        print(f"filled {finished:,} finished jobs in {time.perf_counter() - started:.0f}s\n")
-        print("| page | statements | median | p90 |\n|---|---:|---:|---:|")
+        filled = time.perf_counter() - started
+        with engine.connect() as conn:
+            version = conn.execute(sa.text("SHOW server_version")).scalar_one()
+            size = conn.execute(
+                sa.text("SELECT pg_size_pretty(pg_total_relation_size('sa_jobqueue_jobs'))")
+            ).scalar_one()
+            counts = dict(
+                conn.execute(
+                    sa.text("SELECT status, count(*) FROM sa_jobqueue_jobs GROUP BY status")
+                ).all()
+            )
+        rows: list[str] = []
         plans: dict[str, list[tuple[str, Any]]] = {}
         with TestClient(create_app(engine)) as client:
             for page in PAGES:
                 path = page.format(**ids)
-                assert client.get(path).status_code == 200, path  # warm: plans, templates
+                began = time.perf_counter()
+                assert client.get(path).status_code == 200, path
+                cold = (time.perf_counter() - began) * 1000
                 with recording(engine) as sent:
                     client.get(path)
                 plans[page] = [(s, p) for s, p in sent if reads_jobs(s)]
-                times = []
+                times, database = [], []
                 for _ in range(rounds):
-                    began = time.perf_counter()
-                    client.get(path)
-                    times.append((time.perf_counter() - began) * 1000)
+                    with timing(engine) as spent:
+                        began = time.perf_counter()
+                        client.get(path)
+                        times.append((time.perf_counter() - began) * 1000)
+                    database.append(sum(spent) * 1000)
                 p90 = statistics.quantiles(times, n=10)[-1]
-                print(
-                    f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms | {p90:.1f} ms |"
+                rows.append(
+                    f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms"
+                    f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
                 )
+        _page(version, size, counts, filled, rounds, rows)
         with engine.connect() as conn:
+            # As the pages run them: page_settings() asks for no parallel workers.
+            conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
             for page, statements in plans.items():
-                print(f"\n### `{page}`\n")
+                kind = "Jobs list" if page.startswith("/jobs") else "Purge form"
+                print(f"\n### {PAGE_NAMES.get(page, kind)}: `{page}`\n")
                 for statement, parameters in statements:
-                    plan = conn.exec_driver_sql(
-                        f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, SUMMARY ON) {statement}",
-                        parameters,
+                    lines = conn.exec_driver_sql(
+                        "EXPLAIN (ANALYZE, COSTS OFF) " + statement, parameters
                     ).scalars()
-                    print("```text\n" + statement.strip() + "\n--\n" + "\n".join(plan) + "\n```")
+                    shown = {
+                        k: v for k, v in parameters.items() if not k.startswith("make_interval")
+                    }
+                    print("```text\n" + _wrapped(statement))
+                    print(f"-- parameters: {shown}")
+                    print("\n".join(lines) + "\n```")
     finally:
         engine.dispose()
         drop_database(url, name)
+
+
+def _wrapped(statement: str) -> str:
+    """The statement's lines, each folded at 100 characters (a SELECT list runs long)."""
+    return "\n".join(
+        textwrap.fill(line, 100, subsequent_indent="    ", break_long_words=False)
+        for line in statement.strip().splitlines()
+    )
+
+
+def _page(
+    version: str,
+    size: str,
+    counts: dict[str, int],
+    filled: float,
+    rounds: int,
+    rows: list[str],
+) -> None:
+    done = ("succeeded", "dead", "cancelled")
+    finished = sum(counts.get(s, 0) for s in done)
+    described = ", ".join(f"{counts.get(s, 0):,} {s}" for s in done)
+    live = counts.get("queued", 0) + counts.get("running", 0)
+    print(f"""# Dashboard queries and their plans
+
+What each page of the [dashboard](../how-to/dashboard.md) sends to PostgreSQL, and how the
+server runs it on a jobs table of {finished:,} finished jobs ({described})
+and {live:,} queued or running, {size} with its indexes, written in {filled:.0f} s by
+`INSERT ... SELECT generate_series` into a scratch database that the command creates and
+drops:
+
+```sh
+python -m tests.helpers.dashboard_history \\
+    --database-url postgresql://postgres@127.0.0.1:5432/postgres \\
+    > docs/reference/dashboard-queries.md
+```
+
+PostgreSQL {version.split()[0]}, on two CPU cores shared with other work. Every read of the
+jobs table goes through an index (a test, `tests/acceptance/test_web_plans.py`, explains each one on
+a smaller history and fails on a scan of the table).
+
+## Page timings
+
+Each page through Starlette's TestClient (no network), read-only, {rounds} requests after a
+first one: the median and 90th percentile of the whole request, the median of the time in
+its statements (round trips included; the rest is Python: the app, the templates), and the
+first request ("cold": templates compiled, plans made). "Statements" counts all a page
+sends, the transaction's settings and the health checks' catalog reads included.
+
+| page | statements | median | p90 | of which statements | cold |
+|---|---:|---:|---:|---:|---:|""")
+    print("\n".join(rows))
+    print("""
+## Statements and plans
+
+Each statement that reads the jobs table, as sent, with `EXPLAIN (ANALYZE, COSTS OFF)`.
+The overview's other statements read the workers table (a row per worker process) and
+PostgreSQL's statistics views.""")
 
 
 def main() -> None:
