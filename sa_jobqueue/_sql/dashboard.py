@@ -103,6 +103,12 @@ Within = Literal["live", "dead"] | None
 
 
 @cache
+def id_range() -> Select[int | None, int | None]:
+    """The lowest and the highest job id (NULLs for an empty table): two ends of the key."""
+    return select(func.min(j.id), func.max(j.id))
+
+
+@cache
 def job_page(
     *,
     within: Within,
@@ -112,6 +118,7 @@ def job_page(
     older_than: bool,
     after: bool,
     newest_first: bool,
+    window: bool = False,
 ) -> Select[Any]:
     """Up to ``:limit`` jobs for the list, in id order: :func:`.listing.select_jobs`'s filters.
 
@@ -120,6 +127,10 @@ def job_page(
     predicate of a partial index that holds every status asked for ("live": the claim index,
     for queued and running; "dead": the dead index), so the planner can read those rows from
     it and sort them instead of walking the primary key past all the finished history.
+
+    ``window`` bounds the ids read to ``:window_edge`` (the lowest one newest first, the
+    highest oldest first): for filters no partial index serves, which would otherwise walk
+    the primary key through the whole history to find a page of rare matches.
     """
     conditions = job_filters(
         statuses=statuses,
@@ -133,6 +144,9 @@ def job_page(
         conditions.append(claimable())
     elif within == "dead":
         conditions.append(dead())
+    if window:
+        edge = bindparam("window_edge", type_=BigInteger)
+        conditions.append(j.id >= edge if newest_first else j.id <= edge)
     preview = bindparam("preview", type_=Integer)
     return (
         select(

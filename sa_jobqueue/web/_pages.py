@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import BaseRoute, Mount, Route, Router
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import __version__
@@ -96,7 +96,11 @@ class Dashboard:
             Route("/purge", self.purge, methods=["POST"], name="purge"),
             Mount("/static", StaticFiles(directory=_STATIC), name="static"),
         ]
-        self._router = Router(routes=self.routes)
+        # By name, so that a link asks its own route rather than every route in turn (a page
+        # of jobs has a few hundred links).
+        self._named = {
+            route.name: route for route in self.routes if isinstance(route, Route | Mount)
+        }
 
     # -- the pages ---------------------------------------------------------------------------
 
@@ -110,7 +114,14 @@ class Dashboard:
         except InvalidJobError as exc:
             raise PageError(400, str(exc)) from None
         page = await self._read(_reads.read_jobs, wanted)
-        return self._page(request, "jobs.html", page.as_of, page=page, wanted=wanted)
+        return self._page(
+            request,
+            "jobs.html",
+            page.as_of,
+            page=page,
+            wanted=wanted,
+            scan_window=_reads.SCAN_WINDOW,
+        )
 
     async def job(self, request: Request) -> Response:
         job_id = _job_id(request)
@@ -207,7 +218,7 @@ class Dashboard:
     ) -> str:
         """The path of route ``name`` under wherever the app is mounted, with ``query``."""
         root: str = request.scope.get("root_path", "")
-        url = root + str(self._router.url_path_for(name, **path))
+        url = root + str(self._named[name].url_path_for(name, **path))
         kept = {k: v for k, v in (query or {}).items() if v not in (None, "", [])}
         return url + ("?" + urlencode(kept, doseq=True) if kept else "")
 

@@ -15,6 +15,7 @@ pages send with its ``EXPLAIN (ANALYZE, BUFFERS)``::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import textwrap
 import time
@@ -71,6 +72,8 @@ PAGES = [
     "/jobs?status=queued&queue=reports",
     "/jobs?queue=emails",
     "/jobs?status=succeeded&task=app.task_3",
+    "/jobs?task=app.no_such_task",
+    "/jobs?older_than=2h",
     "/jobs/{dead}",
     "/jobs/{dead}/payload.json",
     "/periodic",
@@ -177,6 +180,7 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
             )
         rows: list[str] = []
         plans: dict[str, list[tuple[str, Any]]] = {}
+        load = os.getloadavg()[0]
         with TestClient(create_app(engine)) as client:
             for page in PAGES:
                 path = page.format(**ids)
@@ -198,7 +202,7 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
                     f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms"
                     f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
                 )
-        _page(version, size, counts, filled, rounds, rows)
+        _page(version, size, counts, filled, rounds, rows, (load, os.getloadavg()[0]))
         with engine.connect() as conn:
             # As the pages run them: page_settings() asks for no parallel workers.
             conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
@@ -235,6 +239,7 @@ def _page(
     filled: float,
     rounds: int,
     rows: list[str],
+    load: tuple[float, float],
 ) -> None:
     done = ("succeeded", "dead", "cancelled")
     finished = sum(counts.get(s, 0) for s in done)
@@ -254,7 +259,8 @@ python -m tests.helpers.dashboard_history \\
     > docs/reference/dashboard-queries.md
 ```
 
-PostgreSQL {version.split()[0]}, on two CPU cores shared with other work. Every read of the
+PostgreSQL {version.split()[0]}, on two CPU cores shared with other work (load average
+{load[0]:.1f} when the timings began, {load[1]:.1f} when they ended). Every read of the
 jobs table goes through an index (a test, `tests/acceptance/test_web_plans.py`, explains each one on
 a smaller history and fails on a scan of the table).
 

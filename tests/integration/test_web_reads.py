@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sa_jobqueue import JobContext, JobQueue
 from sa_jobqueue.models import jobs_table, periodic_table
 from sa_jobqueue.ops.health import Thresholds
-from sa_jobqueue.web import _actions
+from sa_jobqueue.web import _actions, _reads
 from sa_jobqueue.web._actions import MAX_BATCH, cancel, count_purge, purge, retry, retry_matching
 from sa_jobqueue.web._display import json_text
 from sa_jobqueue.web._filters import JobFilter
@@ -134,6 +134,33 @@ def test_jobs_filtered_by_status_read_the_partial_indexes_rows(conn: sa.Connecti
     assert page_ids(conn, queue="flt", older_than=timedelta(hours=1))[0] == [dead]
     (listed,) = read_jobs(conn, JobFilter(queue="flt", statuses=("dead",))).jobs
     assert (listed.error_type, listed.error_message) == (ERROR["type"], ERROR["message"])
+
+
+def test_a_rare_filter_searches_a_window_of_ids_per_page(
+    conn: sa.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reads, "SCAN_WINDOW", 4)
+    ids = [add_job(conn, queue="win", task="rare" if n in (1, 2) else "common") for n in range(10)]
+
+    first = read_jobs(conn, JobFilter(task="rare", limit=5))
+    # The newest four ids hold no rare job: the page says how far it looked, and goes on.
+    assert (first.jobs, first.searched) == ([], (ids[6], ids[9]))
+    assert first.next_after == ids[6]
+    second = read_jobs(conn, JobFilter(task="rare", limit=5, after=first.next_after))
+    assert [j.id for j in second.jobs] == [ids[2]]
+    assert second.searched == (ids[2], ids[5])
+    third = read_jobs(conn, JobFilter(task="rare", limit=5, after=second.next_after))
+    assert [j.id for j in third.jobs] == [ids[1]]  # the window reached the first id
+    assert (third.searched, third.next_after) == (None, None)
+
+    back = read_jobs(conn, JobFilter(task="rare", limit=5, before=third.jobs[0].id))
+    assert ([j.id for j in back.jobs], back.previous_before) == ([ids[2]], ids[5])
+    assert back.next_after == ids[2]  # forward from there: the page with ids[1] again
+
+    oldest = read_jobs(conn, JobFilter(task="rare", order="oldest", limit=1))
+    assert ([j.id for j in oldest.jobs], oldest.next_after) == ([ids[1]], ids[1])
+    # A filter that a partial index serves (queued jobs: the claim index) reads no window.
+    assert read_jobs(conn, JobFilter(queue="win", statuses=("queued",), limit=20)).searched is None
 
 
 # -- one job ---------------------------------------------------------------------------------------
