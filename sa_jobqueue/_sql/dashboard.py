@@ -12,11 +12,13 @@ from functools import cache
 from typing import Any, Literal
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     ColumnElement,
     Integer,
     Select,
     Text,
+    any_,
     bindparam,
     cast,
     extract,
@@ -215,6 +217,33 @@ def job_payload() -> Select[str]:
 def schedules() -> Select[str, datetime]:
     """Every stored periodic schedule: ``(name, last_tick)``, by name."""
     return select(p.name, p.last_tick).order_by(p.name)
+
+
+@cache
+def count_finished(within: Literal["pruned", "dead"]) -> Select[int]:
+    """How many jobs of ``:statuses`` finished over ``:older_than`` s ago, up to ``:upto``.
+
+    ``within`` names the partial index that holds every one of ``:statuses`` ("pruned": the
+    prune index, succeeded and cancelled; "dead": the dead index), whose predicate is
+    repeated so the count reads that index's range of ``finished_at`` and stops at
+    ``:upto``, however long the history.
+    """
+    # The order changes no count; it is the index's own order, which makes reading the index
+    # the planner's cheapest way to the first :upto rows. Without it, with matches dense
+    # (succeeded jobs), the table read from its start until :upto match looks cheaper, and
+    # for a status that matches few of those rows it reads far more than :upto.
+    some = (
+        select(j.finished_at)
+        .where(
+            prunable() if within == "pruned" else dead(),
+            j.status == any_(bindparam("statuses", type_=ARRAY(Text))),
+            j.finished_at < func.now() - seconds("older_than"),
+        )
+        .order_by(j.finished_at)
+        .limit(bindparam("upto", type_=Integer))
+        .subquery("some")
+    )
+    return select(func.count()).select_from(some)
 
 
 @cache

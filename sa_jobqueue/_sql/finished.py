@@ -151,18 +151,6 @@ def purge_batch(queue: bool, task: bool) -> ReturningDelete[int]:
 
 
 @cache
-def count_purgeable(queue: bool, task: bool, bounded: bool = False) -> Select[int]:
-    """How many jobs :func:`purge_batch` would delete, all batches together.
-
-    ``bounded``: counts no further than ``:upto``, so the count costs at most that many rows
-    however much history matches (a page showing "10,000 or more" needs no more).
-    """
-    if not bounded:
-        return select(func.count()).where(*_purgeable(queue, task))
-    some = (
-        select(j.id)
-        .where(*_purgeable(queue, task))
-        .limit(bindparam("upto", type_=Integer))
-        .subquery("some")
-    )
-    return select(func.count()).select_from(some)
+def count_purgeable(queue: bool, task: bool) -> Select[int]:
+    """How many jobs :func:`purge_batch` would delete, all batches together."""
+    return select(func.count()).where(*_purgeable(queue, task))

@@ -16,8 +16,8 @@ from sqlalchemy import Connection
 
 from .._enqueue import wake
 from .._sql import dashboard as dashboard_sql
-from .._sql.finished import count_purgeable, purge_batch, requeue_dead_batch
-from ..models import DEAD, RUNNING
+from .._sql.finished import purge_batch, requeue_dead_batch
+from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
 from ..ops.filters import check_age
 from ..ops.health import span
@@ -95,30 +95,16 @@ def retry_matching(
     return Outcome(bool(requeued) or not left, text)
 
 
-def purge(
-    conn: Connection,
-    *,
-    statuses: list[str],
-    older_than: timedelta,
-    queue: str | None,
-    task: str | None,
-) -> Outcome:
-    """Delete up to :data:`MAX_BATCH` finished jobs of the filter, lowest ids first."""
+def purge(conn: Connection, *, statuses: list[str], older_than: timedelta) -> Outcome:
+    """Delete up to :data:`MAX_BATCH` finished jobs of ``statuses`` past ``older_than``."""
     params: dict[str, Any] = {
         "statuses": statuses,
         "older_than": check_age(older_than),
         "batch": MAX_BATCH,
         "after_id": 0,
     }
-    if queue is not None:
-        params["queue"] = queue
-    if task is not None:
-        params["task"] = task
-    deleted = conn.execute(purge_batch(queue is not None, task is not None), params).all()
-    left = conn.execute(
-        count_purgeable(queue is not None, task is not None, bounded=True),
-        {**params, "upto": MAX_BATCH + 1},
-    ).scalar_one()
+    deleted = conn.execute(purge_batch(queue=False, task=False), params).all()
+    left = count_purge(conn, statuses=statuses, older_than=older_than)
     what = f"{'/'.join(statuses)} job(s) finished over {span(older_than)} ago"
     text = f"purged {len(deleted):,} {what}"
     if left:
@@ -127,28 +113,18 @@ def purge(
     return Outcome(True, text)
 
 
-def count_purge(
-    conn: Connection,
-    *,
-    statuses: list[str],
-    older_than: timedelta,
-    queue: str | None,
-    task: str | None,
-) -> int:
-    """How many jobs the purge form's filter matches now, counted up to :data:`MAX_BATCH` + 1.
+def count_purge(conn: Connection, *, statuses: list[str], older_than: timedelta) -> int:
+    """How many jobs of ``statuses`` finished over ``older_than`` ago, up to MAX_BATCH + 1.
 
     One more than a click purges says "more than one click's worth" without counting a
-    history of millions.
+    history of millions. Succeeded and cancelled jobs are counted from the prune index, dead
+    ones from the dead index, each count stopping there.
     """
-    params: dict[str, Any] = {
-        "statuses": statuses,
-        "older_than": check_age(older_than),
-        "upto": MAX_BATCH + 1,
-    }
-    if queue is not None:
-        params["queue"] = queue
-    if task is not None:
-        params["task"] = task
-    statement = count_purgeable(queue is not None, task is not None, bounded=True)
-    count: int = conn.execute(statement, params).scalar_one()
-    return count
+    seconds = check_age(older_than)
+    total = 0
+    for within, group in (("pruned", PRUNED_STATUSES), ("dead", (DEAD,))):
+        wanted = [s for s in statuses if s in group]
+        if wanted:
+            params = {"statuses": wanted, "older_than": seconds, "upto": MAX_BATCH + 1}
+            total += conn.execute(dashboard_sql.count_finished(within), params).scalar_one()
+    return min(total, MAX_BATCH + 1)

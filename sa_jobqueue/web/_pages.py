@@ -146,16 +146,11 @@ class Dashboard:
         params = request.query_params
         statuses = params.getlist("status")
         age_text = params.get("older_than", "").strip()
-        chosen: dict[str, Any] = {
-            "statuses": statuses or [],
-            "older_than": age_text,
-            "queue": params.get("queue", ""),
-            "task": params.get("task", ""),
-        }
+        chosen: dict[str, Any] = {"statuses": statuses or [], "older_than": age_text}
         selection: dict[str, Any] | None = None
         if statuses or age_text:
             try:
-                selection = _purge_selection(statuses, age_text, chosen["queue"], chosen["task"])
+                selection = _purge_selection(statuses, age_text)
             except InvalidJobError as exc:
                 raise PageError(400, str(exc)) from None
         as_of, matching = await self._read(_purge_page, selection)
@@ -202,13 +197,13 @@ class Dashboard:
     async def purge(self, request: Request) -> Response:
         form = await self._action_form(request)
         statuses = [s for s in form.getlist("status") if isinstance(s, str)]
-        age_text, queue, task = (_field(form, k) for k in ("older_than", "queue", "task"))
+        age_text = _field(form, "older_than")
         try:
-            selection = _purge_selection(statuses, age_text, queue, task)
+            selection = _purge_selection(statuses, age_text)
         except InvalidJobError as exc:
             raise PageError(400, str(exc)) from None
         outcome = await self._act(_actions.purge, **selection)
-        back = {"status": statuses, "older_than": age_text, "queue": queue, "task": task}
+        back = {"status": statuses, "older_than": age_text}
         return self._after(request, outcome, self.url(request, "purge_form", query=back))
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -363,15 +358,11 @@ def _cookie_path(request: Request) -> str:
     return root or "/"
 
 
-def _purge_selection(statuses: list[str], age_text: str, queue: str, task: str) -> dict[str, Any]:
+def _purge_selection(statuses: list[str], age_text: str) -> dict[str, Any]:
+    """What the purge form chose: finished statuses, and an age (required)."""
     if not age_text.strip():
         raise InvalidJobError("give the age: only jobs finished longer ago than it are purged")
-    return {
-        "statuses": finished_statuses(statuses),
-        "older_than": age(age_text.strip()),
-        "queue": queue_name(queue),
-        "task": task_name(task),
-    }
+    return {"statuses": finished_statuses(statuses), "older_than": age(age_text.strip())}
 
 
 def _purge_page(conn: Connection, selection: dict[str, Any] | None) -> tuple[Any, int | None]:

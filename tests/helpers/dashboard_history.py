@@ -78,7 +78,8 @@ PAGES = [
     "/jobs/{dead}/payload.json",
     "/periodic",
     "/purge?status=dead&older_than=1h",
-    "/purge?status=succeeded&status=cancelled&older_than=10h&queue=emails",
+    "/purge?status=succeeded&status=cancelled&older_than=10h",
+    "/purge?status=succeeded&status=dead&older_than=1h",
 ]
 
 

@@ -308,19 +308,21 @@ def test_retry_dead_jobs_by_filter(conn: sa.Connection) -> None:
     assert MAX_BATCH == 10_000
 
 
-def test_purge_finished_jobs_by_filter(conn: sa.Connection) -> None:
+def test_purge_finished_jobs_by_status_and_age(conn: sa.Connection) -> None:
     old = [add_dead(conn, queue="purge-q", finished_ago=7200) for _ in range(2)]
     young = add_dead(conn, queue="purge-q", finished_ago=10)
     done = add_job(conn, queue="purge-q", status="succeeded", attempts=1, finished_ago=7200)
+    cancelled = add_job(conn, queue="purge-q", status="cancelled", finished_ago=7200)
+    hour = timedelta(hours=1)
 
-    outcome = purge(
-        conn, statuses=["dead"], older_than=timedelta(hours=1), queue="purge-q", task=None
-    )
+    assert count_purge(conn, statuses=["dead", "cancelled"], older_than=hour) == 3
+    outcome = purge(conn, statuses=["dead"], older_than=hour)
 
     assert outcome.text == "purged 2 dead job(s) finished over 1h ago"
     remaining = set(conn.execute(select(j.id).where(j.queue == "purge-q")).scalars())
-    assert remaining == {young, done}
+    assert remaining == {young, done, cancelled}
     assert not remaining & set(old)
+    assert count_purge(conn, statuses=["dead", "cancelled"], older_than=hour) == 1
 
 
 @pytest.mark.parametrize("attempts", ["extend", "reset"])
@@ -345,12 +347,7 @@ def test_purge_counts_no_further_than_one_click_past(
     monkeypatch.setattr(_actions, "MAX_BATCH", 2)
     for _ in range(5):
         add_dead(conn, queue="purge-many", finished_ago=7200)
-    selection: dict[str, Any] = {
-        "statuses": ["dead"],
-        "older_than": timedelta(hours=1),
-        "queue": "purge-many",
-        "task": None,
-    }
+    selection: dict[str, Any] = {"statuses": ["dead"], "older_than": timedelta(hours=1)}
     assert count_purge(conn, **selection) == 3  # "over 2"
     outcome = purge(conn, **selection)
     assert (
