@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0005"
+SCHEMA_REVISION: Final = "sajq_0006"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -134,6 +134,14 @@ class Job(Base):
             "finished_at",
             postgresql_where=text(_status_in(PRUNED_STATUSES)),
         ),
+        # Dead jobs are kept until requeued or purged, among history no other index covers:
+        # their counts per queue, and those that died lately, are read here, not from the table.
+        Index(
+            "sa_jobqueue_jobs_dead_idx",
+            "queue",
+            "finished_at",
+            postgresql_where=text(f"status = '{DEAD}'"),
+        ),
         # Unique jobs: enqueue inserts with ON CONFLICT against this index.
         Index(
             "sa_jobqueue_jobs_unique_idx",
@@ -190,6 +198,11 @@ workers_table: Final = cast(Table, WorkerRecord.__table__)
 def prunable() -> ColumnElement[bool]:
     """The prune index's predicate, as a literal so the planner can match it to the index."""
     return literal_column(_status_in(PRUNED_STATUSES), type_=Boolean)
+
+
+def dead() -> ColumnElement[bool]:
+    """The dead index's predicate, as a literal so the planner can match it to the index."""
+    return literal_column(f"status = '{DEAD}'", type_=Boolean)
 
 
 def claimable() -> ColumnElement[bool]:

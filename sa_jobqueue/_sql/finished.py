@@ -27,8 +27,9 @@ from sqlalchemy import (
 from sqlalchemy.sql.dml import ReturningDelete
 
 from .._validation import MAX_ATTEMPTS
-from ..models import DEAD, QUEUED, RUNNING, jobs_table
+from ..models import DEAD, QUEUED, RUNNING, dead, jobs_table
 from .clock import seconds
+from .listing import job_filters
 
 j = jobs_table.c
 
@@ -43,6 +44,49 @@ def requeue_dead(reset: bool) -> Update:
     ``last_error`` is kept, so the next attempt's handler and the operator can still see why
     it died.
     """
+    stmt = update(jobs_table).where(j.id == bindparam("job_id", type_=BigInteger))
+    return _requeued(stmt, reset).returning(j.queue)
+
+
+@cache
+def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool) -> Update:
+    """Requeue up to ``:b_batch`` dead jobs matching the filters, as :func:`requeue_dead` does.
+
+    Filters: ``:b_queue``, ``:b_task``, ``:b_older_than`` (seconds since ``created_at``), those
+    switched on (``b_``: the UPDATE keeps the columns' own names for its SET clause). The
+    lowest ids go first. Returns ``(id, queue)`` of each job requeued; a job whose unique key a
+    live job holds stays dead and is not returned.
+    """
+    # The ids are picked in a MATERIALIZED CTE, run exactly once, so the statement locks at
+    # most :b_batch rows (see claiming.claim); SKIP LOCKED passes over a job another session is
+    # requeueing or purging at this moment instead of waiting for it. dead() repeats the dead
+    # index's predicate, so the pick reads that index, not the finished history.
+    picked = (
+        select(j.id)
+        .where(
+            dead(),
+            *job_filters(
+                statuses=False,
+                queue=queue,
+                task=task,
+                older_than=older_than,
+                after=False,
+                newest_first=False,
+                prefix="b_",
+            ),
+        )
+        .order_by(j.id)
+        .limit(bindparam("b_batch", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    stmt = update(jobs_table).where(j.id == picked.c.id)
+    return _requeued(stmt, reset).returning(j.id, j.queue)
+
+
+def _requeued(stmt: Update, reset: bool) -> Update:
+    """``stmt`` made a compare-and-set of a dead job back to ``queued``, due now."""
     live = jobs_table.alias("live")
     # A dead job's unique key is free for a new job of the same task; if one now holds it,
     # requeueing would break the unique index, and the error would abort the caller's
@@ -53,9 +97,7 @@ def requeue_dead(reset: bool) -> Update:
         live.c.unique_key == j.unique_key,
         live.c.status.in_((QUEUED, RUNNING)),
     )
-    stmt = update(jobs_table).where(
-        j.id == bindparam("job_id", type_=BigInteger), j.status == DEAD, ~key_taken
-    )
+    stmt = stmt.where(j.status == DEAD, ~key_taken)
     if reset:
         stmt = stmt.values(attempts=0)
     else:
@@ -70,7 +112,7 @@ def requeue_dead(reset: bool) -> Update:
         finished_at=None,
         worker=None,
         cancel_requested=False,
-    ).returning(j.queue)
+    )
 
 
 def _purgeable(queue: bool, task: bool) -> list[ColumnElement[bool]]:

@@ -24,6 +24,36 @@ from .clock import seconds
 j = jobs_table.c
 
 
+def job_filters(
+    *,
+    statuses: bool,
+    queue: bool,
+    task: bool,
+    older_than: bool,
+    after: bool,
+    newest_first: bool,
+    prefix: str = "",
+) -> list[ColumnElement[bool]]:
+    """The conditions of :func:`select_jobs` for the filters that are switched on.
+
+    Their parameters' names start with ``prefix``: an UPDATE of the jobs table reserves the
+    columns' own names (``queue``, ``task``) for its SET clause.
+    """
+    conditions: list[ColumnElement[bool]] = []
+    if statuses:
+        conditions.append(j.status == any_(bindparam(prefix + "statuses", type_=ARRAY(Text))))
+    if queue:
+        conditions.append(j.queue == bindparam(prefix + "queue", type_=Text))
+    if task:
+        conditions.append(j.task == bindparam(prefix + "task", type_=Text))
+    if older_than:
+        conditions.append(j.created_at < func.now() - seconds(prefix + "older_than"))
+    if after:
+        after_id = bindparam(prefix + "after_id", type_=BigInteger)
+        conditions.append(j.id < after_id if newest_first else j.id > after_id)
+    return conditions
+
+
 @cache
 def select_jobs(
     columns: tuple[str, ...],
@@ -43,18 +73,14 @@ def select_jobs(
     so a page never repeats or skips a row of the previous one. One statement per
     combination of filters, each with stable text.
     """
-    conditions: list[ColumnElement[bool]] = []
-    if statuses:
-        conditions.append(j.status == any_(bindparam("statuses", type_=ARRAY(Text))))
-    if queue:
-        conditions.append(j.queue == bindparam("queue", type_=Text))
-    if task:
-        conditions.append(j.task == bindparam("task", type_=Text))
-    if older_than:
-        conditions.append(j.created_at < func.now() - seconds("older_than"))
-    if after:
-        after_id = bindparam("after_id", type_=BigInteger)
-        conditions.append(j.id < after_id if newest_first else j.id > after_id)
+    conditions = job_filters(
+        statuses=statuses,
+        queue=queue,
+        task=task,
+        older_than=older_than,
+        after=after,
+        newest_first=newest_first,
+    )
     return (
         select(*(j[c] for c in columns))
         .where(*conditions)

@@ -7,6 +7,7 @@
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
     sa-jobqueue check [--max-wait DURATION ...] [--json]
     sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
+    sa-jobqueue web [--host 127.0.0.1] [--port 8080] [--allow-actions] [--app module:queue]
     sa-jobqueue --version
 
 ``--log-level`` and ``--log-format`` go before the subcommand or after it.
@@ -26,6 +27,7 @@ of this package are internal, not a stable API:
   ``_app`` loading the user's ``module:attribute``;
 * ``_schema``: ``migrate``;
 * ``_jobs``: ``stats``, ``jobs ...`` and ``check``;
+* ``_web``: ``web``, its options and the server (the ``web`` extra, imported when it runs);
 * ``_exit``: the exit statuses.
 
 ``verify`` lives in :mod:`sa_jobqueue.ops.verify`, options included.
@@ -46,6 +48,7 @@ from ._arguments import DEFAULT_LOG_LEVEL, build_parser
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
 from ._schema import migrate
+from ._web import run_web
 from ._worker import run_worker
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_ERROR", "EXIT_USAGE", "load_app", "main"]
@@ -82,6 +85,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return migrate(args)
         if args.command in OPERATOR_COMMANDS:
             return operate(args)
+        if args.command == "web":
+            return run_web(args)
         return run_worker(args)
     except JobQueueError as exc:
         if args.log_level == "DEBUG":

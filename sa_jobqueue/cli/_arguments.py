@@ -1,7 +1,8 @@
 """The command line's grammar: every command, option, default and help text.
 
 :func:`build_parser` is the whole of it; the options' values are read by :mod:`._values`.
-``verify`` brings its own options (:func:`sa_jobqueue.ops.verify.add_parser`).
+``verify`` and ``web`` bring their own options (:func:`sa_jobqueue.ops.verify.add_parser`,
+:func:`._web.add_parser`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..database import POOLER_ENV, POOLERS
 from ..ops.health import Thresholds, span
 from ..ops.verify.command import add_parser as add_verify_parser
 from . import _values
+from ._web import add_parser as add_web_parser
 
 LOG_FORMATS: Final = ("text", "json")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _database_option(migrate)
     _operator_parsers(commands)
     add_verify_parser(commands, _database_option)
+    add_web_parser(commands, _database_option)
     _add_global_options(parser)  # last: every subcommand exists by now
     return parser
 

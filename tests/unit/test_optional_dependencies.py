@@ -51,3 +51,51 @@ def test_tracing_without_opentelemetry_says_what_to_install() -> None:
     )
     assert result.returncode != 0
     assert "pip install 'sa_jobqueue[tracing]'" in result.stderr
+
+
+WEB = ("starlette", "jinja2", "uvicorn", "multipart", "python_multipart")
+
+
+def test_importing_the_package_the_worker_and_the_cli_loads_no_web_dependency() -> None:
+    result = python(
+        "import sys\n"
+        "import sa_jobqueue, sa_jobqueue.worker, sa_jobqueue.cli, sa_jobqueue.ops\n"
+        "from sa_jobqueue.cli._arguments import build_parser\n"
+        "build_parser().parse_args(['web', '--port', '0'])\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {WEB!r}))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_dashboard_loads_its_dependencies() -> None:
+    result = python(
+        "import sys\n"
+        "import sa_jobqueue.web\n"
+        "print(all(m in sys.modules for m in ('starlette', 'jinja2')))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_the_dashboard_without_its_extra_says_what_to_install() -> None:
+    result = python(
+        "import sys\n"
+        "sys.modules['starlette'] = None  # as if not installed\n"
+        "import sa_jobqueue.web\n"
+    )
+    assert result.returncode != 0
+    assert "pip install 'sa_jobqueue[web]'" in result.stderr
+
+
+def test_the_web_command_without_its_extra_is_one_line() -> None:
+    result = python(
+        "import sys\n"
+        "sys.modules['starlette'] = None  # as if not installed\n"
+        "from sa_jobqueue.cli import main\n"
+        "sys.exit(main(['web', '--database-url', 'postgresql://nobody@127.0.0.1:9/none']))\n"
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "sa-jobqueue: sa-jobqueue web needs starlette: pip install 'sa_jobqueue[web]'"
+    ]

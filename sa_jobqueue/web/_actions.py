@@ -1,0 +1,130 @@
+"""What the dashboard's buttons do, each in the caller's one transaction, and what to say.
+
+Each function takes a Connection inside a transaction the app begins for the action alone and
+commits when the function returns (rolls back if it raises), and returns an :class:`Outcome`
+for the page to show. A bulk action changes at most :data:`MAX_BATCH` jobs, so one click
+never holds locks for long; its outcome says how many are left for the next click.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final, Literal
+
+from sqlalchemy import Connection
+
+from .._enqueue import wake
+from .._sql import dashboard as dashboard_sql
+from .._sql.finished import purge_batch, requeue_dead_batch
+from ..models import DEAD, PRUNED_STATUSES, RUNNING
+from ..ops.admin import cancel_job, get_job, requeue_job
+from ..ops.filters import check_age
+from ..ops.health import span
+
+#: The most jobs one click retries or purges.
+MAX_BATCH: Final = 10_000
+
+Attempts = Literal["extend", "reset"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did, in a sentence; ``ok`` False when it did not do what was asked."""
+
+    ok: bool
+    text: str
+
+
+def retry(conn: Connection, job_id: int, attempts: Attempts) -> Outcome:
+    """Put dead job ``job_id`` back in its queue, due now (see :func:`requeue_job`)."""
+    if requeue_job(conn, job_id, attempts=attempts):
+        return Outcome(True, f"job {job_id} is queued again")
+    job = get_job(conn, job_id)
+    if job is None:
+        return Outcome(False, f"job {job_id}: no such job")
+    if job.status != DEAD:
+        return Outcome(False, f"job {job_id} is {job.status}, not dead: left as it is")
+    return Outcome(False, f"job {job_id} stays dead: a live job of its task holds its unique key")
+
+
+def cancel(conn: Connection, job_id: int) -> Outcome:
+    """Cancel a queued job, or ask the worker running it to stop (see :func:`cancel_job`)."""
+    if cancel_job(conn, job_id):
+        job = get_job(conn, job_id)
+        if job is not None and job.status == RUNNING:
+            return Outcome(True, f"job {job_id}: cancellation requested; its worker stops it")
+        return Outcome(True, f"job {job_id} is cancelled")
+    job = get_job(conn, job_id)
+    if job is None:
+        return Outcome(False, f"job {job_id}: no such job")
+    return Outcome(False, f"job {job_id} is already {job.status}: left as it is")
+
+
+def retry_matching(
+    conn: Connection,
+    *,
+    queue: str | None,
+    task: str | None,
+    older_than: timedelta | None,
+    attempts: Attempts,
+) -> Outcome:
+    """Requeue up to :data:`MAX_BATCH` dead jobs of the filter, lowest ids first."""
+    params: dict[str, Any] = {"b_batch": MAX_BATCH}
+    if queue is not None:
+        params["b_queue"] = queue
+    if task is not None:
+        params["b_task"] = task
+    if older_than is not None:
+        params["b_older_than"] = check_age(older_than)
+    flags = {
+        "queue": queue is not None,
+        "task": task is not None,
+        "older_than": older_than is not None,
+    }
+    requeued = conn.execute(requeue_dead_batch(attempts == "reset", **flags), params).all()
+    for queue_name in sorted({q for _, q in requeued}):
+        wake(conn, queue_name)
+    left = conn.execute(dashboard_sql.count_dead(**flags), params).scalar_one()
+    text = f"{len(requeued):,} dead job(s) queued again"
+    if left:
+        text += (
+            f"; {left:,} still dead (a live job holds the unique key of some, another"
+            " session had some locked, or more matched than one click takes)"
+        )
+    return Outcome(bool(requeued) or not left, text)
+
+
+def purge(conn: Connection, *, statuses: list[str], older_than: timedelta) -> Outcome:
+    """Delete up to :data:`MAX_BATCH` finished jobs of ``statuses`` past ``older_than``."""
+    params: dict[str, Any] = {
+        "statuses": statuses,
+        "older_than": check_age(older_than),
+        "batch": MAX_BATCH,
+        "after_id": 0,
+    }
+    deleted = conn.execute(purge_batch(queue=False, task=False), params).all()
+    left = count_purge(conn, statuses=statuses, older_than=older_than)
+    what = f"{'/'.join(statuses)} job(s) finished over {span(older_than)} ago"
+    text = f"purged {len(deleted):,} {what}"
+    if left:
+        more = f"over {MAX_BATCH:,}" if left > MAX_BATCH else f"{left:,}"
+        text += f"; {more} left (purge again to continue)"
+    return Outcome(True, text)
+
+
+def count_purge(conn: Connection, *, statuses: list[str], older_than: timedelta) -> int:
+    """How many jobs of ``statuses`` finished over ``older_than`` ago, up to MAX_BATCH + 1.
+
+    One more than a click purges says "more than one click's worth" without counting a
+    history of millions. Succeeded and cancelled jobs are counted from the prune index, dead
+    ones from the dead index, each count stopping there.
+    """
+    seconds = check_age(older_than)
+    total = 0
+    for within, group in (("pruned", PRUNED_STATUSES), ("dead", (DEAD,))):
+        wanted = [s for s in statuses if s in group]
+        if wanted:
+            params = {"statuses": wanted, "older_than": seconds, "upto": MAX_BATCH + 1}
+            total += conn.execute(dashboard_sql.count_finished(within), params).scalar_one()
+    return min(total, MAX_BATCH + 1)

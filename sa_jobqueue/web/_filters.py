@@ -1,0 +1,186 @@
+"""The jobs list's filters, read from a query string or a form and checked before any SQL.
+
+Bad input raises :class:`~sa_jobqueue.errors.InvalidJobError` with what is wrong; the pages show
+its message. Queue and task names are checked against the table's own limits (their lengths),
+not the stricter charset ``enqueue`` asks for: a row written some other way can still be
+found. Either way they reach the database as bound parameters only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Final, Literal
+
+from ..cli._values import duration
+from ..errors import InvalidJobError
+from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
+from ..ops.filters import check_statuses
+from ..ops.health import span
+
+#: Jobs on one page of the list, unless the query asks for another number.
+PAGE: Final = 50
+#: The most jobs one page of the list shows.
+MAX_LIMIT: Final = 500
+#: The largest id a job can have (the column is a bigint).
+MAX_ID: Final = 2**63 - 1
+
+Order = Literal["newest", "oldest"]
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """What the jobs list shows: the filters, the order, and where the page starts."""
+
+    queue: str | None = None
+    task: str | None = None
+    statuses: tuple[str, ...] = ()
+    #: Only jobs created longer ago than this (by the database's clock).
+    older_than: timedelta | None = None
+    order: Order = "newest"
+    #: The page starts past this id (the next page), in the list's order ...
+    after: int | None = None
+    #: ... or ends just before it (the previous page).
+    before: int | None = None
+    limit: int = PAGE
+    #: The filter as the user typed the age, to show it back in the form.
+    age_text: str = field(default="", compare=False)
+
+    @property
+    def newest_first(self) -> bool:
+        return self.order == "newest"
+
+    @property
+    def within(self) -> Literal["live", "dead"] | None:
+        """The partial index holding every status asked for, if one does."""
+        wanted = set(self.statuses)
+        if wanted and wanted <= {QUEUED, RUNNING}:
+            return "live"
+        if wanted == {DEAD}:
+            return "dead"
+        return None
+
+    def query(self, **changes: object) -> dict[str, str | list[str]]:
+        """This filter as query parameters (for links), with ``changes`` applied.
+
+        The page position (``after``, ``before``) is dropped unless given in ``changes``: a
+        link that changes the filter starts from the first page.
+        """
+        values: dict[str, object] = {
+            "queue": self.queue,
+            "task": self.task,
+            "status": list(self.statuses),
+            "older_than": self.age_text or None,
+            "order": None if self.order == "newest" else self.order,
+            "limit": None if self.limit == PAGE else self.limit,
+        }
+        values.update(changes)
+        query: dict[str, str | list[str]] = {}
+        for key, value in values.items():
+            if value is None or value == [] or value == "":
+                continue
+            query[key] = [str(v) for v in value] if isinstance(value, list) else str(value)
+        return query
+
+    def describe(self) -> str:
+        """The filter in words, for headings and messages: ``dead jobs in queue emails``."""
+        words = "/".join(self.statuses) + " jobs" if self.statuses else "jobs"
+        if self.queue is not None:
+            words += f" in queue {self.queue}"
+        if self.task is not None:
+            words += f" of task {self.task}"
+        if self.older_than is not None:
+            words += f" created over {span(self.older_than)} ago"
+        return words
+
+
+def read_filter(params: Mapping[str, str], statuses: Iterable[str]) -> JobFilter:
+    """A :class:`JobFilter` from request parameters; InvalidJobError saying what is wrong.
+
+    ``params`` holds the single-valued parameters, ``statuses`` every ``status`` given.
+    Empty values count as not given (a form's blank fields).
+    """
+    wanted = [s for s in statuses if s]
+    age_text = params.get("older_than", "").strip()
+    order = params.get("order", "") or "newest"
+    if order not in ("newest", "oldest"):
+        raise InvalidJobError(f"order must be 'newest' or 'oldest', not {order!r}")
+    after, before = _id(params, "after"), _id(params, "before")
+    if after is not None and before is not None:
+        raise InvalidJobError("give after or before, not both")
+    limit_text = params.get("limit", "")
+    limit = _whole(limit_text, "limit") if limit_text else PAGE
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidJobError(f"limit must be from 1 to {MAX_LIMIT}, not {limit}")
+    return JobFilter(
+        queue=queue_name(params.get("queue", "")),
+        task=task_name(params.get("task", "")),
+        statuses=tuple(dict.fromkeys(check_statuses(wanted))) if wanted else (),
+        older_than=age(age_text) if age_text else None,
+        order="oldest" if order == "oldest" else "newest",
+        after=after,
+        before=before,
+        limit=limit,
+        age_text=age_text,
+    )
+
+
+def queue_name(text: str) -> str | None:
+    """A queue name of 1 to 64 characters (the column's limit), or None for "".
+
+    Other characters than ``enqueue`` allows are accepted, since rows may have been written
+    some other way; the name only ever travels as a bound parameter.
+    """
+    return _name(text, "queue", 64)
+
+
+def task_name(text: str) -> str | None:
+    """A task name of 1 to 200 characters (the column's limit), or None for ""."""
+    return _name(text, "task", 200)
+
+
+def _name(text: str, what: str, longest: int) -> str | None:
+    if text == "":
+        return None
+    if len(text) > longest or "\x00" in text:
+        raise InvalidJobError(f"a {what} name is 1 to {longest} characters, with no NUL")
+    return text
+
+
+def age(text: str) -> timedelta:
+    """``30s``, ``5m``, ``2h``, ``7d`` or a number of seconds; InvalidJobError otherwise."""
+    try:
+        return duration(text)
+    except argparse.ArgumentTypeError as exc:
+        raise InvalidJobError(str(exc)) from None
+
+
+def finished_statuses(statuses: Iterable[str]) -> list[str]:
+    """Statuses a purge may delete: one or more of succeeded, dead and cancelled."""
+    wanted = check_statuses([s for s in statuses if s] or ["(none)"])
+    live = [s for s in wanted if s not in FINISHED_STATUSES]
+    if live:
+        raise InvalidJobError(
+            f"only finished jobs ({', '.join(FINISHED_STATUSES)}) can be purged,"
+            f" not {' or '.join(live)} ones"
+        )
+    return wanted
+
+
+def _id(params: Mapping[str, str], name: str) -> int | None:
+    text = params.get(name, "")
+    if not text:
+        return None
+    number = _whole(text, name)
+    if not 0 <= number <= MAX_ID:
+        raise InvalidJobError(f"{name} must be a job id, not {text!r}")
+    return number
+
+
+def _whole(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidJobError(f"{name} must be a whole number, not {text[:40]!r}") from None

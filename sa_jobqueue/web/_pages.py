@@ -1,0 +1,385 @@
+"""The dashboard's pages and actions: each route's endpoint, and what they share.
+
+Endpoints are coroutines; the database work of each runs in Starlette's thread pool (the
+engine is synchronous), pages in one read-only transaction, actions in one read-write one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final, TypeVar
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import __version__
+from .._sql.dashboard import page_settings
+from ..database import check_schema
+from ..errors import InvalidJobError, JobQueueError, SchemaError
+from ..models import DEAD, FINISHED_STATUSES, STATUSES
+from ..ops.health import Thresholds
+from ..periodic import Schedule
+from . import _actions, _display, _reads
+from ._filters import MAX_ID, JobFilter, age, finished_statuses, queue_name, read_filter, task_name
+from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
+
+T = TypeVar("T")
+
+#: PostgreSQL's SQLSTATEs the pages explain rather than report.
+UNDEFINED_TABLE: Final = "42P01"
+UNDEFINED_COLUMN: Final = "42703"
+INSUFFICIENT_PRIVILEGE: Final = "42501"
+QUERY_CANCELED: Final = "57014"
+
+_STATIC: Final = Path(__file__).parent / "static"
+
+
+class PageError(Exception):
+    """A page that cannot be shown, with the HTTP status and the sentence that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Dashboard:
+    """The pages and actions over one engine; :func:`sa_jobqueue.web.create_app` builds it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        allow_actions: bool,
+        schedules: Mapping[str, Schedule] | None,
+        secret: bytes,
+        thresholds: Thresholds,
+        statement_timeout: timedelta,
+        title: str,
+    ) -> None:
+        self.engine = engine
+        self.allow_actions = allow_actions
+        self.schedules = schedules
+        self.signer = Signer(secret)
+        self.thresholds = thresholds
+        self.timeout_ms = str(max(1, int(statement_timeout.total_seconds() * 1000)))
+        self.title = title
+        self.templates = Environment(
+            loader=PackageLoader("sa_jobqueue.web", "templates"),
+            autoescape=True,
+            undefined=StrictUndefined,
+            finalize=_display.visible,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.templates.filters.update(_display.FILTERS)
+        self.routes: list[BaseRoute] = [
+            Route("/", self.overview, name="overview"),
+            Route("/jobs", self.jobs, name="jobs"),
+            Route("/jobs/retry", self.retry_matching, methods=["POST"], name="retry_matching"),
+            Route("/jobs/{job_id:int}", self.job, name="job"),
+            Route("/jobs/{job_id:int}/payload.json", self.payload, name="payload"),
+            Route("/jobs/{job_id:int}/retry", self.retry, methods=["POST"], name="retry"),
+            Route("/jobs/{job_id:int}/cancel", self.cancel, methods=["POST"], name="cancel"),
+            Route("/periodic", self.periodic, name="periodic"),
+            Route("/purge", self.purge_form, name="purge_form"),
+            Route("/purge", self.purge, methods=["POST"], name="purge"),
+            Mount("/static", StaticFiles(directory=_STATIC), name="static"),
+        ]
+        # By name, so that a link asks its own route rather than every route in turn (a page
+        # of jobs has a few hundred links).
+        self._named = {
+            route.name: route for route in self.routes if isinstance(route, Route | Mount)
+        }
+
+    # -- the pages ---------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        data = await self._read(_reads.read_overview, self.thresholds)
+        return self._page(request, "overview.html", data.as_of, overview=data)
+
+    async def jobs(self, request: Request) -> Response:
+        try:
+            wanted = read_filter(request.query_params, request.query_params.getlist("status"))
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
+        page = await self._read(_reads.read_jobs, wanted)
+        return self._page(
+            request,
+            "jobs.html",
+            page.as_of,
+            page=page,
+            wanted=wanted,
+            scan_window=_reads.SCAN_WINDOW,
+        )
+
+    async def job(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        job = await self._read(_reads.read_job, job_id)
+        if job is None:
+            raise PageError(404, f"no job with id {job_id}")
+        return self._page(request, "job.html", job.as_of, job=job)
+
+    async def payload(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        text = await self._read(_reads.read_payload, job_id)
+        if text is None:
+            raise PageError(404, f"no job with id {job_id}")
+        # JSON, never HTML: nosniff (from the guard) stops a browser from guessing otherwise.
+        return Response(text, media_type="application/json")
+
+    async def periodic(self, request: Request) -> Response:
+        data = await self._read(_reads.read_schedules, self.schedules)
+        return self._page(request, "periodic.html", data.as_of, schedules=data)
+
+    async def purge_form(self, request: Request) -> Response:
+        params = request.query_params
+        statuses = params.getlist("status")
+        age_text = params.get("older_than", "").strip()
+        chosen: dict[str, Any] = {"statuses": statuses or [], "older_than": age_text}
+        selection: dict[str, Any] | None = None
+        if statuses or age_text:
+            try:
+                selection = _purge_selection(statuses, age_text)
+            except InvalidJobError as exc:
+                raise PageError(400, str(exc)) from None
+        as_of, matching = await self._read(_purge_page, selection)
+        return self._page(request, "purge.html", as_of, chosen=chosen, matching=matching)
+
+    # -- the actions -------------------------------------------------------------------------
+
+    async def retry(self, request: Request) -> Response:
+        form = await self._action_form(request)
+        job_id = _job_id(request)
+        attempts: _actions.Attempts = "reset" if _field(form, "attempts") == "reset" else "extend"
+        outcome = await self._act(_actions.retry, job_id, attempts)
+        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
+
+    async def cancel(self, request: Request) -> Response:
+        await self._action_form(request)
+        job_id = _job_id(request)
+        outcome = await self._act(_actions.cancel, job_id)
+        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
+
+    async def retry_matching(self, request: Request) -> Response:
+        form = await self._action_form(request)
+        try:
+            age_text = _field(form, "older_than").strip()
+            wanted = JobFilter(
+                queue=queue_name(_field(form, "queue")),
+                task=task_name(_field(form, "task")),
+                statuses=(DEAD,),
+                older_than=age(age_text) if age_text else None,
+                age_text=age_text,
+            )
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
+        attempts: _actions.Attempts = "reset" if _field(form, "attempts") == "reset" else "extend"
+        outcome = await self._act(
+            _actions.retry_matching,
+            queue=wanted.queue,
+            task=wanted.task,
+            older_than=wanted.older_than,
+            attempts=attempts,
+        )
+        return self._after(request, outcome, self.url(request, "jobs", query=wanted.query()))
+
+    async def purge(self, request: Request) -> Response:
+        form = await self._action_form(request)
+        statuses = [s for s in form.getlist("status") if isinstance(s, str)]
+        age_text = _field(form, "older_than")
+        try:
+            selection = _purge_selection(statuses, age_text)
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
+        outcome = await self._act(_actions.purge, **selection)
+        back = {"status": statuses, "older_than": age_text}
+        return self._after(request, outcome, self.url(request, "purge_form", query=back))
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def url(
+        self, request: Request, name: str, query: Mapping[str, Any] | None = None, **path: Any
+    ) -> str:
+        """The path of route ``name`` under wherever the app is mounted, with ``query``."""
+        root: str = request.scope.get("root_path", "")
+        url = root + str(self._named[name].url_path_for(name, **path))
+        kept = {k: v for k, v in (query or {}).items() if v not in (None, "", [])}
+        return url + ("?" + urlencode(kept, doseq=True) if kept else "")
+
+    async def _read(self, reader: Callable[..., T], *args: Any) -> T:
+        return await run_in_threadpool(self._read_sync, reader, *args)
+
+    def _read_sync(self, reader: Callable[..., T], *args: Any) -> T:
+        """Run ``reader`` in a read-only REPEATABLE READ transaction: one snapshot a page."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                with conn.begin():
+                    self._limit_time(conn)
+                    return reader(conn, *args)
+        except DBAPIError as exc:
+            raise PageError(503, self._explain(exc)) from exc
+        except SchemaError as exc:
+            raise PageError(503, str(exc)) from exc
+
+    async def _act(
+        self, action: Callable[..., _actions.Outcome], *args: Any, **kwargs: Any
+    ) -> _actions.Outcome:
+        return await run_in_threadpool(self._act_sync, action, *args, **kwargs)
+
+    def _act_sync(
+        self, action: Callable[..., _actions.Outcome], *args: Any, **kwargs: Any
+    ) -> _actions.Outcome:
+        """Run ``action`` in a transaction of its own, committed if it returns."""
+        try:
+            with self.engine.begin() as conn:
+                self._limit_time(conn)
+                return action(conn, *args, **kwargs)
+        except DBAPIError as exc:
+            return _actions.Outcome(False, f"nothing changed: {self._explain(exc)}")
+        except JobQueueError as exc:
+            return _actions.Outcome(False, f"nothing changed: {exc}")
+
+    def _limit_time(self, conn: Connection) -> None:
+        conn.execute(page_settings(), {"timeout_ms": self.timeout_ms})
+
+    def _explain(self, exc: DBAPIError) -> str:
+        """A database error in one sentence, with what to do about the ones we know."""
+        code = getattr(exc.orig, "sqlstate", None)
+        first = (str(exc.orig) if exc.orig is not None else str(exc)).strip()
+        reason = first.splitlines()[0] if first else type(exc).__name__
+        if code in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
+            try:
+                check_schema(self.engine)
+            except SchemaError as schema:
+                return str(schema)
+            except DBAPIError:
+                pass
+        if code == INSUFFICIENT_PRIVILEGE:
+            return (
+                f"the database refused: {reason} (this role may only read; actions need"
+                " UPDATE and DELETE on sa_jobqueue_jobs, pages need SELECT on the tables)"
+            )
+        if code == QUERY_CANCELED:
+            return f"the database gave up: {reason} (over {int(self.timeout_ms) // 1000}s)"
+        return f"the database refused: {reason}"
+
+    async def _action_form(self, request: Request) -> FormData:
+        """The POSTed form, once actions are allowed and its CSRF token holds."""
+        if not self.allow_actions:
+            raise PageError(403, "actions are off: the dashboard was started without them")
+        form = await request.form()
+        token = form.get(CSRF_FIELD)
+        if not self.signer.form_accepted(
+            request.cookies.get(CSRF_COOKIE), token if isinstance(token, str) else None
+        ):
+            raise PageError(
+                403,
+                "the form's security token is missing or does not match this browser's:"
+                " reload the page and try again",
+            )
+        return form
+
+    def _after(self, request: Request, outcome: _actions.Outcome, target: str) -> Response:
+        """Redirect to ``target`` (a GET), which then shows ``outcome``."""
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            FLASH_COOKIE,
+            self.signer.flash(outcome.ok, outcome.text),
+            max_age=60,
+            path=_cookie_path(request),
+            secure=request.url.scheme == "https",
+            httponly=True,
+            samesite="strict",
+        )
+        return response
+
+    def _page(
+        self, request: Request, template: str, as_of: Any, status: int = 200, **context: Any
+    ) -> Response:
+        token = request.cookies.get(CSRF_COOKIE)
+        fresh = None if self.signer.token_valid(token) else self.signer.new_token()
+        flash = self.signer.read_flash(request.cookies.get(FLASH_COOKIE))
+        html = self.templates.get_template(template).render(
+            title=self.title,
+            version=__version__,
+            allow_actions=self.allow_actions,
+            as_of=as_of,
+            rel=(lambda moment: _display.relative(moment, as_of)) if as_of is not None else None,
+            chart=_display.chart,
+            url=lambda name, query=None, **path: self.url(request, name, query, **path),
+            static=lambda path: self.url(request, "static", path=path) + f"?v={__version__}",
+            csrf_field=CSRF_FIELD,
+            csrf_token=fresh or token,
+            flash=flash,
+            statuses=STATUSES,
+            finished_statuses=FINISHED_STATUSES,
+            max_batch=_actions.MAX_BATCH,
+            request_path=request.url.path,
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        cookie_path = _cookie_path(request)
+        secure = request.url.scheme == "https"
+        if fresh is not None:
+            response.set_cookie(
+                CSRF_COOKIE,
+                fresh,
+                path=cookie_path,
+                secure=secure,
+                httponly=True,
+                samesite="strict",
+            )
+        if flash is not None:
+            response.delete_cookie(
+                FLASH_COOKIE, path=cookie_path, secure=secure, httponly=True, samesite="strict"
+            )
+        return response
+
+    async def page_error(self, request: Request, exc: Exception) -> Response:
+        """The page for a :class:`PageError`: its status, and the sentence that says why."""
+        assert isinstance(exc, PageError)
+        return self._page(request, "message.html", None, status=exc.status, message=exc.message)
+
+
+def _cookie_path(request: Request) -> str:
+    root: str = request.scope.get("root_path", "")
+    return root or "/"
+
+
+def _purge_selection(statuses: list[str], age_text: str) -> dict[str, Any]:
+    """What the purge form chose: finished statuses, and an age (required)."""
+    if not age_text.strip():
+        raise InvalidJobError("give the age: only jobs finished longer ago than it are purged")
+    return {"statuses": finished_statuses(statuses), "older_than": age(age_text.strip())}
+
+
+def _purge_page(conn: Connection, selection: dict[str, Any] | None) -> tuple[Any, int | None]:
+    """The purge form's ``now()`` and, for a selection, how many jobs it matches."""
+    as_of = _reads.now(conn)
+    return as_of, None if selection is None else _actions.count_purge(conn, **selection)
+
+
+def _job_id(request: Request) -> int:
+    """The id in the path; 404 for one no bigint can hold (there is no such job)."""
+    job_id: int = request.path_params["job_id"]
+    if job_id > MAX_ID:
+        raise PageError(404, f"no job with id {job_id}")
+    return job_id
+
+
+def _field(form: FormData, name: str) -> str:
+    """A form field's text ("" when missing, or when a file was sent in its place)."""
+    value = form.get(name)
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,358 @@
+"""What each page shows, read in one transaction of the caller's: plain data, no HTML.
+
+Every reader takes a Connection, reads, and commits nothing; the app runs each page's readers
+in one read-only REPEATABLE READ transaction, so a page's figures come from one snapshot and
+one ``now()``. Each statement is read through an index (the how-to page lists their plans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import Connection
+
+from .._sql import dashboard as dashboard_sql
+from .._sql.clock import database_now
+from .._sql.health import worker_freshness
+from .._sql.stats import live_per_queue, live_workers
+from ..models import FINISHED_STATUSES
+from ..ops.filters import check_age
+from ..ops.health import Finding, Thresholds, check
+from ..ops.stats import WorkerInfo
+from ..periodic import Schedule, latest_tick, next_tick
+from ._filters import JobFilter
+
+#: How far back the throughput chart looks, in one bar per minute.
+CHART_MINUTES: Final = 60
+#: Characters of JSON (payload, error) a job's page shows; the rest is cut, with a note.
+MAX_CHARS: Final = 65_536
+#: Characters of an error's type and message a list shows.
+PREVIEW_CHARS: Final = 200
+
+
+def now(conn: Connection) -> datetime:
+    """The database's clock, as every page's figures are taken against it."""
+    moment: datetime = conn.execute(database_now()).scalar_one()
+    return moment
+
+
+# -- overview --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue on the overview."""
+
+    name: str
+    queued: int = 0
+    due: int = 0
+    running: int = 0
+    dead: int = 0
+    #: How long the oldest due job has waited; None if none is due.
+    oldest_due: timedelta | None = None
+    #: Jobs finished in the chart's hour, per finished status.
+    finished: dict[str, int] = field(default_factory=dict)
+    #: Per finished status, the jobs of each minute of the hour, oldest minute first.
+    per_minute: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def busiest_minute(self) -> int:
+        """The most jobs finished in one minute of the hour (the chart's scale)."""
+        totals = [sum(col) for col in zip(*self.per_minute.values(), strict=True)]
+        return max(totals, default=0)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The overview page: queues, workers and the health findings."""
+
+    as_of: datetime
+    queues: list[QueueRow]
+    workers: list[WorkerInfo]
+    #: Rows in the worker registry, live or not.
+    registered_workers: int
+    findings: list[Finding]
+
+
+def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
+    """Each queue's backlog, dead jobs and last hour, the live workers, and ``check``."""
+    as_of = now(conn)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, queued, due, running, oldest in conn.execute(live_per_queue()):
+        rows[name] = {"queued": queued, "due": due, "running": running, "oldest_due": oldest}
+    for name, dead in conn.execute(dashboard_sql.dead_per_queue()):
+        rows.setdefault(name, {})["dead"] = dead
+    minutes: dict[str, dict[str, list[int]]] = {}
+    window = {"window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
+    for name, status, minute, n in conn.execute(dashboard_sql.finished_per_minute(), window):
+        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
+        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
+            series[status][CHART_MINUTES - 1 - minute] += n
+        rows.setdefault(name, {})
+    queues = [
+        QueueRow(
+            name=name,
+            **values,
+            finished={s: sum(v) for s, v in minutes.get(name, {}).items()},
+            per_minute=minutes.get(name, {}),
+        )
+        for name, values in sorted(rows.items())
+    ]
+    stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
+    workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
+    registered, _ = conn.execute(worker_freshness(), stale).one()
+    return Overview(as_of, queues, workers, registered, check(conn, thresholds))
+
+
+# -- the jobs list ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListedJob:
+    """A job as the list shows it: no payload, the error's type and first characters."""
+
+    id: int
+    queue: str
+    task: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    visible_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+    error_type: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of the jobs list, and where the pages around it start."""
+
+    as_of: datetime
+    filter: JobFilter
+    jobs: list[ListedJob]
+    #: The next page starts after this id (None: this page is the last one).
+    next_after: int | None
+    #: The previous page ends before this id (None: this is the first page).
+    previous_before: int | None
+    #: The ids this page searched, lowest first, when it searched no further than
+    #: :data:`SCAN_WINDOW` ids and found less than a page: the next link goes on from there.
+    searched: tuple[int, int] | None = None
+
+
+#: The most ids one page of a filter that no partial index serves reads through the primary
+#: key: a rare task among a million succeeded jobs would otherwise walk all of them for one
+#: page. 50,000 rows (about 1,900 of the 8 kB table pages: 27 rows a page at 70% fill) take
+#: some 25 ms from memory here and a few hundred from disk; 200,000 took 100 ms and seconds.
+SCAN_WINDOW: Final = 50_000
+
+
+def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
+    """One page of jobs in id order, newest or oldest first, from the filter's position.
+
+    Keyset pagination on the id: a page is "the next ``limit`` ids past this one", so pages
+    neither repeat nor skip a job while others are added, run or deleted. A page before an id
+    is read in the opposite order and turned around. A filter that no partial index serves
+    reads at most :data:`SCAN_WINDOW` ids from the position; finding less than a page there,
+    it says how far it looked (``searched``) and the next page goes on from that point.
+    """
+    backwards = wanted.before is not None
+    newest_first = wanted.newest_first != backwards
+    position = wanted.before if backwards else wanted.after
+    as_of = now(conn)
+    # One row more than the page shows: whether it comes says if there is a page beyond.
+    params: dict[str, Any] = {"limit": wanted.limit + 1, "preview": PREVIEW_CHARS}
+    if wanted.statuses:
+        params["statuses"] = list(wanted.statuses)
+    if wanted.queue is not None:
+        params["queue"] = wanted.queue
+    if wanted.task is not None:
+        params["task"] = wanted.task
+    if wanted.older_than is not None:
+        params["older_than"] = check_age(wanted.older_than)
+    edge: int | None = None
+    reaches_end = True
+    windowed = wanted.within is None
+    if windowed:
+        lowest, highest = conn.execute(dashboard_sql.id_range()).one()
+        if lowest is None or highest is None:
+            return JobPage(as_of, wanted, [], None, None)
+        if newest_first:
+            start = highest + 1 if position is None else position
+            edge = start - SCAN_WINDOW
+            reaches_end = edge <= lowest
+        else:
+            start = lowest - 1 if position is None else position
+            edge = start + SCAN_WINDOW
+            reaches_end = edge >= highest
+        params["window_edge"] = edge
+        position = start
+    if position is not None:
+        params["after_id"] = position
+    statement = dashboard_sql.job_page(
+        within=wanted.within,
+        statuses=bool(wanted.statuses),
+        queue=wanted.queue is not None,
+        task=wanted.task is not None,
+        older_than=wanted.older_than is not None,
+        after=position is not None,
+        newest_first=newest_first,
+        window=windowed,
+    )
+    jobs = [ListedJob(**row._asdict()) for row in conn.execute(statement, params)]
+    beyond = len(jobs) > wanted.limit
+    del jobs[wanted.limit :]
+    # Cut short by the window: more may lie past its edge, and the way on starts there.
+    cut = windowed and not beyond and not reaches_end
+    onwards = jobs[-1].id if beyond else (edge if cut else None)
+    searched = None
+    if cut and edge is not None and position is not None:
+        searched = (edge, position - 1) if newest_first else (position + 1, edge)
+    if backwards:
+        # Read from ``before`` away from it: turned around, the page ends next to it, and
+        # the way forward (past its end) brings back the page that started at ``before``.
+        jobs.reverse()
+        assert wanted.before is not None
+        # With no row, the way forward starts just short of ``before``, which it includes.
+        step = 1 if wanted.newest_first else -1
+        forward = jobs[-1].id if jobs else wanted.before + step
+        return JobPage(as_of, wanted, jobs, forward, onwards, searched)
+    previous_before = jobs[0].id if wanted.after is not None and jobs else None
+    return JobPage(as_of, wanted, jobs, onwards, previous_before, searched)
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """A moment in a job's life, for its timeline."""
+
+    label: str
+    at: datetime
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """One job in full, its JSON as text cut to :data:`MAX_CHARS`, with the whole lengths."""
+
+    as_of: datetime
+    id: int
+    queue: str
+    task: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    visible_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+    lease: timedelta
+    worker: str | None
+    unique_key: str | None
+    payload: str
+    payload_length: int
+    #: ``jsonb_typeof`` of the last error: "object" as workers write it, None without one.
+    error_kind: str | None
+    error_json: str | None
+    error_json_length: int | None
+    error_type: str | None
+    error_message: str | None
+    error_message_length: int | None
+    error_traceback: str | None
+    error_traceback_length: int | None
+    backoff: str | None
+    trace_context: str | None
+
+    @property
+    def timeline(self) -> list[Event]:
+        """What the row records of the job's life, in order (earlier attempts are not kept)."""
+        events = [Event("enqueued", self.created_at)]
+        if self.started_at is not None:
+            events.append(
+                Event(f"attempt {self.attempts} started", self.started_at, self.worker or "")
+            )
+        if self.status == "queued":
+            label = "due" if self.visible_at <= self.as_of else "scheduled"
+            note = "retry" if self.attempts else ""
+            events.append(Event(label, self.visible_at, note))
+        elif self.status == "running":
+            expired = self.visible_at <= self.as_of
+            events.append(Event("lease expired" if expired else "lease ends", self.visible_at))
+        if self.finished_at is not None:
+            events.append(Event(self.status, self.finished_at))
+        return sorted(events, key=lambda e: e.at)
+
+
+def read_job(conn: Connection, job_id: int) -> JobDetail | None:
+    """Job ``job_id`` for its page; None if there is no such job."""
+    as_of = now(conn)
+    row = (
+        conn.execute(dashboard_sql.job_detail(), {"job_id": job_id, "max_chars": MAX_CHARS})
+        .mappings()
+        .one_or_none()
+    )
+    return None if row is None else JobDetail(as_of=as_of, **row)
+
+
+def read_payload(conn: Connection, job_id: int) -> str | None:
+    """Job ``job_id``'s whole payload as JSON text; None if there is no such job."""
+    text: str | None = conn.execute(dashboard_sql.job_payload(), {"job_id": job_id}).scalar()
+    return text
+
+
+# -- periodic schedules ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A periodic schedule: as stored, as declared, or both."""
+
+    name: str
+    #: The last tick enqueued (None: declared, but no worker has seen it yet).
+    last_tick: datetime | None
+    #: What the application declares; None when the dashboard was not given the application,
+    #: or the application no longer declares this schedule.
+    schedule: Schedule | None
+    next_tick: datetime | None
+    #: A tick at or before now that is not enqueued yet (a worker enqueues it within a second
+    #: or so; one that stays overdue means no worker is running).
+    overdue_tick: datetime | None
+
+
+@dataclass(frozen=True)
+class Schedules:
+    """The periodic page."""
+
+    as_of: datetime
+    rows: list[ScheduleRow]
+    #: Whether the application's declarations were given (cron, time zone, next tick).
+    declared: bool
+
+
+def read_schedules(conn: Connection, declared: Mapping[str, Schedule] | None) -> Schedules:
+    """The stored schedules, with the application's declarations when it is given."""
+    as_of = now(conn)
+    stored = {name: tick for name, tick in conn.execute(dashboard_sql.schedules())}
+    names: Sequence[str] = sorted(stored.keys() | (declared or {}).keys())
+    rows = []
+    for name in names:
+        schedule = (declared or {}).get(name)
+        last = stored.get(name)
+        upcoming = overdue = None
+        if schedule is not None:
+            upcoming = next_tick(schedule.cron, schedule.zone, as_of)
+            latest = latest_tick(schedule.cron, schedule.zone, as_of)
+            if last is not None and latest is not None and latest > last:
+                overdue = latest
+        rows.append(ScheduleRow(name, last, schedule, upcoming, overdue))
+    return Schedules(as_of, rows, declared is not None)

@@ -1,0 +1,176 @@
+"""Serving the dashboard on its own, for ``sa-jobqueue web``: credentials and the server.
+
+:class:`CredentialsGate` asks every request for a token (``Authorization: Bearer``, or once
+``?token=`` in a link, which it swaps for a cookie) or HTTP basic credentials. Mounted in an
+application, the dashboard uses that application's own authentication through ``authorize``
+instead, and none of this runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import signal
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+#: The cookie that stands for the token once a link carrying ``?token=`` was opened.
+SESSION_COOKIE: Final = "sajq_session"
+TOKEN_PARAM: Final = "token"
+
+_SIGN_IN: Final = """<!doctype html>
+<title>Sign in · sa_jobqueue</title>
+<p>This dashboard asks for credentials. Open it with <code>?token=...</code> added to its
+address (the token is in <code>$SA_JOBQUEUE_WEB_TOKEN</code> where it runs), send an
+<code>Authorization: Bearer</code> header, or sign in with the user and password it was given.
+"""
+
+
+class CredentialsGate:
+    """ASGI middleware: lets a request through only with the token or the basic credentials.
+
+    ``token``: accepted as ``Authorization: Bearer <token>``, as the session cookie, or in
+    ``?token=`` on a GET, which is answered with the cookie and a redirect to the same address
+    without it (so the token leaves the address bar and the browser's history).
+    ``basic``: ``(user, password)`` for HTTP basic authentication. Either one suffices when
+    both are given. Comparisons take the same time whatever the guess.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, token: str | None = None, basic: tuple[str, str] | None = None
+    ) -> None:
+        if not token and basic is None:
+            raise ValueError("give a token, basic credentials, or both")
+        self.app = app
+        self.token = token or None
+        self.basic = basic
+        self.session = (
+            hmac.new(self.token.encode(), b"sa_jobqueue web session", hashlib.sha256).hexdigest()
+            if self.token
+            else None
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self._admitted(request):
+            await self.app(scope, receive, send)
+            return
+        offered = request.query_params.get(TOKEN_PARAM)
+        if (
+            self.token
+            and offered is not None
+            and request.method in ("GET", "HEAD")
+            and _same(offered, self.token)
+        ):
+            await self._sign_in(request)(scope, receive, send)
+            return
+        headers = {"cache-control": "no-store"}
+        if self.basic is not None:
+            headers["www-authenticate"] = 'Basic realm="sa_jobqueue", charset="UTF-8"'
+        await HTMLResponse(_SIGN_IN, 401, headers=headers)(scope, receive, send)
+
+    def _admitted(self, request: Request) -> bool:
+        authorization = request.headers.get("authorization", "")
+        scheme, _, credentials = authorization.partition(" ")
+        if self.token is not None:
+            if scheme.lower() == "bearer" and _same(credentials.strip(), self.token):
+                return True
+            cookie = request.cookies.get(SESSION_COOKIE)
+            if cookie is not None and self.session is not None and _same(cookie, self.session):
+                return True
+        if self.basic is not None and scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(credentials.strip(), validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                return False
+            user, _, password = decoded.partition(":")
+            # Both compared, always: the time taken does not tell which one was wrong.
+            return _same(user, self.basic[0]) & _same(password, self.basic[1])
+        return False
+
+    def _sign_in(self, request: Request) -> RedirectResponse:
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != TOKEN_PARAM]
+        target = request.url.path + ("?" + urlencode(kept) if kept else "")
+        response = RedirectResponse(target, status_code=303)
+        assert self.session is not None
+        response.set_cookie(
+            SESSION_COOKIE,
+            self.session,
+            path=request.scope.get("root_path", "") or "/",
+            httponly=True,
+            samesite="lax",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def basic_credentials(text: str) -> tuple[str, str]:
+    """``user:password`` as a pair; ValueError unless both are there."""
+    user, colon, password = text.partition(":")
+    if not colon or not user or not password:
+        raise ValueError("basic credentials are USER:PASSWORD, both non-empty")
+    return user, password
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port) and listening; OSError if it cannot."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(app: ASGIApp, sock: socket.socket, *, log_level: str, root_path: str = "") -> None:
+    """Serve ``app`` on ``sock`` with uvicorn until SIGTERM or SIGINT, then return."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        log_level=log_level.lower(),
+        root_path=root_path,
+        proxy_headers=False,
+        server_header=False,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    with _signals_end_quietly():
+        server.run(sockets=[sock])
+
+
+@contextmanager
+def _signals_end_quietly() -> Iterator[None]:
+    """Let uvicorn's graceful stop end the command with status 0.
+
+    Uvicorn raises the signal that stopped it again once it has stopped, for the handler that
+    was there before it; here that handler does nothing, so the command returns normally.
+    """
+    previous: dict[signal.Signals, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, lambda *_: None)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

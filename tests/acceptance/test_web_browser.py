@@ -1,0 +1,190 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven through chromedriver.
+
+The app runs on uvicorn in a thread against the test's database. The browser opens the
+overview, filters the jobs list to dead jobs with the form, opens one, retries it, and sees it
+queued, in the page and in the table. A screenshot of each page is saved under
+``$SA_JOBQUEUE_ARTEFACTS`` (or the test's temporary directory); with
+``SA_JOBQUEUE_UPDATE_SCREENSHOT=1`` the overview's also replaces
+docs/assets/dashboard-overview.png. Needs the Debian packages chromium and chromium-driver
+(.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+from sqlalchemy import func, select
+
+from sa_jobqueue.models import jobs_table, periodic_table
+from sa_jobqueue.web import create_app
+from sa_jobqueue.web._serve import listen
+from tests.helpers.job_states import add_dead, add_job, add_worker
+from tests.helpers.processes import REPO_ROOT
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+DOCS_SCREENSHOT = REPO_ROOT / "docs" / "assets" / "dashboard-overview.png"
+WAIT = 20
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="no headless browser: apt-get install chromium chromium-driver",
+    ),
+]
+j = jobs_table.c
+
+
+@pytest.fixture
+def artefacts(tmp_path: Path) -> Path:
+    """Where the screenshots go: $SA_JOBQUEUE_ARTEFACTS/<test>, else the test's tmp_path."""
+    root = os.environ.get("SA_JOBQUEUE_ARTEFACTS")
+    where = Path(root) / "dashboard" if root else tmp_path / "screenshots"
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+@pytest.fixture
+def served(engine: sa.Engine) -> Iterator[str]:
+    """The dashboard, actions allowed, on uvicorn in a thread; its base URL."""
+    import uvicorn
+
+    sock = listen("127.0.0.1", 0)
+    config = uvicorn.Config(create_app(engine, allow_actions=True), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    assert CHROMIUM is not None
+    assert CHROMEDRIVER is not None
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root, where Chromium's sandbox cannot start
+        "--disable-dev-shm-usage",
+        "--window-size=1280,860",
+        "--force-device-scale-factor=1",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def history(engine: sa.Engine) -> int:
+    """Three queues with an hour of history, workers, a schedule; the id of a dead job."""
+    with engine.begin() as conn:
+        for minute in range(60):
+            for n in range(3 + (minute * 7) % 11):
+                add_job(
+                    conn,
+                    queue="emails",
+                    task="app.send_receipt",
+                    status="succeeded",
+                    attempts=1,
+                    finished_ago=minute * 60 + n,
+                )
+            for n in range(minute % 4):
+                add_job(
+                    conn,
+                    queue="reports",
+                    task="app.nightly_report",
+                    status="succeeded",
+                    attempts=1,
+                    finished_ago=minute * 60 + n,
+                )
+        for n in range(25):
+            add_job(conn, queue="emails", task="app.send_receipt", visible_in=-n)
+        for n in range(3):
+            add_job(conn, queue="reports", task="app.sync_crm", visible_in=-40 - n)
+        add_job(conn, queue="emails", status="running", attempts=1, started_ago=1, visible_in=29)
+        error = {
+            "type": "httpx.ConnectTimeout",
+            "message": "timed out connecting to crm.example.com",
+            "traceback": "Traceback (most recent call last):\n  ...\nhttpx.ConnectTimeout",
+        }
+        dead = [
+            add_dead(
+                conn,
+                queue="reports",
+                task="app.sync_crm",
+                created_ago=900 + n * 400,
+                finished_ago=300 + n * 400,
+                last_error=error,
+                payload={"account": 1000 + n},
+            )
+            for n in range(4)
+        ]
+        add_worker(conn, "app-1:19372:9b41d7c0")
+        add_worker(conn, "app-2:20115:51e2aa07")
+        conn.execute(
+            sa.insert(periodic_table).values(name="app.nightly_report", last_tick=func.now())
+        )
+    return dead[-1]
+
+
+def test_find_a_dead_job_and_retry_it(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path, history: int
+) -> None:
+    wait = WebDriverWait(browser, WAIT)
+
+    browser.get(served + "/")
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "table.queues")))
+    assert "reports" in browser.find_element(By.CSS_SELECTOR, "table.queues").text
+    overview = artefacts / "1-overview.png"
+    browser.save_screenshot(str(overview))
+
+    browser.find_element(By.LINK_TEXT, "Jobs").click()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "form.filters")))
+    browser.find_element(By.CSS_SELECTOR, "input[name=status][value=dead]").click()
+    browser.find_element(By.CSS_SELECTOR, "form.filters button[type=submit]").click()
+    wait.until(expected_conditions.title_contains("Jobs"))
+    wait.until(expected_conditions.text_to_be_present_in_element((By.TAG_NAME, "h1"), "Dead jobs"))
+    statuses = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.jobs .status")}
+    assert statuses == {"dead"}
+    browser.save_screenshot(str(artefacts / "2-dead-jobs.png"))
+
+    browser.find_element(By.LINK_TEXT, str(history)).click()
+    wait.until(expected_conditions.title_contains(f"Job {history}"))
+    assert "ConnectTimeout" in browser.find_element(By.TAG_NAME, "main").text
+    browser.save_screenshot(str(artefacts / "3-job.png"))
+
+    browser.find_element(By.ID, "retry").click()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert browser.find_element(By.CSS_SELECTOR, ".flash").text == f"job {history} is queued again"
+    assert browser.find_element(By.CSS_SELECTOR, "h1 .status").text == "queued"
+    assert browser.find_elements(By.ID, "retry") == []  # a queued job has no retry button
+    browser.save_screenshot(str(artefacts / "4-retried.png"))
+    with engine.connect() as conn:
+        assert conn.execute(select(j.status).where(j.id == history)).scalar_one() == "queued"
+
+    if os.environ.get("SA_JOBQUEUE_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(overview, DOCS_SCREENSHOT)

@@ -1,0 +1,299 @@
+"""A jobs table with a long finished history, for the dashboard's plans and page timings.
+
+:func:`fill` writes it in two ``INSERT ... SELECT generate_series`` statements: finished jobs
+a ``spacing`` apart up to now (96% succeeded, 3% dead, 1% cancelled, in three queues and ten
+tasks), then a backlog of queued and running jobs. :data:`PAGES` are the dashboard's pages as
+the plan test and the timings visit them.
+
+Run as a program, it measures each page on a scratch database it creates and drops
+(``sajq_dashboard_timings``) and prints a Markdown table of timings, then every statement the
+pages send with its ``EXPLAIN (ANALYZE, BUFFERS)``::
+
+    python -m tests.helpers.dashboard_history --database-url postgresql://postgres@localhost/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL
+
+JOBS = "sa_jobqueue_jobs"
+
+_FINISHED = sa.text(
+    """
+INSERT INTO sa_jobqueue_jobs (queue, task, payload, status, attempts, visible_at, created_at,
+                              started_at, finished_at, last_error)
+SELECT (ARRAY['default', 'emails', 'reports'])[1 + mod(n, 3)], 'app.task_' || mod(n, 10),
+       jsonb_build_object('n', n, 'note', 'a payload of a few dozen bytes'),
+       CASE WHEN mod(n, 100) < 96 THEN 'succeeded'
+            WHEN mod(n, 100) < 99 THEN 'dead' ELSE 'cancelled' END,
+       1, at, at - interval '2 s', at - interval '1 s', at,
+       CASE WHEN mod(n, 100) BETWEEN 96 AND 98
+            THEN jsonb_build_object('type', 'ValueError', 'message', 'bad input ' || n,
+                                    'traceback', 'Traceback (most recent call last): ...') END
+FROM generate_series(1, :finished) AS n,
+     LATERAL (SELECT now() - (:finished - n) * make_interval(secs => :spacing) AS at) AS t
+"""
+)
+_BACKLOG = sa.text(
+    """
+INSERT INTO sa_jobqueue_jobs (queue, task, payload, status, attempts, started_at, visible_at)
+SELECT (ARRAY['default', 'emails', 'reports'])[1 + mod(n, 3)], 'app.task_' || mod(n, 10),
+       jsonb_build_object('n', n),
+       CASE WHEN mod(n, 20) = 0 THEN 'running' ELSE 'queued' END,
+       CASE WHEN mod(n, 20) = 0 THEN 1 ELSE 0 END,
+       CASE WHEN mod(n, 20) = 0 THEN now() END,
+       now() + (mod(n, 7) - 3) * interval '1 minute'
+FROM generate_series(1, :backlog) AS n
+"""
+)
+
+#: The pages visited: {mid} is a job id in the middle of the history, {dead} a dead job's id.
+PAGES = [
+    "/",
+    "/jobs",
+    "/jobs?after={mid}",
+    "/jobs?before={mid}",
+    "/jobs?order=oldest&after={mid}",
+    "/jobs?status=dead",
+    "/jobs?status=dead&queue=emails&after={mid}",
+    "/jobs?status=dead&order=oldest",
+    "/jobs?status=queued&status=running&order=oldest",
+    "/jobs?status=queued&queue=reports",
+    "/jobs?queue=emails",
+    "/jobs?status=succeeded&task=app.task_3",
+    "/jobs?task=app.no_such_task",
+    "/jobs?older_than=2h",
+    "/jobs/{dead}",
+    "/jobs/{dead}/payload.json",
+    "/periodic",
+    "/purge?status=dead&older_than=1h",
+    "/purge?status=succeeded&status=cancelled&older_than=10h",
+    "/purge?status=succeeded&status=dead&older_than=1h",
+]
+
+
+def fill(
+    engine: sa.Engine, finished: int, backlog: int = 200, spacing: float = 1.0
+) -> dict[str, int]:
+    """Write the history and the backlog, then VACUUM ANALYZE; the ids :data:`PAGES` need."""
+    with engine.begin() as conn:
+        conn.execute(_FINISHED, {"finished": finished, "spacing": spacing})
+        conn.execute(_BACKLOG, {"backlog": backlog})
+        jobs = sa.table(JOBS, sa.column("id"), sa.column("status"))
+        dead = conn.execute(
+            sa.select(sa.func.max(jobs.c.id)).where(jobs.c.status == "dead")
+        ).scalar_one()
+        first = conn.execute(sa.select(sa.func.min(jobs.c.id))).scalar_one()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE sa_jobqueue_jobs"))
+    return {"mid": first + finished // 2, "dead": dead}
+
+
+@contextmanager
+def recording(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """Every statement ``engine`` sends in the block, with its parameters."""
+    statements: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+@contextmanager
+def timing(engine: sa.Engine) -> Iterator[list[float]]:
+    """The seconds each statement ``engine`` runs in the block takes, round trip included."""
+    spent: list[float] = []
+
+    def before(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, *_: Any
+    ) -> None:
+        context._sajq_started = time.perf_counter()
+
+    def after(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, *_: Any
+    ) -> None:
+        spent.append(time.perf_counter() - context._sajq_started)
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        yield spent
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+
+
+def reads_jobs(statement: str) -> bool:
+    """Whether a recorded statement is a read of the jobs table (not a setting or a catalog)."""
+    return JOBS in statement and statement.lstrip().upper().startswith(("SELECT", "WITH"))
+
+
+# -- timings ---------------------------------------------------------------------------------
+
+PAGE_NAMES = {
+    "/": "Overview",
+    "/periodic": "Periodic schedules",
+    "/jobs/{dead}": "A job",
+    "/jobs/{dead}/payload.json": "A job's payload",
+}
+
+
+def _measure(url: URL, finished: int, rounds: int) -> None:
+    from starlette.testclient import TestClient
+
+    from sa_jobqueue.database import create_engine
+    from sa_jobqueue.migrations import upgrade
+    from sa_jobqueue.web import create_app
+    from tests.helpers.databases import drop_database, recreate_database
+
+    name = "sajq_dashboard_timings"
+    engine = create_engine(recreate_database(url, name))
+    try:
+        upgrade(engine)
+        started = time.perf_counter()
+        ids = fill(engine, finished, spacing=0.6)
+        filled = time.perf_counter() - started
+        with engine.connect() as conn:
+            version = conn.execute(sa.text("SHOW server_version")).scalar_one()
+            size = conn.execute(
+                sa.text("SELECT pg_size_pretty(pg_total_relation_size('sa_jobqueue_jobs'))")
+            ).scalar_one()
+            counts = dict(
+                conn.execute(
+                    sa.text("SELECT status, count(*) FROM sa_jobqueue_jobs GROUP BY status")
+                ).all()
+            )
+        rows: list[str] = []
+        plans: dict[str, list[tuple[str, Any]]] = {}
+        load = os.getloadavg()[0]
+        with TestClient(create_app(engine)) as client:
+            for page in PAGES:
+                path = page.format(**ids)
+                began = time.perf_counter()
+                assert client.get(path).status_code == 200, path
+                cold = (time.perf_counter() - began) * 1000
+                with recording(engine) as sent:
+                    client.get(path)
+                plans[page] = [(s, p) for s, p in sent if reads_jobs(s)]
+                times, database = [], []
+                for _ in range(rounds):
+                    with timing(engine) as spent:
+                        began = time.perf_counter()
+                        client.get(path)
+                        times.append((time.perf_counter() - began) * 1000)
+                    database.append(sum(spent) * 1000)
+                p90 = statistics.quantiles(times, n=10)[-1]
+                rows.append(
+                    f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms"
+                    f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
+                )
+        _page(version, size, counts, filled, rounds, rows, (load, os.getloadavg()[0]))
+        with engine.connect() as conn:
+            # As the pages run them: page_settings() asks for no parallel workers.
+            conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
+            for page, statements in plans.items():
+                kind = "Jobs list" if page.startswith("/jobs") else "Purge form"
+                print(f"\n### {PAGE_NAMES.get(page, kind)}: `{page}`\n")
+                for statement, parameters in statements:
+                    lines = conn.exec_driver_sql(
+                        "EXPLAIN (ANALYZE, COSTS OFF) " + statement, parameters
+                    ).scalars()
+                    shown = {
+                        k: v for k, v in parameters.items() if not k.startswith("make_interval")
+                    }
+                    print("```text\n" + _wrapped(statement))
+                    print(f"-- parameters: {shown}")
+                    print("\n".join(lines) + "\n```")
+    finally:
+        engine.dispose()
+        drop_database(url, name)
+
+
+def _wrapped(statement: str) -> str:
+    """The statement's lines, each folded at 100 characters (a SELECT list runs long)."""
+    return "\n".join(
+        textwrap.fill(line, 100, subsequent_indent="    ", break_long_words=False)
+        for line in statement.strip().splitlines()
+    )
+
+
+def _page(
+    version: str,
+    size: str,
+    counts: dict[str, int],
+    filled: float,
+    rounds: int,
+    rows: list[str],
+    load: tuple[float, float],
+) -> None:
+    done = ("succeeded", "dead", "cancelled")
+    finished = sum(counts.get(s, 0) for s in done)
+    described = ", ".join(f"{counts.get(s, 0):,} {s}" for s in done)
+    live = counts.get("queued", 0) + counts.get("running", 0)
+    print(f"""# Dashboard queries and their plans
+
+What each page of the [dashboard](../how-to/dashboard.md) sends to PostgreSQL, and how the
+server runs it on a jobs table of {finished:,} finished jobs ({described})
+and {live:,} queued or running, {size} with its indexes, written in {filled:.0f} s by
+`INSERT ... SELECT generate_series` into a scratch database that the command creates and
+drops:
+
+```sh
+python -m tests.helpers.dashboard_history \\
+    --database-url postgresql://postgres@127.0.0.1:5432/postgres \\
+    > docs/reference/dashboard-queries.md
+```
+
+PostgreSQL {version.split()[0]}, on two CPU cores shared with other work (load average
+{load[0]:.1f} when the timings began, {load[1]:.1f} when they ended). Every read of the
+jobs table goes through an index (a test, `tests/acceptance/test_web_plans.py`, explains each one on
+a smaller history and fails on a scan of the table).
+
+## Page timings
+
+Each page through Starlette's TestClient (no network), read-only, {rounds} requests after a
+first one: the median and 90th percentile of the whole request, the median of the time in
+its statements (round trips included; the rest is Python: the app, the templates), and the
+first request ("cold": templates compiled, plans made). "Statements" counts all a page
+sends, the transaction's settings and the health checks' catalog reads included.
+
+| page | statements | median | p90 | of which statements | cold |
+|---|---:|---:|---:|---:|---:|""")
+    print("\n".join(rows))
+    print("""
+## Statements and plans
+
+Each statement that reads the jobs table, as sent, with `EXPLAIN (ANALYZE, COSTS OFF)`.
+The overview's other statements read the workers table (a row per worker process) and
+PostgreSQL's statistics views.""")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--database-url", required=True, help="a server to create a database on")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="finished jobs (1,000,000)")
+    parser.add_argument("--rounds", type=int, default=20, help="requests timed per page (20)")
+    args = parser.parse_args()
+    from sa_jobqueue.database import normalise_url
+
+    _measure(normalise_url(args.database_url), args.rows, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""The dashboard's pieces that need no database: display, filters, tokens, guards, credentials.
+
+The app is built on an engine that is never connected (nothing here reaches a page's reads):
+what is refused is refused before any SQL, and the security headers, the authorize hook and
+the CLI's credentials are checked on their own.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from sa_jobqueue.database import create_engine
+from sa_jobqueue.errors import InvalidJobError
+from sa_jobqueue.web import create_app
+from sa_jobqueue.web._display import (
+    CHART_HEIGHT,
+    MAX_INDENT_DEPTH,
+    chart,
+    cut_note,
+    json_text,
+    relative,
+    visible,
+)
+from sa_jobqueue.web._filters import PAGE, JobFilter, finished_statuses, read_filter
+from sa_jobqueue.web._serve import CredentialsGate, basic_credentials
+from sa_jobqueue.web._tokens import CSRF_COOKIE, CSRF_FIELD, Signer
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+ACTION_ROUTES = ("/jobs/1/retry", "/jobs/1/cancel", "/jobs/retry", "/purge")
+
+
+@pytest.fixture
+def unconnected() -> Iterator[sa.Engine]:
+    """An engine on a port nobody listens on: any page that reached the database would fail."""
+    engine = create_engine("postgresql://nobody@127.0.0.1:9/nothing")
+    yield engine
+    engine.dispose()
+
+
+# -- display ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain", "plain"),
+        ("tab\tand\nnewline", "tab\tand\nnewline"),
+        ("bell\x07 escape\x1b[31m", "bell\\x07 escape\\x1b[31m"),
+        ("del\x7f c1\x85", "del\\x7f c1\\x85"),
+        ("right-to-left\u202eoverride", "right-to-left\\u202eoverride"),
+    ],
+)
+def test_control_characters_are_made_visible(text: str, shown: str) -> None:
+    assert visible(text) == shown
+
+
+def test_non_strings_pass_through_visible() -> None:
+    assert visible(3) == 3
+    assert visible(None) is None
+
+
+def test_relative_times_read_from_the_database_clock() -> None:
+    assert relative(NOW - timedelta(minutes=3, seconds=12), NOW) == "3m12s ago"
+    assert relative(NOW + timedelta(seconds=5), NOW) == "in 5.0s"
+    assert relative(NOW, NOW) == "now"
+    assert relative(None, NOW) == "-"
+
+
+def test_whole_shallow_json_is_indented_and_cut_or_deep_json_is_shown_as_written() -> None:
+    assert json_text('{"a": [1, 2]}', 13) == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+    cut = '{"a": "xxxx'
+    assert json_text(cut, 1000) == cut
+    deep = "[" * (MAX_INDENT_DEPTH + 1) + "]" * (MAX_INDENT_DEPTH + 1)
+    assert json_text(deep, len(deep)) == deep
+    brackets_in_strings = json.dumps({"s": "[[[[" * 100})
+    assert json_text(brackets_in_strings, len(brackets_in_strings)).startswith("{\n")
+
+
+def test_cut_note_says_how_much_is_shown() -> None:
+    assert cut_note("x" * 10, 1_000_000) == "first 10 of 1,000,000 characters"
+    assert cut_note("x" * 10, 10) == ""
+
+
+def test_chart_stacks_each_minute_and_scales_to_the_busiest() -> None:
+    bars = chart({"succeeded": [0, 3, 6], "dead": [0, 1, 0]}, scale=6)
+    assert [(b.x, b.status, b.count, b.minutes_ago) for b in bars] == [
+        (4, "succeeded", 3, 1),
+        (4, "dead", 1, 1),
+        (8, "succeeded", 6, 0),
+    ]
+    full = bars[2]
+    assert (full.y, full.height) == (0.0, CHART_HEIGHT)
+    assert bars[1].y + bars[1].height == bars[0].y  # the dead part sits on the succeeded one
+    assert chart({"succeeded": [0, 0]}, scale=0) == []
+
+
+# -- filters ---------------------------------------------------------------------------------
+
+
+def test_a_filter_from_query_parameters() -> None:
+    wanted = read_filter(
+        {"queue": "emails", "task": "<b>odd</b>", "older_than": "2h", "order": "oldest"},
+        ["dead", "dead", ""],
+    )
+    assert wanted == JobFilter(
+        queue="emails",
+        task="<b>odd</b>",
+        statuses=("dead",),
+        older_than=timedelta(hours=2),
+        order="oldest",
+    )
+    assert wanted.within == "dead"
+    assert wanted.query(after=7) == {
+        "queue": "emails",
+        "task": "<b>odd</b>",
+        "status": ["dead"],
+        "older_than": "2h",
+        "order": "oldest",
+        "after": "7",
+    }
+    assert read_filter({}, []) == JobFilter()
+    assert read_filter({}, ["queued", "running"]).within == "live"
+    assert read_filter({}, ["queued", "dead"]).within is None
+    assert JobFilter().limit == PAGE
+
+
+@pytest.mark.parametrize(
+    ("params", "statuses", "message"),
+    [
+        ({}, ["finished"], "unknown status 'finished'"),
+        ({"order": "random"}, [], "order must be"),
+        ({"after": "x"}, [], "after must be a whole number"),
+        ({"after": "-1"}, [], "after must be a job id"),
+        ({"after": str(2**63)}, [], "after must be a job id"),
+        ({"after": "1", "before": "2"}, [], "not both"),
+        ({"limit": "0"}, [], "limit must be from 1"),
+        ({"older_than": "soon"}, [], "not a duration"),
+        ({"queue": "q" * 65}, [], "queue name is 1 to 64"),
+        ({"task": "t" * 201}, [], "task name is 1 to 200"),
+    ],
+)
+def test_bad_filters_are_refused_with_what_is_wrong(
+    params: dict[str, str], statuses: list[str], message: str
+) -> None:
+    with pytest.raises(InvalidJobError, match=message):
+        read_filter(params, statuses)
+
+
+def test_only_finished_statuses_can_be_purged() -> None:
+    assert finished_statuses(["dead", "succeeded"]) == ["dead", "succeeded"]
+    with pytest.raises(InvalidJobError, match="not queued"):
+        finished_statuses(["queued"])
+    with pytest.raises(InvalidJobError, match="unknown status"):
+        finished_statuses([])
+
+
+# -- tokens ----------------------------------------------------------------------------------
+
+
+def test_csrf_token_must_be_signed_and_equal_to_the_cookie() -> None:
+    signer = Signer(b"k" * 32)
+    token = signer.new_token()
+    assert signer.form_accepted(token, token)
+    assert not signer.form_accepted(token, signer.new_token())  # another browser's
+    assert not signer.form_accepted(token, None)
+    assert not signer.form_accepted(None, token)
+    nonce, _ = token.split(".")
+    forged = f"{nonce}.{'A' * 43}"
+    assert not signer.form_accepted(forged, forged)  # planted cookie, matching form field
+    assert not Signer(b"other" * 8).form_accepted(token, token)
+
+
+def test_flash_messages_are_signed() -> None:
+    signer = Signer(b"k" * 32)
+    assert signer.read_flash(signer.flash(True, "job 3 is queued again")) == (
+        True,
+        "job 3 is queued again",
+    )
+    body = base64.urlsafe_b64encode(json.dumps([True, "forged"]).encode()).decode()
+    assert signer.read_flash(f"{body}.{signer.sign('flash', 'other')}") is None
+    assert signer.read_flash("garbage") is None
+    for n in range(4):  # every length of base64 padding: none is kept, the value needs no quotes
+        value = signer.flash(False, "x" * n)
+        assert "=" not in value
+        assert signer.read_flash(value) == (False, "x" * n)
+
+
+# -- the app's guards, before any page reads ---------------------------------------------------
+
+
+def test_every_response_carries_the_security_headers(unconnected: sa.Engine) -> None:
+    with TestClient(create_app(unconnected)) as client:
+        response = client.get("/static/dashboard.css")
+    assert response.status_code == 200
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["referrer-policy"] == "no-referrer"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_authorize_refusing_answers_403_for_pages_and_actions(
+    unconnected: sa.Engine, kind: str
+) -> None:
+    seen: list[str] = []
+
+    def deny(request: Request) -> bool:
+        seen.append(request.url.path)
+        return False
+
+    async def adeny(request: Request) -> bool:
+        return deny(request)
+
+    app = create_app(unconnected, allow_actions=True, authorize=deny if kind == "sync" else adeny)
+    with TestClient(app) as client:
+        for path in ("/", "/jobs", "/static/dashboard.js"):
+            assert client.get(path).status_code == 403
+        assert client.post("/jobs/1/retry").status_code == 403
+    assert seen == ["/", "/jobs", "/static/dashboard.js", "/jobs/1/retry"]
+
+
+@pytest.mark.parametrize("path", ACTION_ROUTES)
+def test_with_actions_off_every_action_is_refused(unconnected: sa.Engine, path: str) -> None:
+    with TestClient(create_app(unconnected)) as client:
+        response = client.post(path, data={CSRF_FIELD: "x"})
+    assert response.status_code == 403
+    assert "actions are off" in response.text
+
+
+@pytest.mark.parametrize("path", ACTION_ROUTES)
+def test_a_post_without_the_csrf_token_is_refused(unconnected: sa.Engine, path: str) -> None:
+    signer_token = Signer(b"s" * 32).new_token()
+    with TestClient(create_app(unconnected, allow_actions=True, secret=b"s" * 32)) as client:
+        client.cookies.set(CSRF_COOKIE, signer_token)
+        missing = client.post(path, data={})
+        other = client.post(path, data={CSRF_FIELD: Signer(b"s" * 32).new_token()})
+    for response in (missing, other):
+        assert response.status_code == 403
+        assert "security token" in response.text
+
+
+def test_actions_answer_get_with_405(unconnected: sa.Engine) -> None:
+    with TestClient(create_app(unconnected, allow_actions=True)) as client:
+        assert client.get("/jobs/1/retry").status_code == 405
+
+
+# -- the CLI's credentials ---------------------------------------------------------------------
+
+
+def _hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello")
+
+
+@pytest.fixture
+def inner() -> Starlette:
+    return Starlette(routes=[Route("/", _hello, methods=["GET", "POST"]), Route("/jobs", _hello)])
+
+
+def test_a_token_as_bearer_or_once_in_a_link(inner: Starlette) -> None:
+    with TestClient(CredentialsGate(inner, token="t0ken")) as client:
+        assert client.get("/").status_code == 401
+        assert client.get("/", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/", headers={"authorization": "Bearer t0ken"}).text == "hello"
+        assert client.get("/jobs?token=wrong").status_code == 401
+        signed_in = client.get("/jobs?status=dead&token=t0ken", follow_redirects=False)
+        assert signed_in.status_code == 303
+        assert signed_in.headers["location"] == "/jobs?status=dead"  # the token left the URL
+        assert client.get("/jobs").text == "hello"  # the cookie stands for it now
+        assert client.post("/?token=t0ken").status_code == 200  # the cookie, not the query
+        client.cookies.clear()
+        assert client.post("/?token=t0ken").status_code == 401
+
+
+def test_basic_credentials(inner: Starlette) -> None:
+    with TestClient(CredentialsGate(inner, basic=("ops", "pa:ss"))) as client:
+        refused = client.get("/")
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Basic ")
+        assert client.get("/", auth=("ops", "pa:ss")).text == "hello"
+        assert client.get("/", auth=("ops", "wrong")).status_code == 401
+        assert client.get("/", headers={"authorization": "Basic %%%"}).status_code == 401
+
+
+def test_basic_credentials_text() -> None:
+    assert basic_credentials("ops:pa:ss") == ("ops", "pa:ss")
+    for bad in ("ops", ":pw", "ops:"):
+        with pytest.raises(ValueError, match="USER:PASSWORD"):
+            basic_credentials(bad)
