@@ -359,4 +359,3 @@ class Runner:
         finally:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
-
