@@ -29,6 +29,8 @@ class System(ABC):
     key: ClassVar[str]
     #: How the tables show it.
     label: ClassVar[str]
+    #: The configuration, in a line, as the report's header states it.
+    config: ClassVar[str] = ""
     #: The distribution whose version is reported (None: not a package).
     distribution: ClassVar[str | None] = None
     #: Modules that must import for the system to run.
