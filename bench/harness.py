@@ -27,8 +27,7 @@ TAIL_POLL = 0.005
 POLL = 0.002
 #: What a worker process gets to start (import, connect, warm up) before a drain.
 STARTUP_ALLOWANCE = 30.0
-#: Untimed jobs each worker process's drain starts with, and the first one's key.
-WARMUP_PER_PROCESS = 50
+#: The first key of the untimed warm-up jobs a drain starts with (System.warmup_per_process).
 WARMUP_KEY = -10_000_000
 #: What workers get to exit after SIGTERM before they are killed.
 STOP_GRACE = 15.0
@@ -168,6 +167,8 @@ class Drain:
     peak_rss_mb: list[float] = field(default_factory=list)
     #: From SIGCONT to the first handler start (not in ``seconds``).
     wake_seconds: float = 0.0
+    #: From the last handler start to the end (the last completions' lag; in ``seconds``).
+    tail_seconds: float = 0.0
     #: CPU (user + system) over the window, SIGCONT to the end: the worker processes and
     #: their children; the PostgreSQL backends serving them (None: not measurable here);
     #: the backend answering the harness's own polls.
@@ -271,7 +272,7 @@ def drain(
     """
     result = Drain(jobs, procs)
     keys = range(jobs)
-    warmup = range(WARMUP_KEY, WARMUP_KEY + WARMUP_PER_PROCESS * procs)
+    warmup = range(WARMUP_KEY, WARMUP_KEY + system.warmup_per_process * procs)
     if reset:
         system.reset(dsn)
     else:
@@ -325,7 +326,7 @@ def drain(
                     result.error = f"workers exited: {workers.tail()}"
                     break
                 if first is None:
-                    first = tail.records.first
+                    first = tail.first
                 if done_at - (first or resumed) > cap + (0 if first else STARTUP_ALLOWANCE):
                     break
             after = cpu.tree_snapshot(workers.pids)
@@ -346,6 +347,7 @@ def drain(
             workers.stop()
             pinner.rollback()
         records = tail.update()
+        first = tail.first
         pending = _pending_keys(watch, system)
         finished = set(keys) - pending
         ran = {k for k in records.runs if 0 <= k < jobs}
@@ -360,9 +362,10 @@ def drain(
             )
             result.duplicates += sum(c - 1 for c in counts.values() if c > 1)
             result.missing += len(finished - set(counts))
-        first = records.first
         if first is not None and result.finished:
             result.wake_seconds = max(first - resumed, 0.0)
+            last = max(at for k, at in records.started.items() if 0 <= k < jobs)
+            result.tail_seconds = max(done_at - last, 0.0)
             result.seconds = max(done_at - first, 1e-6)
             result.rate = result.finished / result.seconds
         elif result.error is None:

@@ -67,6 +67,8 @@ class Tail:
         self.records = Records()
         #: How many keys of ``keys`` have started at least once.
         self.started = 0
+        #: When the first of ``keys`` started (the others' lines are read, not timed).
+        self.first: float | None = None
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
 
@@ -88,8 +90,10 @@ class Tail:
                 if not at_text:
                     continue
                 key, at = int(key_text), float(at_text)
-                if key not in self.records.runs and key in self.keys:
-                    self.started += 1
+                if key in self.keys:
+                    if key not in self.records.runs:
+                        self.started += 1
+                    self.first = at if self.first is None else min(self.first, at)
                 self.records.runs[key] += 1
                 self.records.started[key] = min(at, self.records.started.get(key, at))
         return self.records

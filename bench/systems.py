@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.adapters.base import System
 from bench.adapters.chancy_adapter import Chancy, ChancyTuned
-from bench.adapters.pgqueuer_adapter import PgQueuer, PgQueuerPsycopg, PgQueuerTuned
+from bench.adapters.pgqueuer_adapter import PgQueuer, PgQueuerB500, PgQueuerPsycopg, PgQueuerTuned
 from bench.adapters.procrastinate_adapter import Procrastinate, ProcrastinateTuned
 from bench.adapters.reference import Reference
 from bench.adapters.sa_jobqueue_adapter import SaJobqueue
@@ -17,6 +17,7 @@ SYSTEMS: dict[str, System] = {
         ProcrastinateTuned(),
         PgQueuer(),
         PgQueuerTuned(),
+        PgQueuerB500(),
         PgQueuerPsycopg(),
         Chancy(),
         ChancyTuned(),

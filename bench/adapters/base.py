@@ -43,6 +43,8 @@ class System(ABC):
     history_sql: ClassVar[str]
     #: Tables emptied between repetitions.
     tables: ClassVar[tuple[str, ...]]
+    #: Untimed jobs per worker process before each drain (a slow system gets fewer).
+    warmup_per_process: ClassVar[int] = 50
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or None."""

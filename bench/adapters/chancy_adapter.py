@@ -96,6 +96,8 @@ class Chancy(System):
     tables = ("chancy_jobs",)
     #: Queue options beyond the name (none: Chancy's defaults).
     queue_options: ClassVar[dict[str, Any]] = {}
+    # Its defaults run a few jobs a second (2 at a time, polling every 5 s): a short warm-up.
+    warmup_per_process: ClassVar[int] = 4
     #: Worker.send_outgoing_interval (None: its default, 1 s).
     outgoing_interval: ClassVar[float | None] = None
 
@@ -174,6 +176,7 @@ class ChancyTuned(Chancy):
         " eager_polling=True), Worker.send_outgoing_interval=0.1"
     )
     outgoing_interval = 0.1
+    warmup_per_process = 50
     queue_options: ClassVar[dict[str, Any]] = {
         "concurrency": 50,
         "executor": "chancy.executors.asyncex.AsyncExecutor",
