@@ -1,11 +1,13 @@
 """sa_jobqueue next to procrastinate, PgQueuer and Chancy, on one PostgreSQL, in one run.
 
-    bench/run [--quick] [--repeat N] [--scenarios enqueue,bulk,...] [--systems ...]
+    bench/run [--quick] [--repeat N] [--scenarios enqueue,bulk,...] [--systems ...] [--publish]
 
 Uses $DATABASE_URL's server (each system gets fresh databases of its own there, created and
 dropped by the run), or else an embedded PostgreSQL from the ``pgserver`` wheel. Prints the
-machine, the server's settings, the versions and one table per scenario; writes everything
-to bench/results/<timestamp>.json as well.
+command, the machine, the server's settings, the versions, each system's configuration and
+one table per scenario; writes the raw result (everything the tables are computed from, and
+every repetition) to bench/results/<timestamp>.json, and with ``--publish`` (a full run only)
+to bench/runs/<date>-<host>.json as well, the committed home of the figures the docs quote.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import json
 import math
 import os
 import platform
+import shlex
+import socket
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -34,43 +39,62 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "bench":
 
 import psycopg  # noqa: E402
 
-from bench import harness  # noqa: E402
+from bench import harness, report  # noqa: E402
 from bench.adapters.base import System  # noqa: E402
 from bench.systems import SYSTEMS  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
-PEERS = ("procrastinate", "pgqueuer", "pgqueuer_b100", "chancy", "chancy_tuned")
+#: Where ``--publish`` writes: committed, the source of every figure the docs quote.
+RUNS_DIR = ROOT / "bench" / "runs"
+#: Every peer configuration: the defaults and the tuned one of each.
+PEERS = (
+    "procrastinate", "procrastinate_c10", "pgqueuer", "pgqueuer_b100", "pgqueuer_b500", "chancy",
+    "chancy_tuned",
+)  # fmt: skip
+#: The best configuration of each peer, for the long scenarios, with the defaults where a
+#: drain of them fits the time cap.
+BEST = ("procrastinate_c10", "pgqueuer_b100", "pgqueuer_b500", "chancy_tuned")
 
 #: Which systems take part in which scenario (an enqueue is the same for a system's tunings).
 ENQUEUERS = ("sa_jobqueue", "procrastinate", "pgqueuer", "chancy", "reference")
 SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "enqueue": ENQUEUERS,
     "bulk": ENQUEUERS,
-    "drain": ("sa_jobqueue", *PEERS, "reference"),
-    "write": ("sa_jobqueue", "procrastinate", "pgqueuer", "pgqueuer_b100", "chancy_tuned"),
-    "latency": ("sa_jobqueue", "procrastinate", "pgqueuer", "chancy_tuned"),
-    "history": ("sa_jobqueue", "procrastinate", "pgqueuer", "pgqueuer_b100", "chancy_tuned",
-                "reference"),
-    "pinned": ("sa_jobqueue", "procrastinate", "pgqueuer", "pgqueuer_b100", "chancy_tuned",
-               "reference"),
-}  # fmt: skip
+    "drain": ("sa_jobqueue", *PEERS, "pgqueuer_psycopg", "reference"),
+    "write": ("sa_jobqueue", *PEERS, "pgqueuer_psycopg", "reference"),
+    "latency": ("sa_jobqueue", *(p for p in PEERS if p != "pgqueuer_b500")),
+    "history": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
+    "pinned": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
+}
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
+#: Systems run only when named with --systems (the configuration earlier runs used).
+OPT_IN = ("pgqueuer_psycopg",)
+DEFAULT_SYSTEMS = tuple(k for k in SYSTEMS if k not in OPT_IN)
 
 
 # -- options ----------------------------------------------------------------------------------
 
 
+def _procs(text: str) -> list[int]:
+    return [int(p) for p in text.split(",") if p]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="small sizes: a ~2-minute smoke run")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of minutes")
     p.add_argument("--repeat", type=int, help="repetitions per measurement (default 3; quick 1)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help=f"comma-separated subset (opt-in: {', '.join(OPT_IN)})")  # fmt: skip
     p.add_argument("--single", type=int, help="single-row enqueues (default 2000)")
     p.add_argument("--bulk", type=int, help="jobs in the bulk enqueue (default 20000)")
     p.add_argument("--drain", type=int, help="jobs per no-op / writing drain (default 20000)")
-    p.add_argument("--procs", type=int, default=2, help="worker processes in the writing, "
-                   "history and pinned drains (default 2)")  # fmt: skip
+    p.add_argument("--drain-procs", type=_procs, default=[1, 2, 4],
+                   help="worker processes of the no-op drains (default 1,2,4)")  # fmt: skip
+    p.add_argument("--write-procs", type=_procs, default=[2],
+                   help="worker processes of the writing drains (default 2)")  # fmt: skip
+    p.add_argument("--procs", type=int, default=2, help="worker processes in the history and"
+                   " pinned drains (default 2)")  # fmt: skip
     p.add_argument("--latency-jobs", type=int, help="jobs in the latency run (default 200)")
     p.add_argument("--latency-rate", type=float, default=20.0, help="jobs/s (default 20)")
     p.add_argument("--history", type=int, help="finished rows pre-inserted (default 1000000)")
@@ -80,7 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="cut a drain short after this long (default 10; quick 8): slow systems "
                    "are measured over what they finished by then")  # fmt: skip
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                   help="where the JSON results go (default bench/results)")  # fmt: skip
+                   help="where the raw result goes (bench/results: not committed)")  # fmt: skip
+    p.add_argument("--publish", action="store_true",
+                   help="also write the raw result to bench/runs/ (committed), for the docs'"
+                   " figures; refused unless this is a full run")  # fmt: skip
     p.add_argument("--sa-concurrency", type=int, default=10,
                    help="sa_jobqueue worker --concurrency (default 10: the CLI's)")  # fmt: skip
     args = p.parse_args(argv)
@@ -107,7 +134,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in args.systems:
         if name not in SYSTEMS:
             p.error(f"unknown system {name!r} (known: {', '.join(SYSTEMS)})")
+    if args.publish and not is_full_run(args):
+        p.error("--publish takes only a full run: no --quick, and every option at its default")
     return args
+
+
+def is_full_run(args: argparse.Namespace) -> bool:
+    """True when ``args`` are the defaults: every scenario, system and size (--publish aside)."""
+    full = parse_args([])
+    ignored = {"publish", "results_dir"}
+    return all(getattr(args, k) == v for k, v in vars(full).items() if k not in ignored)
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command as typed: bench/run exports it; else this script and its arguments."""
+    given = os.environ.get("BENCH_COMMAND")
+    if given:
+        return given
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", "bench/bench.py", *args])
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status",
+            "--porcelain", "--untracked-files=no"))}  # fmt: skip
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -130,6 +184,14 @@ def server_url() -> Iterator[tuple[str, str]]:
         server.cleanup()
 
 
+#: The server settings a reader needs to judge the figures.
+SETTINGS = (
+    "synchronous_commit", "fsync", "wal_sync_method", "commit_delay", "shared_buffers",
+    "max_connections", "wal_level", "max_wal_size", "checkpoint_timeout", "autovacuum",
+    "work_mem", "jit",
+)  # fmt: skip
+
+
 def machine_info(url: str, where: str) -> dict[str, Any]:
     cpu = "unknown"
     try:
@@ -140,27 +202,35 @@ def machine_info(url: str, where: str) -> dict[str, Any]:
     except OSError:
         pass
     ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    settings = (
-        "synchronous_commit",
-        "fsync",
-        "shared_buffers",
-        "max_connections",
-        "wal_level",
-        "autovacuum",
-    )
     with psycopg.connect(url, autocommit=True) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        values = {s: conn.execute(f"SHOW {s}").fetchone()[0] for s in settings}  # type: ignore[index]
+        values = {s: conn.execute(f"SHOW {s}").fetchone()[0] for s in SETTINGS}  # type: ignore[index]
+    versions = {s.label: s.version() for s in SYSTEMS.values() if s.distribution}
+    versions = {k.split(" (")[0]: v for k, v in versions.items()}
+    for dist in ("psycopg", "asyncpg", "uvloop", "SQLAlchemy"):
+        versions[dist] = _version(dist)
     return {
+        "host": socket.gethostname(),
         "cores": os.cpu_count(),
         "ram_gib": round(ram_gib, 1),
         "cpu": cpu,
+        "kernel": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "postgresql": version,
         "server": where,
         "settings": values,
-        "versions": {s.label: s.version() for s in SYSTEMS.values() if s.distribution},
+        "versions": versions,
+        "load_average": {"start": round(os.getloadavg()[0], 2)},
     }
+
+
+def _version(distribution: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 # -- running and collecting -------------------------------------------------------------------
@@ -188,6 +258,18 @@ class Row:
         if text not in self.notes:
             self.notes.append(text)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "system": self.system.key,
+            "label": self.system.label,
+            "error": self.error,
+            "failures": self.failures,
+            "notes": self.notes,
+            "medians": {m: self.median(m) for m in self.samples},
+            "samples": self.samples,
+            "runs": self.raw,
+        }
+
 
 class Run:
     def __init__(self, args: argparse.Namespace, url: str):
@@ -209,7 +291,8 @@ class Run:
                 row.error = f"unavailable: {reason}"
                 print(f"  {key}: {row.error}", flush=True)
                 continue
-            db = f"bench_{name}_{key}"
+            # The pid keeps two runs on one server (two checkouts) out of each other's way.
+            db = f"bench_{name}_{key}_{os.getpid()}"
             started = time.monotonic()
             try:
                 dsn = harness.recreate_database(self.url, db)
@@ -241,6 +324,10 @@ class Run:
             )
         if result.peak_rss_mb:
             row.add(f"{measure} rss", max(result.peak_rss_mb))
+        row.add(f"{measure} worker cpu", result.worker_us_per_job)
+        row.add(f"{measure} db cpu", result.db_us_per_job)
+        if result.ready != "idle":
+            row.note(f"{measure}: workers {result.ready}")
 
     def drain(self, row: Row, dsn: str, measure: str, jobs: int, **options: Any) -> None:
         for _ in range(self.args.repeat):
@@ -276,12 +363,13 @@ def scenario_bulk(run: Run, row: Row, dsn: str) -> None:
 
 
 def scenario_drain(run: Run, row: Row, dsn: str) -> None:
-    for procs in (1, 2):
+    for procs in run.args.drain_procs:
         run.drain(row, dsn, f"{procs}p", run.args.drain, procs=procs)
 
 
 def scenario_write(run: Run, row: Row, dsn: str) -> None:
-    run.drain(row, dsn, "write", run.args.drain, kind="write", procs=run.args.procs)
+    for procs in run.args.write_procs:
+        run.drain(row, dsn, f"{procs}p", run.args.drain, kind="write", procs=procs)
 
 
 def scenario_latency(run: Run, row: Row, dsn: str) -> None:
@@ -331,179 +419,22 @@ SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
 }
 
 
-# -- tables -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Column:
-    title: str
-    measure: str
-    unit: str = "jobs/s"  # or "ms", "MiB"
-    ratio: bool = False  # also show the ratio to the best peer
-
-    @property
-    def lower_is_better(self) -> bool:
-        return self.unit == "ms"
-
-
-COLUMNS: dict[str, tuple[Column, ...]] = {
-    "enqueue": (Column("jobs/s", "jobs/s", ratio=True),),
-    "bulk": (Column("jobs/s", "jobs/s", ratio=True),),
-    "drain": (
-        Column("1 process", "1p", ratio=True),
-        Column("2 processes", "2p", ratio=True),
-        Column("peak RSS/proc", "2p rss", unit="MiB"),
-    ),
-    "write": (Column("jobs/s", "write", ratio=True), Column("peak RSS/proc", "write rss", "MiB")),
-    "latency": (
-        Column("p50", "p50", unit="ms", ratio=True),
-        Column("p95", "p95", unit="ms"),
-        Column("p99", "p99", unit="ms", ratio=True),
-    ),
-    "history": (
-        Column("empty table", "empty", ratio=True),
-        Column("with history", "history", ratio=True),
-    ),
-    "pinned": (
-        Column("no snapshot", "free", ratio=True),
-        Column("snapshot pinned", "pinned", ratio=True),
-    ),
-}
-
-TITLES = {
-    "enqueue": "1. single-row enqueue, one commit each",
-    "bulk": "2. bulk enqueue in one call",
-    "drain": "3. drain of pre-loaded no-op jobs",
-    "write": "4. drain of jobs whose handler writes one row",
-    "latency": "5. idle pickup latency (enqueue commit -> handler start)",
-    "history": "6. drain with finished history in the table",
-    "pinned": "7. sustained drain while a REPEATABLE READ snapshot is held open",
-}
-
-FOOTNOTES = {
-    "enqueue": "reference = a raw psycopg INSERT + COMMIT into a minimal table.",
-    "bulk": "sa_jobqueue: enqueue_many in one transaction; procrastinate: batch_defer_async;"
-    " pgqueuer: Queries.enqueue with lists; chancy: push_many (commits per 1,000);"
-    " reference: INSERT ... SELECT unnest(array).",
-    "drain": "reference = hand-written loop: claim 100 with one UPDATE ... FOR UPDATE SKIP LOCKED"
-    " ... RETURNING, mark them done with one UPDATE ... = ANY(ids), autocommit (the ceiling).",
-    "write": "Not the same guarantee: sa_jobqueue's row is written through ctx.session and commits"
-    " in the job's completion transaction (exactly once). The peers' handlers write on a"
-    " connection of their own in a separate transaction, so a crash between the write and"
-    " the job's completion repeats the write (at-least-once).",
-    "latency": "Handler start = time.time() in the handler; enqueue = time.time() when the"
-    " enqueuing COMMIT returned. One machine, one clock (PostgreSQL's clock_timestamp() reads the"
-    " same realtime clock).",
-    "history": "History inserted with one INSERT ... SELECT generate_series in each system's table"
-    " of finished jobs, then ANALYZE (PgQueuer deletes finished jobs: its history is"
-    " pgqueuer_log rows).",
-    "pinned": "'slowdown' = no-snapshot rate / pinned rate. The snapshot is taken after the"
-    " jobs are loaded and held until the drain ends: no dead row version can be vacuumed.",
-}
-
-
-def fmt(value: float, unit: str) -> str:
-    if math.isnan(value):
-        return "-"
-    if unit == "ms":
-        return f"{value:.2f}"
-    if unit == "MiB":
-        return f"{value:.0f}"
-    return f"{value:,.0f}"
-
-
-def render(name: str, rows: list[Row], args: argparse.Namespace) -> str:
-    columns = COLUMNS[name]
-    best: dict[str, float] = {}
-    for col in columns:
-        values = [
-            r.median(col.measure) for r in rows if r.system.peer and r.failures == 0 and not r.error
-        ]
-        values = [v for v in values if not math.isnan(v)]
-        if values:
-            best[col.measure] = min(values) if col.lower_is_better else max(values)
-    header = ["system"]
-    for col in columns:
-        header.append(f"{col.title} ({col.unit})")
-        if col.ratio:
-            header.append("vs best peer")
-    extra = {"history": "change", "pinned": "slowdown"}.get(name)
-    if extra:
-        header.append(extra)
-    header.append("verified")
-    table = [header]
-    notes: list[str] = []
-    for row in rows:
-        cells = [row.system.label]
-        if row.error:
-            table.append([*cells, row.error])
-            continue
-        for col in columns:
-            value = row.median(col.measure)
-            cells.append(fmt(value, col.unit))
-            if col.ratio:
-                top = best.get(col.measure)
-                cells.append(f"{value / top:.2f}x" if top and not math.isnan(value) else "-")
-        if name == "history":
-            empty, full = row.median("empty"), row.median("history")
-            cells.append(f"{(full / empty - 1) * 100:+.0f}%" if empty and full else "-")
-        if name == "pinned":
-            free, pinned = row.median("free"), row.median("pinned")
-            cells.append(f"{free / pinned:.2f}x" if free and pinned else "-")
-        cells.append("FAILED" if row.failures else "ok")
-        table.append(cells)
-        notes += [f"   {row.system.label}: {n}" for n in row.notes]
-    full = [r for r in table if len(r) == len(header)]
-    widths = [max(len(r[i]) for r in full) for i in range(len(header))]
-    widths[0] = max(len(r[0]) for r in table)
-    lines = [f"{TITLES[name]}  {describe_size(name, args)}"]
-    for i, cells in enumerate(table):
-        if len(cells) == 2 and len(header) > 2:  # an error spans the row
-            lines.append(f"  {cells[0].ljust(widths[0])}  {cells[1]}")
-        else:
-            lines.append(
-                "  "
-                + "  ".join(
-                    c.ljust(w) if j == 0 else c.rjust(w)
-                    for j, (c, w) in enumerate(zip(cells, widths, strict=False))
-                )
-            )
-        if i == 0:
-            lines.append("  " + "  ".join("-" * w for w in widths))
-    lines += notes
-    lines.append(f"  Note: {FOOTNOTES[name]}")
-    return "\n".join(lines)
-
-
-def describe_size(name: str, args: argparse.Namespace) -> str:
+def describe_sizes(args: argparse.Namespace) -> dict[str, str]:
     r = f"median of {args.repeat}"
     return {
         "enqueue": f"({args.single:,} jobs, {r})",
         "bulk": f"({args.bulk:,} jobs, {r})",
-        "drain": f"({args.drain:,} jobs, {r}; sa_jobqueue --concurrency {args.sa_concurrency})",
-        "write": f"({args.drain:,} jobs, {args.procs} processes, {r})",
+        "drain": f"({args.drain:,} jobs, {r})",
+        "write": f"({args.drain:,} jobs, {r})",
         "latency": f"({args.latency_jobs} jobs at {args.latency_rate:g}/s, 1 process, {r})",
         "history": f"({args.history_drain:,} jobs over {args.history:,} finished rows,"
         f" {args.procs} processes, {r})",
         "pinned": f"({args.pinned:,} jobs, {args.procs} processes, {r})",
-    }[name]
+    }
 
 
-def render_info(info: dict[str, Any], args: argparse.Namespace) -> str:
-    settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
-    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
-    return "\n".join(
-        [
-            f"Machine: {info['cores']} cores, {info['ram_gib']} GiB RAM, {info['cpu']};"
-            f" Python {info['python']}",
-            f"PostgreSQL {info['postgresql']} ({info['server']}): {settings}",
-            f"Versions: {versions}",
-            f"Drains are cut after {args.max_drain_seconds:g}s (a cut drain counts the jobs"
-            " finished by then); the clock runs from the first handler start to the moment no"
-            " job is left unfinished. 'vs best peer': ratio to the best of procrastinate,"
-            " PgQueuer and Chancy in that column (for latency, >1 is slower).",
-        ]
-    )
+def describe_system(system: System) -> dict[str, Any]:
+    return {"label": system.label, "config": system.config, "peer": system.peer}
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -511,47 +442,55 @@ def render_info(info: dict[str, Any], args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    SYSTEMS["sa_jobqueue"].concurrency = args.sa_concurrency  # type: ignore[attr-defined]
+    sa = SYSTEMS["sa_jobqueue"]
+    sa.concurrency = args.sa_concurrency  # type: ignore[attr-defined]
+    sa.config = f"sa-jobqueue worker --concurrency {args.sa_concurrency}"  # type: ignore[misc]
+    command = command_line(argv)
+    started_at = datetime.now(UTC)
     started = time.monotonic()
     with server_url() as (url, where):
         info = machine_info(url, where)
-        print(render_info(info, args), flush=True)
+        used = [k for k in SYSTEMS if k in args.systems]
+        document: report.Document = {
+            "format": 2,
+            "command": command,
+            "git": git_state(),
+            "started": started_at.isoformat(timespec="seconds"),
+            "full_run": is_full_run(args),
+            "info": info,
+            "options": {k: v for k, v in vars(args).items() if k != "results_dir"},
+            "systems": {k: describe_system(SYSTEMS[k]) for k in used},
+            "sizes": describe_sizes(args),
+            "scenarios": {},
+        }
+        print(report.render_info(document), flush=True)
         run = Run(args, url)
         for name in args.scenarios:
-            print(f"\n[{TITLES[name]}]", flush=True)
+            print(f"\n[{report.TITLES[name]}]", flush=True)
             run.scenario(name, lambda row, dsn, body=SCENARIO_BODIES[name]: body(run, row, dsn))
-    print()
-    for name, rows in run.tables.items():
-        print(render(name, rows, args))
-        print()
-    minutes = (time.monotonic() - started) / 60
-    print(f"Total time: {minutes:.1f} min")
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.results_dir / f"{stamp}.json"
-    document = {
-        "info": info,
-        "options": {k: v for k, v in vars(args).items()},
-        "minutes": minutes,
-        "scenarios": {
-            name: [
-                {
-                    "system": row.system.key,
-                    "label": row.system.label,
-                    "error": row.error,
-                    "failures": row.failures,
-                    "notes": row.notes,
-                    "medians": {m: row.median(m) for m in row.samples},
-                    "samples": row.samples,
-                    "runs": row.raw,
-                }
-                for row in rows
-            ]
-            for name, rows in run.tables.items()
-        },
+    info["load_average"]["end"] = round(os.getloadavg()[0], 2)
+    document["minutes"] = (time.monotonic() - started) / 60
+    document["scenarios"] = {
+        name: [row.as_dict() for row in rows] for name, rows in run.tables.items()
     }
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    report.add_ratios(document)
+    print()
+    for name in document["scenarios"]:
+        print(report.render_scenario(name, document))
+        print()
+    print(f"Total time: {document['minutes']:.1f} min")
+    text = json.dumps(document, indent=2, default=str) + "\n"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = args.results_dir / f"{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(text)
     print(f"Results: {path}")
+    if args.publish:
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        published = RUNS_DIR / f"{started_at.strftime('%Y-%m-%d')}-{info['host']}.json"
+        published.write_text(text)
+        name = published.relative_to(ROOT)
+        print(f"Published: {name} (the docs' table: bench/.venv/bin/python"
+              f" bench/readme_table.py {name})")  # fmt: skip
     failed = any(row.failures for rows in run.tables.values() for row in rows)
     return 1 if failed else 0
 

@@ -16,14 +16,19 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+from bench import cpu
 from bench.adapters.base import Kind, System
-from bench.record import RECORD_DIR_ENV, Records
+from bench.record import RECORD_DIR_ENV, Records, Tail
 
 ROOT = Path(__file__).resolve().parent.parent
-#: How often the harness looks whether a drain is finished (seconds).
-POLL = 0.02
-#: What a worker process gets to start (import, connect) on top of a drain's time cap.
-STARTUP_ALLOWANCE = 20.0
+#: How often the harness reads the handlers' record files while jobs are still starting (s).
+TAIL_POLL = 0.005
+#: How often it asks the database whether a job is unfinished, once all have started (s).
+POLL = 0.002
+#: What a worker process gets to start (import, connect, warm up) before a drain.
+STARTUP_ALLOWANCE = 30.0
+#: The first key of the untimed warm-up jobs a drain starts with (System.warmup_per_process).
+WARMUP_KEY = -10_000_000
 #: What workers get to exit after SIGTERM before they are killed.
 STOP_GRACE = 15.0
 
@@ -99,6 +104,19 @@ class Workers:
                     )
                 )
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def pause(self) -> None:
+        """SIGSTOP every worker's process group (each runs in a session of its own)."""
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGCONT)
+
     def all_exited(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
 
@@ -116,6 +134,7 @@ class Workers:
         return peaks
 
     def stop(self) -> None:
+        self.resume()  # a stopped process cannot act on SIGTERM
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -138,6 +157,7 @@ class Workers:
 @dataclass
 class Drain:
     jobs: int
+    procs: int = 1
     finished: int = 0
     seconds: float = 0.0
     rate: float = 0.0
@@ -145,14 +165,85 @@ class Drain:
     duplicates: int = 0  # extra runs of a job (and, for writing handlers, extra effects)
     missing: int = 0  # jobs finished without their handler having run (or its effect written)
     peak_rss_mb: list[float] = field(default_factory=list)
+    #: From SIGCONT to the first handler start (not in ``seconds``).
+    wake_seconds: float = 0.0
+    #: From the last handler start to the end (the last completions' lag; in ``seconds``).
+    tail_seconds: float = 0.0
+    #: CPU (user + system) over the window, SIGCONT to the end: the worker processes and
+    #: their children; the PostgreSQL backends serving them (None: not measurable here);
+    #: the backend answering the harness's own polls.
+    worker_cpu_seconds: float = 0.0
+    db_cpu_seconds: float | None = None
+    poll_cpu_seconds: float | None = None
+    db_backends: int = 0
+    vanished_backends: int = 0
+    ready: str = ""  # how the workers were found ready before the window
     error: str | None = None
 
     @property
     def verified(self) -> bool:
         return self.error is None and self.duplicates == 0 and self.missing == 0
 
+    @property
+    def worker_us_per_job(self) -> float:
+        return self.worker_cpu_seconds / self.finished * 1e6 if self.finished else float("nan")
+
+    @property
+    def db_us_per_job(self) -> float:
+        if self.db_cpu_seconds is None or not self.finished:
+            return float("nan")
+        return self.db_cpu_seconds / self.finished * 1e6
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "verified": self.verified}
+        return {
+            **asdict(self),
+            "verified": self.verified,
+            "worker_us_per_job": self.worker_us_per_job,
+            "db_us_per_job": self.db_us_per_job,
+        }
+
+
+def _pending_keys(conn: psycopg.Connection[Any], system: System) -> set[int]:
+    return {row[0] for row in conn.execute(system.pending_sql)}  # type: ignore[arg-type]
+
+
+def _wait_ready(
+    system: System,
+    workers: Workers,
+    watch: psycopg.Connection[Any],
+    exclude: list[int],
+    tail: Tail,
+    warmup: range,
+) -> str | None:
+    """Wait until the workers ran ``warmup``'s jobs and sit idle; None, or why not.
+
+    Idle: as many database connections as processes at least, and the process trees used
+    less than a quarter of a core each over the last half second.
+    """
+    deadline = time.monotonic() + STARTUP_ALLOWANCE
+    window = 0.5
+    procs = len(workers.procs)
+    last = cpu.tree_snapshot(workers.pids)
+    last_at = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if workers.all_exited():
+            return f"workers exited: {workers.tail()}"
+        tail.update()
+        if tail.started < len(warmup):
+            continue
+        if _pending_keys(watch, system) & set(warmup):
+            continue
+        if time.monotonic() - last_at < window:
+            continue
+        now = cpu.tree_snapshot(workers.pids)
+        used = cpu.cpu_seconds(last, now).seconds
+        last, last_at = now, time.monotonic()
+        backends = cpu.backend_pids(watch, exclude)
+        connected = backends is None or len(backends) >= procs
+        if connected and used < 0.25 * window * procs:
+            return None
+    return "not idle within the start-up allowance"
 
 
 def drain(
@@ -166,22 +257,27 @@ def drain(
     pin_snapshot: bool = False,
     reset: bool = True,
 ) -> Drain:
-    """Pre-load ``jobs`` jobs, start ``procs`` workers, time them until none is left.
+    """Start ``procs`` workers, let them warm up, then time them over ``jobs`` fresh jobs.
 
-    The clock starts when the first handler starts (worker start-up is not counted) and stops
-    when the harness sees no unfinished job left. After ``cap`` seconds the drain is cut short
-    and the jobs finished by then count (``complete`` False). ``reset=False`` keeps the rows
-    already in the tables (finished history), else they are emptied first.
+    The start line is the same for every system: the workers are started on an empty queue
+    and run a few untimed warm-up jobs (connections open, pools and caches filled, process
+    pools forked); once they are idle they are stopped (SIGSTOP), the jobs are loaded and
+    ANALYZEd, and they are all continued (SIGCONT) at once. The clock runs from the first
+    handler start to the moment the harness sees no unfinished job; CPU is counted from the
+    SIGCONT to that moment. While jobs are still starting, the harness reads the handlers'
+    record files and leaves the database alone; once every job has started it asks the
+    database every ``POLL`` seconds whether one is still unfinished. After ``cap`` seconds
+    the drain is cut short and the jobs finished by then count (``complete`` False).
+    ``reset=False`` keeps the finished rows already in the tables (history).
     """
-    result = Drain(jobs)
+    result = Drain(jobs, procs)
     keys = range(jobs)
+    warmup = range(WARMUP_KEY, WARMUP_KEY + system.warmup_per_process * procs)
     if reset:
         system.reset(dsn)
     else:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("TRUNCATE bench_results")
-    system.enqueue_bulk(dsn, keys, kind)
-    analyze(dsn)
     pending_exists = f"SELECT EXISTS ({system.pending_sql})"
     with (
         tempfile.TemporaryDirectory(prefix="bench-") as tmp,
@@ -189,34 +285,70 @@ def drain(
         psycopg.connect(dsn) as pinner,
     ):
         record_dir = Path(tmp)
-        if pin_snapshot:
-            # As a long analytics query does: a snapshot taken and held, so no row version
-            # deleted or updated from now on can be vacuumed away until it ends.
-            pinner.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            pinner.execute("SELECT count(*) FROM bench_results").fetchone()
+        tail = Tail(record_dir, warmup)
+        own = [watch.info.backend_pid, pinner.info.backend_pid]
         workers = Workers(system, dsn, kind, procs, record_dir)
-        spawned = time.time()
-        first: float | None = None
         try:
+            system.enqueue_bulk(dsn, warmup, kind)
+            why = _wait_ready(system, workers, watch, own, tail, warmup)
+            if why is not None and workers.all_exited():
+                result.error = why
+                return result
+            result.ready = why or "idle"
+            workers.pause()
+            system.enqueue_bulk(dsn, keys, kind)
+            analyze(dsn)
+            if pin_snapshot:
+                # As a long analytics query does: a snapshot taken and held, so no row
+                # version deleted or updated from now on can be vacuumed away until it ends.
+                pinner.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                pinner.execute("SELECT count(*) FROM bench_results").fetchone()
+            backends = cpu.backend_pids(watch, own)
+            tail = Tail(record_dir, keys)
+            tail.update()  # the warm-up's lines, read once
+            before = cpu.tree_snapshot(workers.pids)
+            db_before = cpu.snapshot(backends or [])
+            poll_before = cpu.snapshot([watch.info.backend_pid])
+            resumed = time.time()
+            workers.resume()
+            first: float | None = None
             while True:
                 done_at = time.time()
-                if not watch.execute(pending_exists).fetchone()[0]:  # type: ignore[index]
-                    result.complete = True
-                    break
+                if tail.started >= jobs:
+                    if not watch.execute(pending_exists).fetchone()[0]:  # type: ignore[index]
+                        result.complete = True
+                        break
+                    time.sleep(POLL)
+                else:
+                    time.sleep(TAIL_POLL)
+                    tail.update()
                 if workers.all_exited():
                     result.error = f"workers exited: {workers.tail()}"
                     break
                 if first is None:
-                    first = Records.read(record_dir).first
-                if done_at - (first or spawned) > cap + (0 if first else STARTUP_ALLOWANCE):
+                    first = tail.first
+                if done_at - (first or resumed) > cap + (0 if first else STARTUP_ALLOWANCE):
                     break
-                time.sleep(POLL)
+            after = cpu.tree_snapshot(workers.pids)
+            result.worker_cpu_seconds = cpu.cpu_seconds(before, after).seconds
+            if backends is not None:
+                # Connections opened during the window count whole.
+                window = cpu.cpu_seconds(
+                    db_before, cpu.snapshot(cpu.backend_pids(watch, own) or [])
+                )
+                result.db_cpu_seconds = window.seconds
+                result.db_backends = len(backends)
+                result.vanished_backends = window.vanished
+                result.poll_cpu_seconds = cpu.cpu_seconds(
+                    poll_before, cpu.snapshot([watch.info.backend_pid])
+                ).seconds
             result.peak_rss_mb = workers.peak_rss_mb()
         finally:
             workers.stop()
             pinner.rollback()
-        records = Records.read(record_dir)
-        pending = {row[0] for row in watch.execute(system.pending_sql)}  # type: ignore[arg-type]
+        records = tail.update()
+        first = tail.first
+        pending = _pending_keys(watch, system)
         finished = set(keys) - pending
         ran = {k for k in records.runs if 0 <= k < jobs}
         result.finished = len(finished)
@@ -224,12 +356,17 @@ def drain(
         result.missing = len(finished - ran)
         if kind == "write":
             counts = dict(
-                watch.execute("SELECT n, count(*) FROM bench_results GROUP BY n").fetchall()
+                watch.execute(
+                    "SELECT n, count(*) FROM bench_results WHERE n >= 0 GROUP BY n"
+                ).fetchall()
             )
             result.duplicates += sum(c - 1 for c in counts.values() if c > 1)
             result.missing += len(finished - set(counts))
-        if records.first is not None and result.finished:
-            result.seconds = max(done_at - records.first, 1e-6)
+        if first is not None and result.finished:
+            result.wake_seconds = max(first - resumed, 0.0)
+            last = max(at for k, at in records.started.items() if 0 <= k < jobs)
+            result.tail_seconds = max(done_at - last, 0.0)
+            result.seconds = max(done_at - first, 1e-6)
             result.rate = result.finished / result.seconds
         elif result.error is None:
             result.error = f"no job ran: {workers.tail()}"

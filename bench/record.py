@@ -56,3 +56,44 @@ class Records:
                 records.runs[key] += 1
                 records.started[key] = min(at, records.started.get(key, at))
         return records
+
+
+class Tail:
+    """Reads the record files under a directory as they grow, each byte once."""
+
+    def __init__(self, directory: Path, keys: range):
+        self.directory = directory
+        self.keys = keys
+        self.records = Records()
+        #: How many keys of ``keys`` have started at least once.
+        self.started = 0
+        #: When the first of ``keys`` started (the others' lines are read, not timed).
+        self.first: float | None = None
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+
+    def update(self) -> Records:
+        for path in self.directory.glob("*.log"):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+            if not data:
+                continue
+            self._offsets[path] = offset + len(data)
+            data = self._partial.pop(path, b"") + data
+            complete, _, rest = data.rpartition(b"\n")
+            if rest:
+                self._partial[path] = rest  # a line still being written
+            for line in complete.split(b"\n"):
+                key_text, _, at_text = line.partition(b" ")
+                if not at_text:
+                    continue
+                key, at = int(key_text), float(at_text)
+                if key in self.keys:
+                    if key not in self.records.runs:
+                        self.started += 1
+                    self.first = at if self.first is None else min(self.first, at)
+                self.records.runs[key] += 1
+                self.records.started[key] = min(at, self.records.started.get(key, at))
+        return self.records

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from bench.adapters.base import System
 from bench.adapters.chancy_adapter import Chancy, ChancyTuned
-from bench.adapters.pgqueuer_adapter import PgQueuer, PgQueuerTuned
-from bench.adapters.procrastinate_adapter import Procrastinate
+from bench.adapters.pgqueuer_adapter import PgQueuer, PgQueuerB500, PgQueuerPsycopg, PgQueuerTuned
+from bench.adapters.procrastinate_adapter import Procrastinate, ProcrastinateTuned
 from bench.adapters.reference import Reference
 from bench.adapters.sa_jobqueue_adapter import SaJobqueue
 
@@ -14,8 +14,11 @@ SYSTEMS: dict[str, System] = {
     for s in (
         SaJobqueue(),
         Procrastinate(),
+        ProcrastinateTuned(),
         PgQueuer(),
         PgQueuerTuned(),
+        PgQueuerB500(),
+        PgQueuerPsycopg(),
         Chancy(),
         ChancyTuned(),
         Reference(),

@@ -29,6 +29,8 @@ class System(ABC):
     key: ClassVar[str]
     #: How the tables show it.
     label: ClassVar[str]
+    #: The configuration, in a line, as the report's header states it.
+    config: ClassVar[str] = ""
     #: The distribution whose version is reported (None: not a package).
     distribution: ClassVar[str | None] = None
     #: Modules that must import for the system to run.
@@ -41,6 +43,8 @@ class System(ABC):
     history_sql: ClassVar[str]
     #: Tables emptied between repetitions.
     tables: ClassVar[tuple[str, ...]]
+    #: Untimed jobs per worker process before each drain (a slow system gets fewer).
+    warmup_per_process: ClassVar[int] = 50
 
     def unavailable(self) -> str | None:
         """Why this system cannot run here, or None."""

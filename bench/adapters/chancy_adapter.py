@@ -1,7 +1,10 @@
 """Chancy: its migrate, queue declaration, push/push_many and Worker.
 
-Two configurations: the defaults (a queue declared with no options: process-pool executor,
-5 s polling) and a tuned one (asyncio executor, 50 jobs at once, eager polling).
+Two configurations: the defaults (a queue declared with no options: the process-pool
+executor, its concurrency the core count, 5 s polling; the worker writes job updates every
+second) and a tuned one, from the options its Queue and Worker document: the asyncio
+executor (for many short I/O-bound jobs), 50 jobs at once, eager polling (poll again as soon
+as a job completes), and job updates written every 0.1 s (``Worker.send_outgoing_interval``).
 """
 
 from __future__ import annotations
@@ -26,11 +29,24 @@ from bench.record import record
 _log = logging.getLogger("bench.chancy")
 _log.setLevel(logging.WARNING)
 _pool: Any = None
+_conn: Any = None
 
 
 def noop_sync(n: int) -> None:
     """The no-op handler for the process-pool executor (it runs plain functions)."""
     record(n)
+
+
+def write_sync(n: int) -> None:
+    """The writing handler for the process-pool executor: a connection per pool process."""
+    global _conn
+    record(n)
+    if _conn is None:
+        import psycopg
+
+        _conn = psycopg.connect(os.environ["BENCH_DSN"], autocommit=True)
+    # Its own transaction, apart from the job's completion.
+    _conn.execute("INSERT INTO bench_results (n) VALUES (%s)", (n,))
 
 
 async def noop(n: int) -> None:
@@ -54,6 +70,7 @@ async def write(n: int) -> None:
 
 _FUNCS: dict[str, str] = {
     "noop_sync": f"{__name__}.noop_sync",
+    "write_sync": f"{__name__}.write_sync",
     "noop": f"{__name__}.noop",
     "write": f"{__name__}.write",
 }
@@ -62,6 +79,7 @@ _FUNCS: dict[str, str] = {
 class Chancy(System):
     key = "chancy"
     label = "chancy (defaults)"
+    config = "Worker(app), Queue(name) at its defaults: ProcessExecutor, polling every 5 s"
     distribution = "chancy"
     modules = ("chancy",)
     pending_sql = (
@@ -78,10 +96,14 @@ class Chancy(System):
     tables = ("chancy_jobs",)
     #: Queue options beyond the name (none: Chancy's defaults).
     queue_options: ClassVar[dict[str, Any]] = {}
+    # Its defaults run a few jobs a second (2 at a time, polling every 5 s): a short warm-up.
+    warmup_per_process: ClassVar[int] = 4
+    #: Worker.send_outgoing_interval (None: its default, 1 s).
+    outgoing_interval: ClassVar[float | None] = None
 
     def _func(self, kind: Kind) -> str:
-        if kind == "noop" and not self.queue_options:
-            return _FUNCS["noop_sync"]
+        if not self.queue_options:  # the process-pool executor: plain functions
+            return _FUNCS[f"{kind}_sync"]
         return _FUNCS[kind]
 
     def install(self, dsn: str) -> None:
@@ -136,8 +158,12 @@ class Chancy(System):
         from chancy import Worker
 
         async def work() -> None:
-            async with App(dsn, log=_log) as app, Worker(app) as worker:
-                await worker.wait_for_shutdown()  # it handles SIGTERM itself
+            async with App(dsn, log=_log) as app:
+                worker = Worker(app)
+                if self.outgoing_interval is not None:
+                    worker.send_outgoing_interval = self.outgoing_interval
+                async with worker:
+                    await worker.wait_for_shutdown()  # it handles SIGTERM itself
 
         asyncio.run(work())
 
@@ -145,6 +171,12 @@ class Chancy(System):
 class ChancyTuned(Chancy):
     key = "chancy_tuned"
     label = "chancy (tuned)"
+    config = (
+        "Queue(concurrency=50, executor=AsyncExecutor, polling_interval=1,"
+        " eager_polling=True), Worker.send_outgoing_interval=0.1"
+    )
+    outgoing_interval = 0.1
+    warmup_per_process = 50
     queue_options: ClassVar[dict[str, Any]] = {
         "concurrency": 50,
         "executor": "chancy.executors.asyncex.AsyncExecutor",

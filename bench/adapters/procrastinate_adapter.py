@@ -1,11 +1,18 @@
-"""procrastinate: its App and tasks, its schema applier, its worker API at the defaults."""
+"""procrastinate: its App and tasks, its schema applier, its worker API.
+
+Two configurations: the defaults (``concurrency=1``, the connector's pool at psycopg_pool's
+default of 4 connections, LISTEN/NOTIFY on) and ``procrastinate_c10``: ``concurrency=10``
+with a pool of 10 connections, as its docs advise for short async jobs ("Execute multiple
+jobs at the same time": sub-workers for async tasks; "Mind the size of your PostgreSQL
+pool": as many connections as the concurrency, the listener's apart).
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.adapters.base import (
     QUEUE,
@@ -18,10 +25,11 @@ from bench.adapters.base import (
 from bench.record import record
 
 
-def make_app(dsn: str) -> Any:
+def make_app(dsn: str, pool_size: int | None = None) -> Any:
     import procrastinate
 
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    pool = {} if pool_size is None else {"min_size": pool_size, "max_size": pool_size}
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn, **pool))
 
     @app.task(name="noop", queue=QUEUE)
     async def noop(n: int) -> None:
@@ -41,6 +49,7 @@ def make_app(dsn: str) -> Any:
 class Procrastinate(System):
     key = "procrastinate"
     label = "procrastinate"
+    config = "App.run_worker(), concurrency=1, pool of 4 (defaults)"
     distribution = "procrastinate"
     modules = ("procrastinate",)
     pending_sql = (
@@ -52,6 +61,9 @@ class Procrastinate(System):
         FROM generate_series(1, %(n)s) AS g
     """
     tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_workers")
+    #: run_worker(concurrency=...) and the connector's pool size (None: the defaults).
+    concurrency: ClassVar[int | None] = None
+    pool_size: ClassVar[int | None] = None
 
     def install(self, dsn: str) -> None:
         async def apply() -> None:
@@ -95,5 +107,14 @@ class Procrastinate(System):
         return peer_worker_argv(self, kind)
 
     def run_worker(self, dsn: str, kind: Kind) -> None:
-        # The defaults: concurrency 1, LISTEN/NOTIFY on, SIGTERM stops it gracefully.
-        make_app(dsn).run_worker(queues=[QUEUE])
+        # LISTEN/NOTIFY on (the default); SIGTERM stops it gracefully.
+        options = {} if self.concurrency is None else {"concurrency": self.concurrency}
+        make_app(dsn, self.pool_size).run_worker(queues=[QUEUE], **options)
+
+
+class ProcrastinateTuned(Procrastinate):
+    key = "procrastinate_c10"
+    label = "procrastinate (concurrency=10)"
+    config = "App.run_worker(concurrency=10), pool of 10"
+    concurrency = 10
+    pool_size = 10

@@ -3,6 +3,8 @@
 The loop claims up to 100 jobs with one ``UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED
 LIMIT 100) RETURNING``, runs them, and marks them done with one ``UPDATE ... WHERE id =
 ANY(...)``, all in autocommit: no leases, retries or fencing, just the ceiling of the pattern.
+Its writing handler inserts the batch's rows and marks the batch done in one transaction
+(the ceiling of exactly-once writing: the effect and the completion commit together).
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ CLAIM = """
     RETURNING ref_jobs.id, ref_jobs.n
 """
 DONE = "UPDATE ref_jobs SET status = 'done' WHERE id = ANY(%s)"
+WRITE = "INSERT INTO bench_results (n) SELECT unnest(%s::int[])"
 
 
 class Reference(System):
     key = "reference"
     label = "reference: raw SQL / batched loop"
+    config = (
+        "one psycopg connection, claim 100 per UPDATE ... SKIP LOCKED, done in one UPDATE;"
+        " writing: the batch's rows and its completion in one transaction"
+    )
     peer = False
     pending_sql = "SELECT n FROM ref_jobs WHERE status IN ('queued', 'running')"
     history_sql = """
@@ -87,4 +94,10 @@ class Reference(System):
                     continue
                 for _, n in rows:
                     record(n)
-                conn.execute(DONE, ([job_id for job_id, _ in rows],))
+                ids = [job_id for job_id, _ in rows]
+                if kind == "write":
+                    with conn.transaction():
+                        conn.execute(WRITE, ([n for _, n in rows],))
+                        conn.execute(DONE, (ids,))
+                else:
+                    conn.execute(DONE, (ids,))

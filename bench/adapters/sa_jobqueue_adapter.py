@@ -14,6 +14,7 @@ from bench.adapters.base import Kind, Producer, System, install_results_table
 class SaJobqueue(System):
     key = "sa_jobqueue"
     label = "sa_jobqueue"
+    config = "sa-jobqueue worker --concurrency 10 (the CLI's default)"
     distribution = "sa_jobqueue"
     modules = ("sa_jobqueue",)
     peer = False
