@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,6 +67,8 @@ def drop_database(admin_url: str, name: str) -> None:
 
 def analyze(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # Workers may be stopped (SIGSTOP) meanwhile: fail rather than wait on one's lock.
+        conn.execute("SET lock_timeout = '30s'")
         conn.execute("ANALYZE")
 
 
@@ -110,12 +113,15 @@ class Workers:
 
     def pause(self) -> None:
         """SIGSTOP every worker's process group (each runs in a session of its own)."""
-        for proc in self.procs:
-            os.killpg(proc.pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
         for proc in self.procs:
-            os.killpg(proc.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # it exited, its group is gone
+                os.killpg(proc.pid, signum)
 
     def all_exited(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
