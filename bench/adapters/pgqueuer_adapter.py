@@ -63,14 +63,17 @@ class PgQueuer(System):
             finally:
                 runner.run(conn.close())
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         from pgqueuer import Queries
 
         async def enqueue() -> None:
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 queries = Queries.from_psycopg_connection(conn)
-                # One statement per 50,000 jobs (its arrays grow with the batch).
-                for part in chunks(keys, 50_000):
+                # One statement, so one transaction (autocommit), per batch; for a preload, one
+                # per 50,000 jobs (its arrays grow with the batch).
+                for part in chunks(keys, batch or 50_000):
                     await queries.enqueue(
                         [kind] * len(part), [str(n).encode() for n in part], [0] * len(part)
                     )
