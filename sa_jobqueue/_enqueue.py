@@ -7,8 +7,8 @@ Three steps, the first two without I/O:
    ``enqueue_many``, their async twins and :func:`sa_jobqueue.periodic.enqueue_due`.
 2. :func:`new_jobs` encodes the payloads and settles the unique keys: a :class:`NewJobs`.
 3. :func:`insert_one` and :func:`insert_many` run the statements on the caller's Connection,
-   unique keys and their retry included, and :func:`wake` sends at most one NOTIFY per queue
-   per transaction.
+   unique keys and their retry included, and send at most one NOTIFY per queue per transaction
+   (riding in the insert's own round trip; :func:`wake` for the admin calls).
 
 Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
 """
@@ -145,14 +145,16 @@ class NewJobs:
     """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
 
     ``payloads`` are JSON texts; ``keys`` runs parallel to them (None: no uniqueness for that
-    job). ``trace_context`` is the enqueuer's W3C trace context as JSON text, for every job,
-    when the queue traces and a trace is active (see :mod:`sa_jobqueue.tracing`); else None.
+    job), and ``unique`` says whether any of them is a key. ``trace_context`` is the
+    enqueuer's W3C trace context as JSON text, for every job, when the queue traces and a
+    trace is active (see :mod:`sa_jobqueue.tracing`); else None.
     """
 
     options: EnqueueOptions
     payloads: list[str]
     keys: list[str | None]
     trace_context: str | None = None
+    unique: bool = False
 
     @property
     def queue(self) -> str:
@@ -175,49 +177,61 @@ class NewJobs:
 def new_jobs(
     options: EnqueueOptions,
     payloads: Sequence[Any],
-    unique_keys: Sequence[str | None],
+    unique_keys: Sequence[str | None] | None,
     *,
     max_payload_bytes: int,
     trace_context: Callable[[], str | None] | None = None,
 ) -> NewJobs:
     """Encode ``payloads`` and settle their keys; ``unique_keys`` runs parallel to them.
 
-    For a None key the task's ``unique_key`` function, if it declares one, gives the key; its
-    errors propagate. ``trace_context`` is called last, once, if given. No I/O.
+    For a None key (or no ``unique_keys`` at all) the task's ``unique_key`` function, if it
+    declares one, gives the key; its errors propagate. ``trace_context`` is called last, once,
+    if given. No I/O.
     """
     encoded = [encode_payload(p, max_bytes=max_payload_bytes) for p in payloads]
-    if len(unique_keys) != len(payloads):
+    if unique_keys is not None and len(unique_keys) != len(payloads):
         raise InvalidJobError(
             f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
         )
     task = options.task
     derive = task.unique_key
-    keys = [
-        check_unique_key(
-            key if key is not None or derive is None else derive(payload), task=task.name
-        )
-        for payload, key in zip(payloads, unique_keys, strict=True)
-    ]
+    keys: list[str | None]
+    if derive is None and (unique_keys is None or all(key is None for key in unique_keys)):
+        keys = [None] * len(payloads)  # no uniqueness: nothing to check per job
+        unique = False
+    else:
+        given = [None] * len(payloads) if unique_keys is None else unique_keys
+        keys = [
+            check_unique_key(
+                key if key is not None or derive is None else derive(payload), task=task.name
+            )
+            for payload, key in zip(payloads, given, strict=True)
+        ]
+        unique = any(key is not None for key in keys)
     trace = trace_context() if trace_context is not None else None
-    return NewJobs(options, encoded, keys, trace)
+    return NewJobs(options, encoded, keys, trace, unique)
 
 
 # -- 3. the I/O ---------------------------------------------------------------------------------
 
 
 def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
-    """Insert ``new``'s one job in ``conn``'s transaction; wakes its queue's workers at commit."""
+    """Insert ``new``'s one job in ``conn``'s transaction; wakes its queue's workers at commit.
+
+    One round trip for a job without a unique key: the INSERT, its NOTIFY in its RETURNING.
+    """
     sent = sent_notifications(conn)
-    params = {**new.params(), "payload": new.payloads[0]}
+    params = new.params()
+    params["payload"] = new.payloads[0]
     key = new.keys[0]
     wake_up = new.queue not in sent
     traced = new.trace_context is not None
     policy = new.options.backoff is not None
     if key is None:
-        job_id = conn.execute(
-            enqueue_sql.insert_job(new.options.schedule, wake_up, traced=traced, backoff=policy),
-            params,
-        ).scalar_one()
+        statement = enqueue_sql.insert_job(
+            new.options.schedule, wake_up, traced=traced, backoff=policy
+        )
+        job_id = conn.execute(statement, params).scalar_one()
         sent.add(new.queue)
         return Enqueued(job_id)
     params["unique_key"] = key
@@ -239,24 +253,28 @@ def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
 
 
 def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
-    """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order."""
+    """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order.
+
+    The NOTIFY rides in the INSERT's RETURNING, once, and only if a job was added.
+    """
     sent = sent_notifications(conn)
+    wake_up = new.queue not in sent
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
     bulk = new.params("b_")
     statement = enqueue_sql.insert_jobs(
         new.options.schedule,
-        unique=any(key is not None for key in new.keys),
+        unique=new.unique,
         traced=new.trace_context is not None,
         backoff=new.options.backoff is not None,
+        wake=wake_up,
     )
-    if all(key is None for key in new.keys):
+    if not new.unique:
         rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
         result = [Enqueued(job_id) for job_id in rows.scalars()]
     else:
         result = _insert_unique_many(conn, new, statement, bulk)
-    if new.queue not in sent and any(job.created for job in result):
-        conn.execute(enqueue_sql.notify(), {"queue": new.queue})
-        sent.add(new.queue)
+    if any(job.created for job in result):
+        sent.add(new.queue)  # if it was not already, the NOTIFY rode in RETURNING
     return result
 
 
@@ -280,10 +298,11 @@ def _insert_unique_many(
                 "unique_keys": [new.keys[i] for i in todo],
             },
         ).all()
-        inserted = {key: job_id for job_id, key in rows if key is not None}
+        # (id, unique_key), and a third column when the statement carries the NOTIFY.
+        inserted = {row[1]: row[0] for row in rows if row[1] is not None}
         # Rows without a key are never skipped and come back in payload order, as in the
         # plain batch insert (INSERT ... SELECT FROM unnest keeps the array's order).
-        keyless = iter([job_id for job_id, key in rows if key is None])
+        keyless = iter([row[0] for row in rows if row[1] is None])
         skipped: list[int] = []
         for i in todo:
             key = new.keys[i]

@@ -102,7 +102,11 @@ def unless_key_is_live(stmt: PgInsert) -> PgInsert:
 
 @cache
 def insert_jobs(
-    schedule: str, unique: bool = False, traced: bool = False, backoff: bool = False
+    schedule: str,
+    unique: bool = False,
+    traced: bool = False,
+    backoff: bool = False,
+    wake: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -112,6 +116,9 @@ def insert_jobs(
     is skipped, and each returned row says which key it carries: ``(id, unique_key)``. The
     keys of one batch must differ from each other. With ``traced``, every row carries the one
     ``:b_trace_context`` (JSON text): a batch is enqueued from one place in one trace.
+
+    With ``wake`` the same round trip also sends ``:b_queue``'s NOTIFY, once, and only if a
+    row is inserted: see :func:`wake_once`.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -128,12 +135,23 @@ def insert_jobs(
     if backoff:
         rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
         names.append("backoff")
+    woken = (wake_once(bindparam("b_queue", type_=Text)),) if wake else ()
     if unique:
         rows = rows.add_columns(given.c.unique_key)
         names.append("unique_key")
         stmt = unless_key_is_live(pg_insert(jobs_table).from_select(names, rows))
-        return stmt.returning(j.id, j.unique_key)
-    return insert(jobs_table).from_select(names, rows).returning(j.id)
+        return stmt.returning(j.id, j.unique_key, *woken)
+    return insert(jobs_table).from_select(names, rows).returning(j.id, *woken)
+
+
+def wake_once(queue: ColumnElement[str]) -> ColumnElement[Any]:
+    """``(SELECT pg_notify(...))`` for a RETURNING list: one NOTIFY per statement, if any row.
+
+    An uncorrelated scalar subquery is an InitPlan: PostgreSQL runs it once, the first time a
+    row needs it, and never when no row comes back. So a batch sends one notification (not one
+    per row), and an insert that skipped every row (unique keys all held) sends none.
+    """
+    return select(func.pg_notify(CHANNEL, queue)).scalar_subquery()
 
 
 #: The columns of a new job that :func:`job_columns` gives values for, in its order.
