@@ -8,7 +8,9 @@ Three steps, the first two without I/O:
 2. :func:`new_jobs` encodes the payloads and settles the unique keys: a :class:`NewJobs`.
 3. :func:`insert_one` and :func:`insert_many` run the statements on the caller's Connection,
    unique keys and their retry included, and send at most one NOTIFY per queue per transaction
-   (riding in the insert's own round trip; :func:`wake` for the admin calls).
+   (riding in the insert's own round trip; :func:`wake` for the admin calls). One job is one
+   INSERT, sent straight to psycopg when nothing could tell (see
+   :func:`sa_jobqueue._binds.first_row`).
 
 Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
 """
@@ -25,6 +27,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Insert
 from sqlalchemy.engine.base import Transaction
 
+from ._binds import first_row
 from ._sql import enqueue as enqueue_sql
 from ._validation import (
     check_lease,
@@ -231,15 +234,16 @@ def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
         statement = enqueue_sql.insert_job(
             new.options.schedule, wake_up, traced=traced, backoff=policy
         )
-        job_id = conn.execute(statement, params).scalar_one()
+        row = first_row(conn, statement, params)
+        assert row is not None  # an INSERT without ON CONFLICT returns its row or raises
         sent.add(new.queue)
-        return Enqueued(job_id)
+        return Enqueued(row[0])
     params["unique_key"] = key
     insert = enqueue_sql.insert_job(
         new.options.schedule, wake_up, unique=True, traced=traced, backoff=policy
     )
     for _ in range(UNIQUE_ROUNDS):
-        row = conn.execute(insert, params).first()
+        row = first_row(conn, insert, params)
         if row is not None:
             sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
             return Enqueued(row[0])

@@ -36,6 +36,7 @@ from tests.apps.application import AppBase, Order
 from tests.helpers.databases import cloned_database
 from tests.helpers.jobs import count, job, make_queue
 from tests.helpers.notify import notifications, recording
+from tests.helpers.protocol import pgconn_of, traced
 
 # -- the application's side: a business table on a MetaData of its own ------------------------
 
@@ -379,6 +380,65 @@ def test_enqueue_many_of_nothing_sends_nothing(
         conn.commit()
     assert notifications(listener, engine) == []
     assert count(engine) == 0
+
+
+def test_a_session_per_enqueue_costs_three_round_trips(
+    database_url: URL, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    # psycopg prepares no statement here: its one-off preparing round trip would vary the count.
+    engine = create_engine(database_url, connect_args={"prepare_threshold": None})
+    try:
+        with engine.connect() as conn:
+            pgconn = pgconn_of(conn)
+        with traced(pgconn) as traffic, Session(engine) as session:
+            queue.enqueue(session, "work_a", {"n": 1})
+            session.commit()
+        # BEGIN, the INSERT (its NOTIFY in its RETURNING), COMMIT: what a plain INSERT and
+        # COMMIT cost with psycopg alone.
+        assert traffic.round_trips == 3
+        assert traffic.queries[0] == "BEGIN"
+        assert traffic.queries[-1] == "COMMIT"
+        assert notifications(listener, engine) == ["a"]
+    finally:
+        engine.dispose()
+
+
+def test_a_database_error_is_raised_as_sqlalchemy_raises_it(
+    engine: sa.Engine, queue: JobQueue
+) -> None:
+    # Sent straight to psycopg, a failure still looks like one of SQLAlchemy's execute: here,
+    # a lock not granted in time.
+    size = 1
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE sa_jobqueue_jobs IN ACCESS EXCLUSIVE MODE"))
+        with Session(engine) as session:
+            session.execute(sa.text("SET LOCAL lock_timeout = '50ms'"))
+            with pytest.raises(sa.exc.OperationalError) as raised:
+                queue.enqueue_many(session, "work_a", [{"n": n} for n in range(size)])
+            assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+            session.rollback()
+        holder.rollback()
+    with Session(engine) as session, session.begin():
+        queue.enqueue_many(session, "work_a", [{"n": n} for n in range(size)])
+    assert count(engine) == size
+
+
+def test_an_enqueue_first_in_a_transaction_behind_a_transaction_pooler_gets_its_settings(
+    database_url: URL, queue: JobQueue
+) -> None:
+    # The transaction pooler's settings are applied by SQLAlchemy events before a
+    # transaction's first statement: the INSERT must go through them, not around them.
+    engine = create_engine(
+        database_url, pooler="transaction", settings={"application_name": "enqueue-first"}
+    )
+    try:
+        with Session(engine) as session:
+            queue.enqueue(session, "work_a", {"n": 1})
+            name = session.execute(sa.text("SHOW application_name")).scalar_one()
+            session.commit()
+    finally:
+        engine.dispose()
+    assert name == "enqueue-first"
 
 
 # -- 5. bad input is refused before any SQL -------------------------------------------------

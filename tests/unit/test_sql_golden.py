@@ -39,7 +39,8 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "finish_cancelled": transitions.finish_cancelled,
     "extend_leases": leases.extend_leases,
     "still_held": leases.still_held,
-    # Enqueue's: a batch (due now, waking its queue).
+    # Enqueue's: one job and a batch (due now, waking its queue).
+    "insert_job": partial(enqueue.insert_job, "now", True),
     "insert_jobs": partial(enqueue.insert_jobs, "now", wake=True),
 }
 
