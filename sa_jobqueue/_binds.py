@@ -7,19 +7,22 @@ SQLAlchemy's greenlet bridge, so each async method is a thin shell around its sy
 statements, same transaction, same per-transaction bookkeeping (keyed by the sync Transaction
 objects the async ones wrap).
 
-:func:`first_row` goes below SQLAlchemy, to the psycopg connection under the caller's: it sends
-enqueue's one INSERT straight to the driver when nothing could tell the difference
-(SQLAlchemy's execute costs two to three times the driver's own time for it). It stays in the
-caller's transaction, and a database error comes out as SQLAlchemy's execute would raise it.
+Two calls go below SQLAlchemy, to the psycopg connection under the caller's: :func:`first_row`
+sends enqueue's one INSERT straight to the driver when nothing could tell the difference
+(SQLAlchemy's execute costs two to three times the driver's own time for it), and
+:func:`copy_rows` runs the COPY of a large ``enqueue_many``, which SQLAlchemy has no statement
+for. Both stay in the caller's transaction, and a database error comes out as SQLAlchemy's
+execute would raise it.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeAlias, TypeVar
 
 import psycopg
+from psycopg import sql
 from sqlalchemy import Connection, Insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
@@ -220,6 +223,46 @@ def _driver_text(statement: Insert, dialect: Dialect) -> _DriverText | None:
         if not bind.required:
             constants[name] = bind.value
     return _DriverText(compiled.string, constants)
+
+
+def copy_possible(conn: Connection) -> bool:
+    """Whether :func:`copy_rows` may run on ``conn``: psycopg, in a transaction, no schema map.
+
+    Not on an autocommit connection: there each statement commits alone, and a COPY's rows
+    would commit apart from the statement before it that draws their ids and sends their
+    NOTIFY.
+    """
+    if conn.dialect.driver != "psycopg" or "schema_translate_map" in conn.get_execution_options():
+        return False
+    raw: Any = conn.connection.driver_connection
+    return not raw.autocommit
+
+
+def copy_rows(conn: Connection, statement: sql.Composed, rows: Iterable[Sequence[Any]]) -> None:
+    """COPY ``rows`` in with ``statement`` (``COPY ... FROM STDIN``), in ``conn``'s transaction.
+
+    psycopg writes each row in COPY's text format (a tab, a newline or a backslash in a value
+    is escaped). Sent below SQLAlchemy, so its events do not see it; an error is raised as
+    SQLAlchemy's execute raises it.
+    """
+    raw: Any = conn.connection.driver_connection
+    try:
+        if isinstance(raw, psycopg.AsyncConnection):
+            await_(_copy_async(raw, statement, rows))
+            return
+        with raw.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+    except BaseException as exc:
+        conn._handle_dbapi_exception(exc, statement.as_string(raw), None, None, None)
+
+
+async def _copy_async(
+    raw: psycopg.AsyncConnection[Any], statement: sql.Composed, rows: Iterable[Sequence[Any]]
+) -> None:
+    async with raw.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            await copy.write_row(row)
 
 
 def await_(awaitable: Any) -> Any:

@@ -8,9 +8,10 @@ Three steps, the first two without I/O:
 2. :func:`new_jobs` encodes the payloads and settles the unique keys: a :class:`NewJobs`.
 3. :func:`insert_one` and :func:`insert_many` run the statements on the caller's Connection,
    unique keys and their retry included, and send at most one NOTIFY per queue per transaction
-   (riding in the insert's own round trip; :func:`wake` for the admin calls). One job is one
-   INSERT, sent straight to psycopg when nothing could tell (see
-   :func:`sa_jobqueue._binds.first_row`).
+   (riding in the insert's own round trip where they can; :func:`wake` otherwise). One job is
+   one INSERT, sent straight to psycopg when nothing could tell (see
+   :func:`sa_jobqueue._binds.first_row`); a batch of :data:`COPY_FROM` jobs or more without
+   unique keys goes in by COPY, a smaller or unique one by one INSERT from arrays.
 
 Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
 """
@@ -27,7 +28,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Insert
 from sqlalchemy.engine.base import Transaction
 
-from ._binds import first_row
+from ._binds import copy_possible, copy_rows, first_row
 from ._sql import enqueue as enqueue_sql
 from ._validation import (
     check_lease,
@@ -45,6 +46,13 @@ from .tasks import Backoff, Task
 #: the insert and the lookup. Each retry needs another transaction to enqueue and finish a job
 #: with the same key within those two statements, so more than two rounds is already unheard of.
 UNIQUE_ROUNDS: Final = 10
+
+#: The smallest batch that goes in by COPY. COPY costs two more round trips than the INSERT
+#: (one to draw the ids, one more for COPY's own handshake) and saves per job: no array to
+#: build and quote, no unnest, PostgreSQL's batched insert. With the server on the same
+#: machine the two break even between 50 and 100 jobs (bench/enqueue_cost.py measures both
+#: paths); 200 leaves room for a network's longer round trips.
+COPY_FROM: Final = 200
 
 
 class Enqueued(int):
@@ -257,12 +265,17 @@ def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
 
 
 def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
-    """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order.
+    """Insert ``new``'s jobs, by COPY or in one INSERT (more only for unique keys); ids in order.
 
-    The NOTIFY rides in the INSERT's RETURNING, once, and only if a job was added.
+    The NOTIFY rides in the same round trip as the ids (the INSERT's RETURNING, or the id
+    draw before a COPY), once, and only if a job was added.
     """
     sent = sent_notifications(conn)
     wake_up = new.queue not in sent
+    if not new.unique and len(new.payloads) >= COPY_FROM and copy_possible(conn):
+        result = _copy_many(conn, new, wake_up)
+        sent.add(new.queue)
+        return result
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
     bulk = new.params("b_")
     statement = enqueue_sql.insert_jobs(
@@ -280,6 +293,40 @@ def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
     if any(job.created for job in result):
         sent.add(new.queue)  # if it was not already, the NOTIFY rode in RETURNING
     return result
+
+
+def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
+    """COPY ``new``'s jobs in (no unique keys), after one statement that draws their ids."""
+    options = new.options
+    schedule = options.schedule
+    params: dict[str, Any] = {"n": len(new.payloads), "lease": options.lease.total_seconds()}
+    if isinstance(options.run_at, timedelta):
+        params["delay"] = options.run_at.total_seconds()
+    if wake_up:
+        params["queue"] = options.queue
+    drawn = conn.execute(enqueue_sql.reserve_jobs(schedule, wake_up), params).one()
+    # Drawn in generate_series order, so ascending; sorted in case the aggregate's order is not
+    # the draw's: the jobs' ids then follow the payloads' order, as the INSERT's do.
+    ids: list[int] = sorted(drawn.ids)
+    tail: list[Any] = [options.queue, options.task.name, options.priority]
+    tail += [options.max_attempts, drawn.lease]
+    if schedule == "at":
+        tail.append(options.run_at)
+    elif schedule == "after":
+        tail.append(drawn.visible_at)
+    if new.trace_context is not None:
+        tail.append(new.trace_context)
+    if options.backoff is not None:
+        tail.append(json.dumps(options.backoff.to_json()))
+    statement = enqueue_sql.copy_jobs(
+        schedule, traced=new.trace_context is not None, backoff=options.backoff is not None
+    )
+    copy_rows(
+        conn,
+        statement,
+        ((job_id, payload, *tail) for job_id, payload in zip(ids, new.payloads, strict=True)),
+    )
+    return [Enqueued(job_id) for job_id in ids]
 
 
 def _insert_unique_many(

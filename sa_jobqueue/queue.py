@@ -266,11 +266,13 @@ class JobQueue:
         backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
     ) -> list[Enqueued]:
-        """Add one job per payload, all of one task, in one statement; return their ids in order.
+        """Add one job per payload, all of one task, in one go; return their ids in order.
 
         Same rules as :meth:`enqueue`; every payload is checked before anything is sent, so a
-        bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch, in the
-        INSERT's own round trip.
+        bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch. Fewer
+        than 200 jobs, or jobs with unique keys, go in by one INSERT; more by COPY on the
+        session's connection, in its transaction, after one statement that draws their ids.
+        SQLAlchemy's cursor events see that statement, not the COPY.
 
         ``unique_keys``: one key per payload, as ``unique_key`` of :meth:`enqueue` (a None
         entry, or no list, leaves the key to the task's ``unique_key`` function). A payload

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued, JobQueue
+from sa_jobqueue._enqueue import COPY_FROM
 from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import jobs_table
 from tests.apps.application import AppBase, Invoice
@@ -208,10 +209,38 @@ def test_aenqueue_goes_straight_to_the_driver_in_one_round_trip(
     assert [stored[i] for i in ids] == [{"n": n} for n in range(3)]
 
 
-def test_an_async_database_error_is_raised_as_sqlalchemy_raises_it(
+def test_aenqueue_many_copies_a_large_batch_in_the_callers_transaction(
     engine: sa.Engine, queue: JobQueue, run_unwatched: Callable[..., Any]
 ) -> None:
-    size = 1
+    payloads = [{"n": n, "s": "tab\there \\ new\nline é"} for n in range(COPY_FROM + 1)]
+
+    async def scenario(async_engine: AsyncEngine) -> list[int]:
+        async with AsyncSession(async_engine) as session, session.begin():
+            savepoint = await session.begin_nested()
+            await queue.aenqueue_many(session, "work_b", payloads)
+            await savepoint.rollback()
+            pgconn = await session.run_sync(lambda sync: pgconn_of(sync.connection()))
+            with traced(pgconn) as traffic:
+                ids = await queue.aenqueue_many(session, "work_a", payloads)
+            assert traffic.queries[1].startswith("COPY")
+            assert count(engine) == 0
+        return ids
+
+    with listening(engine) as listener:
+        ids = run_unwatched(scenario)
+        assert notifications(listener, engine) == ["a"]  # not "b": its savepoint rolled back
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(payloads)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(j.id, j.payload).where(j.id.in_(ids))).all())
+    assert [stored[i] for i in ids] == payloads
+    assert count(engine) == len(payloads)
+
+
+@pytest.mark.parametrize("size", [1, COPY_FROM], ids=["insert", "copy"])
+def test_an_async_database_error_is_raised_as_sqlalchemy_raises_it(
+    engine: sa.Engine, queue: JobQueue, run_unwatched: Callable[..., Any], size: int
+) -> None:
     payloads = [{"n": n} for n in range(size)]
 
     async def refused(async_engine: AsyncEngine) -> None:

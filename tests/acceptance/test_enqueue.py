@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobInfo, JobQueue, JobQueueError
+from sa_jobqueue._enqueue import COPY_FROM
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.errors import (
     InvalidNameError,
@@ -342,10 +343,10 @@ def _stored_payloads(engine: sa.Engine, ids: list[int]) -> list[Any]:
     return [stored[i] for i in ids]
 
 
-def test_enqueue_many_inserts_a_large_batch_in_one_statement(
+def test_enqueue_many_inserts_a_batch_below_the_copy_size_in_one_statement(
     engine: sa.Engine, queue: JobQueue, sent_sql: list[str], listener: psycopg.Connection[Any]
 ) -> None:
-    payloads = [{"i": i, "tag": f"item-{i}"} for i in range(2000)]
+    payloads = [{"i": i, "tag": f"item-{i}"} for i in range(COPY_FROM - 1)]
     with Session(engine) as session, session.begin():
         session.connection()  # begin before counting
         before = len(sent_sql)
@@ -358,6 +359,28 @@ def test_enqueue_many_inserts_a_large_batch_in_one_statement(
     assert len(ids) == len(set(ids)) == len(payloads)
     assert all(isinstance(i, int) for i in ids)
     # The ids come back in the order of the payloads.
+    assert _stored_payloads(engine, ids) == payloads
+    assert notifications(listener, engine) == ["a"]
+
+
+def test_enqueue_many_copies_a_large_batch_after_one_statement(
+    engine: sa.Engine, queue: JobQueue, sent_sql: list[str], listener: psycopg.Connection[Any]
+) -> None:
+    payloads = [{"i": i, "tag": f"item-{i}"} for i in range(2000)]
+    with Session(engine) as session, session.begin():
+        session.connection()  # begin before counting
+        before = len(sent_sql)
+        ids = queue.enqueue_many(session, "work_a", payloads)
+        batch = sent_sql[before:]
+
+    # Through SQLAlchemy, one statement: it draws the ids and sends the NOTIFY. The rows go
+    # by COPY on the same connection, below SQLAlchemy's events.
+    assert len(batch) == 1
+    assert batch[0].startswith("SELECT")
+    assert "nextval" in batch[0]
+    assert "pg_notify" in batch[0]
+    assert len(ids) == len(set(ids)) == len(payloads)
+    assert ids == sorted(ids)
     assert _stored_payloads(engine, ids) == payloads
     assert notifications(listener, engine) == ["a"]
 
@@ -382,6 +405,33 @@ def test_enqueue_many_of_nothing_sends_nothing(
     assert count(engine) == 0
 
 
+def test_a_copied_batch_in_a_rolled_back_savepoint_leaves_nothing_and_sends_nothing(
+    engine: sa.Engine, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    with Session(engine) as session, session.begin():
+        savepoint = session.begin_nested()
+        queue.enqueue_many(session, "work_a", [{"n": n} for n in range(COPY_FROM)])
+        assert count(session.connection()) == COPY_FROM
+        savepoint.rollback()
+        assert count(session.connection()) == 0
+    assert notifications(listener, engine) == []
+    assert count(engine) == 0
+
+
+def test_a_copied_batch_after_a_rolled_back_one_sends_its_own_notification(
+    engine: sa.Engine, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    payloads = [{"n": n} for n in range(COPY_FROM)]
+    with Session(engine) as session, session.begin():
+        savepoint = session.begin_nested()
+        queue.enqueue_many(session, "work_a", payloads)
+        savepoint.rollback()
+        kept = queue.enqueue_many(session, "work_a", payloads)
+    assert notifications(listener, engine) == ["a"]
+    assert count(engine) == COPY_FROM
+    assert _stored_payloads(engine, kept) == payloads
+
+
 def test_a_session_per_enqueue_costs_three_round_trips(
     database_url: URL, queue: JobQueue, listener: psycopg.Connection[Any]
 ) -> None:
@@ -403,12 +453,12 @@ def test_a_session_per_enqueue_costs_three_round_trips(
         engine.dispose()
 
 
+@pytest.mark.parametrize("size", [1, COPY_FROM], ids=["insert", "copy"])
 def test_a_database_error_is_raised_as_sqlalchemy_raises_it(
-    engine: sa.Engine, queue: JobQueue
+    engine: sa.Engine, queue: JobQueue, size: int
 ) -> None:
-    # Sent straight to psycopg, a failure still looks like one of SQLAlchemy's execute: here,
-    # a lock not granted in time.
-    size = 1
+    # Straight to psycopg (one job) or by COPY (a batch), a failure looks like one of
+    # SQLAlchemy's execute: here, a lock not granted in time.
     with engine.connect() as holder:
         holder.execute(sa.text("LOCK TABLE sa_jobqueue_jobs IN ACCESS EXCLUSIVE MODE"))
         with Session(engine) as session:

@@ -39,9 +39,10 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "finish_cancelled": transitions.finish_cancelled,
     "extend_leases": leases.extend_leases,
     "still_held": leases.still_held,
-    # Enqueue's: one job and a batch (due now, waking its queue).
+    # Enqueue's: one job (due now, waking its queue), a batch by INSERT, a batch's ids for COPY.
     "insert_job": partial(enqueue.insert_job, "now", True),
     "insert_jobs": partial(enqueue.insert_jobs, "now", wake=True),
+    "reserve_jobs": partial(enqueue.reserve_jobs, "now", True),
 }
 
 # Line breaks go before these words, so that a change shows as a changed line in a diff rather
