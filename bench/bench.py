@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated subset (opt-in: {', '.join(OPT_IN)})")  # fmt: skip
     p.add_argument("--single", type=int, help="single-row enqueues (default 2000)")
     p.add_argument("--bulk", type=int, help="jobs in the bulk enqueue (default 20000)")
+    p.add_argument("--bulk-batch", type=int, default=1000,
+                   help="jobs per transaction in the bulk enqueue (default 1000)")  # fmt: skip
     p.add_argument("--drain", type=int, help="jobs per no-op / writing drain (default 20000)")
     p.add_argument("--drain-procs", type=_procs, default=[1, 2, 4],
                    help="worker processes of the no-op drains (default 1,2,4)")  # fmt: skip
@@ -348,18 +350,24 @@ def scenario_enqueue(run: Run, row: Row, dsn: str) -> None:
         row.system.reset(dsn)
         with row.system.producer(dsn, "noop") as enqueue:
             enqueue(-1)  # connect and warm up outside the clock
+            cpu = time.process_time()
             seconds = harness.timed(lambda: [enqueue(i) for i in range(n)] and None)
+            cpu = time.process_time() - cpu
         row.add("jobs/s", n / seconds)
-        row.raw.append({"jobs": n, "seconds": seconds})
+        row.add("cpu", cpu / n * 1e6)
+        row.raw.append({"jobs": n, "seconds": seconds, "client_cpu_seconds": cpu})
 
 
 def scenario_bulk(run: Run, row: Row, dsn: str) -> None:
-    n = run.args.bulk
+    n, batch = run.args.bulk, run.args.bulk_batch
     for _ in range(run.args.repeat):
         row.system.reset(dsn)
-        seconds = harness.timed(lambda: row.system.enqueue_bulk(dsn, range(n), "noop"))
+        cpu = time.process_time()
+        seconds = harness.timed(lambda: row.system.enqueue_bulk(dsn, range(n), "noop", batch))
+        cpu = time.process_time() - cpu
         row.add("jobs/s", n / seconds)
-        row.raw.append({"jobs": n, "seconds": seconds})
+        row.add("cpu", cpu / n * 1e6)
+        row.raw.append({"jobs": n, "batch": batch, "seconds": seconds, "client_cpu_seconds": cpu})
 
 
 def scenario_drain(run: Run, row: Row, dsn: str) -> None:

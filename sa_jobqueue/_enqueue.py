@@ -7,8 +7,11 @@ Three steps, the first two without I/O:
    ``enqueue_many``, their async twins and :func:`sa_jobqueue.periodic.enqueue_due`.
 2. :func:`new_jobs` encodes the payloads and settles the unique keys: a :class:`NewJobs`.
 3. :func:`insert_one` and :func:`insert_many` run the statements on the caller's Connection,
-   unique keys and their retry included, and :func:`wake` sends at most one NOTIFY per queue
-   per transaction.
+   unique keys and their retry included, and send at most one NOTIFY per queue per transaction
+   (riding in the insert's own round trip where they can; :func:`wake` otherwise). One job is
+   one INSERT, sent straight to psycopg when nothing could tell (see
+   :func:`sa_jobqueue._binds.first_row`); a batch of :data:`COPY_FROM` jobs or more without
+   unique keys goes in by COPY, a smaller or unique one by one INSERT from arrays.
 
 Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
 """
@@ -25,6 +28,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Insert
 from sqlalchemy.engine.base import Transaction
 
+from ._binds import copy_possible, copy_rows, first_row
 from ._sql import enqueue as enqueue_sql
 from ._validation import (
     check_lease,
@@ -42,6 +46,13 @@ from .tasks import Backoff, Task
 #: the insert and the lookup. Each retry needs another transaction to enqueue and finish a job
 #: with the same key within those two statements, so more than two rounds is already unheard of.
 UNIQUE_ROUNDS: Final = 10
+
+#: The smallest batch that goes in by COPY. COPY costs two more round trips than the INSERT
+#: (one to draw the ids, one more for COPY's own handshake) and saves per job: no array to
+#: build and quote, no unnest, PostgreSQL's batched insert. With the server on the same
+#: machine the two break even between 50 and 100 jobs (bench/enqueue_cost.py measures both
+#: paths); 200 leaves room for a network's longer round trips.
+COPY_FROM: Final = 200
 
 
 class Enqueued(int):
@@ -145,14 +156,16 @@ class NewJobs:
     """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
 
     ``payloads`` are JSON texts; ``keys`` runs parallel to them (None: no uniqueness for that
-    job). ``trace_context`` is the enqueuer's W3C trace context as JSON text, for every job,
-    when the queue traces and a trace is active (see :mod:`sa_jobqueue.tracing`); else None.
+    job), and ``unique`` says whether any of them is a key. ``trace_context`` is the
+    enqueuer's W3C trace context as JSON text, for every job, when the queue traces and a
+    trace is active (see :mod:`sa_jobqueue.tracing`); else None.
     """
 
     options: EnqueueOptions
     payloads: list[str]
     keys: list[str | None]
     trace_context: str | None = None
+    unique: bool = False
 
     @property
     def queue(self) -> str:
@@ -175,57 +188,70 @@ class NewJobs:
 def new_jobs(
     options: EnqueueOptions,
     payloads: Sequence[Any],
-    unique_keys: Sequence[str | None],
+    unique_keys: Sequence[str | None] | None,
     *,
     max_payload_bytes: int,
     trace_context: Callable[[], str | None] | None = None,
 ) -> NewJobs:
     """Encode ``payloads`` and settle their keys; ``unique_keys`` runs parallel to them.
 
-    For a None key the task's ``unique_key`` function, if it declares one, gives the key; its
-    errors propagate. ``trace_context`` is called last, once, if given. No I/O.
+    For a None key (or no ``unique_keys`` at all) the task's ``unique_key`` function, if it
+    declares one, gives the key; its errors propagate. ``trace_context`` is called last, once,
+    if given. No I/O.
     """
     encoded = [encode_payload(p, max_bytes=max_payload_bytes) for p in payloads]
-    if len(unique_keys) != len(payloads):
+    if unique_keys is not None and len(unique_keys) != len(payloads):
         raise InvalidJobError(
             f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
         )
     task = options.task
     derive = task.unique_key
-    keys = [
-        check_unique_key(
-            key if key is not None or derive is None else derive(payload), task=task.name
-        )
-        for payload, key in zip(payloads, unique_keys, strict=True)
-    ]
+    keys: list[str | None]
+    if derive is None and (unique_keys is None or all(key is None for key in unique_keys)):
+        keys = [None] * len(payloads)  # no uniqueness: nothing to check per job
+        unique = False
+    else:
+        given = [None] * len(payloads) if unique_keys is None else unique_keys
+        keys = [
+            check_unique_key(
+                key if key is not None or derive is None else derive(payload), task=task.name
+            )
+            for payload, key in zip(payloads, given, strict=True)
+        ]
+        unique = any(key is not None for key in keys)
     trace = trace_context() if trace_context is not None else None
-    return NewJobs(options, encoded, keys, trace)
+    return NewJobs(options, encoded, keys, trace, unique)
 
 
 # -- 3. the I/O ---------------------------------------------------------------------------------
 
 
 def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
-    """Insert ``new``'s one job in ``conn``'s transaction; wakes its queue's workers at commit."""
+    """Insert ``new``'s one job in ``conn``'s transaction; wakes its queue's workers at commit.
+
+    One round trip for a job without a unique key: the INSERT, its NOTIFY in its RETURNING.
+    """
     sent = sent_notifications(conn)
-    params = {**new.params(), "payload": new.payloads[0]}
+    params = new.params()
+    params["payload"] = new.payloads[0]
     key = new.keys[0]
     wake_up = new.queue not in sent
     traced = new.trace_context is not None
     policy = new.options.backoff is not None
     if key is None:
-        job_id = conn.execute(
-            enqueue_sql.insert_job(new.options.schedule, wake_up, traced=traced, backoff=policy),
-            params,
-        ).scalar_one()
+        statement = enqueue_sql.insert_job(
+            new.options.schedule, wake_up, traced=traced, backoff=policy
+        )
+        row = first_row(conn, statement, params)
+        assert row is not None  # an INSERT without ON CONFLICT returns its row or raises
         sent.add(new.queue)
-        return Enqueued(job_id)
+        return Enqueued(row[0])
     params["unique_key"] = key
     insert = enqueue_sql.insert_job(
         new.options.schedule, wake_up, unique=True, traced=traced, backoff=policy
     )
     for _ in range(UNIQUE_ROUNDS):
-        row = conn.execute(insert, params).first()
+        row = first_row(conn, insert, params)
         if row is not None:
             sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
             return Enqueued(row[0])
@@ -239,25 +265,68 @@ def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
 
 
 def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
-    """Insert ``new``'s jobs in one statement (more only for unique keys); ids in order."""
+    """Insert ``new``'s jobs, by COPY or in one INSERT (more only for unique keys); ids in order.
+
+    The NOTIFY rides in the same round trip as the ids (the INSERT's RETURNING, or the id
+    draw before a COPY), once, and only if a job was added.
+    """
     sent = sent_notifications(conn)
+    wake_up = new.queue not in sent
+    if not new.unique and len(new.payloads) >= COPY_FROM and copy_possible(conn):
+        result = _copy_many(conn, new, wake_up)
+        sent.add(new.queue)
+        return result
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
     bulk = new.params("b_")
     statement = enqueue_sql.insert_jobs(
         new.options.schedule,
-        unique=any(key is not None for key in new.keys),
+        unique=new.unique,
         traced=new.trace_context is not None,
         backoff=new.options.backoff is not None,
+        wake=wake_up,
     )
-    if all(key is None for key in new.keys):
+    if not new.unique:
         rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
         result = [Enqueued(job_id) for job_id in rows.scalars()]
     else:
         result = _insert_unique_many(conn, new, statement, bulk)
-    if new.queue not in sent and any(job.created for job in result):
-        conn.execute(enqueue_sql.notify(), {"queue": new.queue})
-        sent.add(new.queue)
+    if any(job.created for job in result):
+        sent.add(new.queue)  # if it was not already, the NOTIFY rode in RETURNING
     return result
+
+
+def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
+    """COPY ``new``'s jobs in (no unique keys), after one statement that draws their ids."""
+    options = new.options
+    schedule = options.schedule
+    params: dict[str, Any] = {"n": len(new.payloads), "lease": options.lease.total_seconds()}
+    if isinstance(options.run_at, timedelta):
+        params["delay"] = options.run_at.total_seconds()
+    if wake_up:
+        params["queue"] = options.queue
+    drawn = conn.execute(enqueue_sql.reserve_jobs(schedule, wake_up), params).one()
+    # Drawn in generate_series order, so ascending; sorted in case the aggregate's order is not
+    # the draw's: the jobs' ids then follow the payloads' order, as the INSERT's do.
+    ids: list[int] = sorted(drawn.ids)
+    tail: list[Any] = [options.queue, options.task.name, options.priority]
+    tail += [options.max_attempts, drawn.lease]
+    if schedule == "at":
+        tail.append(options.run_at)
+    elif schedule == "after":
+        tail.append(drawn.visible_at)
+    if new.trace_context is not None:
+        tail.append(new.trace_context)
+    if options.backoff is not None:
+        tail.append(json.dumps(options.backoff.to_json()))
+    statement = enqueue_sql.copy_jobs(
+        schedule, traced=new.trace_context is not None, backoff=options.backoff is not None
+    )
+    copy_rows(
+        conn,
+        statement,
+        ((job_id, payload, *tail) for job_id, payload in zip(ids, new.payloads, strict=True)),
+    )
+    return [Enqueued(job_id) for job_id in ids]
 
 
 def _insert_unique_many(
@@ -280,10 +349,11 @@ def _insert_unique_many(
                 "unique_keys": [new.keys[i] for i in todo],
             },
         ).all()
-        inserted = {key: job_id for job_id, key in rows if key is not None}
+        # (id, unique_key), and a third column when the statement carries the NOTIFY.
+        inserted = {row[1]: row[0] for row in rows if row[1] is not None}
         # Rows without a key are never skipped and come back in payload order, as in the
         # plain batch insert (INSERT ... SELECT FROM unnest keeps the array's order).
-        keyless = iter([job_id for job_id, key in rows if key is None])
+        keyless = iter([row[0] for row in rows if row[1] is None])
         skipped: list[int] = []
         for i in todo:
             key = new.keys[i]

@@ -12,7 +12,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ._binds import SessionLike, connection_of, run_async
-from ._enqueue import Enqueued, NewJobs, insert_many, insert_one, new_jobs, resolve_options
+from ._enqueue import (
+    Enqueued,
+    EnqueueOptions,
+    NewJobs,
+    insert_many,
+    insert_one,
+    new_jobs,
+    resolve_options,
+)
 from ._registry import TaskRegistry, handler_name
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
 from .ops import admin
@@ -74,6 +82,8 @@ class JobQueue:
 
             self._trace_context = current_trace_context
         self._registry = TaskRegistry()
+        #: Each task's options when enqueue overrides none, resolved once (a Task is frozen).
+        self._defaults: dict[str, EnqueueOptions] = {}
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -211,8 +221,9 @@ class JobQueue:
         Under REPEATABLE READ or SERIALIZABLE, a key taken by a transaction that committed
         after yours began raises a serialization error instead (retry the transaction).
         """
+        keys = None if unique_key is None else [unique_key]
         new = self._new_jobs(
-            task, [payload], [unique_key], run_at, priority, queue, max_attempts, lease, backoff
+            task, [payload], keys, run_at, priority, queue, max_attempts, lease, backoff
         )
         return insert_one(connection_of(session), new)
 
@@ -235,8 +246,9 @@ class JobQueue:
         The job is written in the async session's transaction and exists if and only if that
         commits; bad input raises before any SQL is sent.
         """
+        keys = None if unique_key is None else [unique_key]
         new = self._new_jobs(
-            task, [payload], [unique_key], run_at, priority, queue, max_attempts, lease, backoff
+            task, [payload], keys, run_at, priority, queue, max_attempts, lease, backoff
         )
         return await run_async(session, lambda conn: insert_one(conn, new))
 
@@ -254,10 +266,13 @@ class JobQueue:
         backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
     ) -> list[Enqueued]:
-        """Add one job per payload, all of one task, in one statement; return their ids in order.
+        """Add one job per payload, all of one task, in one go; return their ids in order.
 
         Same rules as :meth:`enqueue`; every payload is checked before anything is sent, so a
-        bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch.
+        bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch. Fewer
+        than 200 jobs, or jobs with unique keys, go in by one INSERT; more by COPY on the
+        session's connection, in its transaction, after one statement that draws their ids.
+        SQLAlchemy's cursor events see that statement, not the COPY.
 
         ``unique_keys``: one key per payload, as ``unique_key`` of :meth:`enqueue` (a None
         entry, or no list, leaves the key to the task's ``unique_key`` function). A payload
@@ -265,7 +280,7 @@ class JobQueue:
         payload of the batch with the same key as an earlier one: it gets the earlier one's job.
         """
         items = list(payloads)
-        keys = [None] * len(items) if unique_keys is None else list(unique_keys)
+        keys = None if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
             task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
         )
@@ -289,7 +304,7 @@ class JobQueue:
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
         items = list(payloads)
-        keys = [None] * len(items) if unique_keys is None else list(unique_keys)
+        keys = None if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
             task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
         )
@@ -301,7 +316,7 @@ class JobQueue:
         self,
         task: str | Task,
         payloads: list[Any],
-        unique_keys: Sequence[str | None],
+        unique_keys: Sequence[str | None] | None,
         run_at: datetime | timedelta | None,
         priority: int | None,
         queue: str | None,
@@ -311,12 +326,17 @@ class JobQueue:
     ) -> NewJobs:
         """Check and encode everything enqueue was given; no I/O.
 
-        ``unique_keys`` is parallel to ``payloads``; for a None entry the task's function, if
-        it has one, gives the key.
+        ``unique_keys`` is parallel to ``payloads``; for a None entry (or no list) the task's
+        function, if it has one, gives the key.
         """
-        options = resolve_options(
-            self._registry.lookup(task), run_at, priority, queue, max_attempts, lease, backoff
-        )
+        found = self._registry.lookup(task)
+        overrides = (run_at, priority, queue, max_attempts, lease, backoff)
+        if all(option is None for option in overrides):
+            options = self._defaults.get(found.name)
+            if options is None or options.task is not found:
+                options = self._defaults[found.name] = resolve_options(found)
+        else:
+            options = resolve_options(found, run_at, priority, queue, max_attempts, lease, backoff)
         # The trace context is taken before any I/O and in the caller's thread or task: the
         # span that is current where enqueue was called is the one the job's run points to.
         return new_jobs(

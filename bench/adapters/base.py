@@ -77,8 +77,14 @@ class System(ABC):
         """A function that enqueues one job with a key and commits, as an app would."""
 
     @abstractmethod
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
-        """Enqueue one job per key through the system's batch API."""
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
+        """Enqueue one job per key through the system's batch API, ``batch`` per transaction.
+
+        ``batch`` None (the drains' preload) leaves the batching to the adapter: all in one
+        transaction where the system can, else its own default.
+        """
 
     @abstractmethod
     def worker_argv(self, kind: Kind) -> list[str]:
@@ -95,6 +101,8 @@ def install_results_table(dsn: str) -> None:
         conn.execute(RESULTS_DDL)
 
 
-def chunks(keys: Sequence[int], size: int) -> Iterator[Sequence[int]]:
-    for start in range(0, len(keys), size):
-        yield keys[start : start + size]
+def chunks(keys: Sequence[int], size: int | None) -> Iterator[Sequence[int]]:
+    """``keys`` in slices of ``size`` (None: all in one)."""
+    step = size or max(len(keys), 1)
+    for start in range(0, len(keys), step):
+        yield keys[start : start + step]

@@ -139,13 +139,16 @@ class Chancy(System):
             finally:
                 runner.run(app.__aexit__(None, None, None))
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         from chancy import Chancy as App
 
         async def push() -> None:
             async with App(dsn, log=_log) as app:
                 # It yields the references of each batch as that batch commits.
-                async for _ in app.push_many([self._job(kind, n) for n in keys]):
+                jobs = [self._job(kind, n) for n in keys]
+                async for _ in app.push_many(jobs, batch_size=batch or 1000):
                     pass
 
         asyncio.run(push())

@@ -157,7 +157,9 @@ class PgQueuer(System):
             finally:
                 runner.run(conn.close())
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         import asyncpg
         from pgqueuer import Queries
         from pgqueuer.db import AsyncpgDriver
@@ -166,8 +168,9 @@ class PgQueuer(System):
             conn = await asyncpg.connect(dsn=dsn)
             try:
                 queries = Queries(AsyncpgDriver(conn))
-                # One statement per 50,000 jobs (its arrays grow with the batch).
-                for part in chunks(keys, 50_000):
+                # One statement, so one transaction (autocommit), per batch; for a preload, one
+                # per 50,000 jobs (its arrays grow with the batch).
+                for part in chunks(keys, batch or 50_000):
                     await queries.enqueue(
                         [kind] * len(part), [str(n).encode() for n in part], [0] * len(part)
                     )

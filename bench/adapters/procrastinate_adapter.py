@@ -19,6 +19,7 @@ from bench.adapters.base import (
     Kind,
     Producer,
     System,
+    chunks,
     install_results_table,
     peer_worker_argv,
 )
@@ -95,11 +96,14 @@ class Procrastinate(System):
             finally:
                 runner.run(app.close_async())
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         async def defer() -> None:
             app = make_app(dsn)
             async with app.open_async():
-                await app.tasks[kind].batch_defer_async(*({"n": n} for n in keys))
+                for part in chunks(keys, batch):
+                    await app.tasks[kind].batch_defer_async(*({"n": n} for n in part))
 
         asyncio.run(defer())
 

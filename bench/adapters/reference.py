@@ -17,7 +17,14 @@ from types import FrameType
 
 import psycopg
 
-from bench.adapters.base import Kind, Producer, System, install_results_table, peer_worker_argv
+from bench.adapters.base import (
+    Kind,
+    Producer,
+    System,
+    chunks,
+    install_results_table,
+    peer_worker_argv,
+)
 from bench.record import record
 
 BATCH = 100
@@ -70,10 +77,13 @@ class Reference(System):
 
             yield enqueue
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         with psycopg.connect(dsn) as conn:
-            conn.execute("INSERT INTO ref_jobs (n) SELECT unnest(%s::int[])", (list(keys),))
-            conn.commit()
+            for part in chunks(keys, batch):
+                conn.execute("INSERT INTO ref_jobs (n) SELECT unnest(%s::int[])", (list(part),))
+                conn.commit()
 
     def worker_argv(self, kind: Kind) -> list[str]:
         return peer_worker_argv(self, kind)

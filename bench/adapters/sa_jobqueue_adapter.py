@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
 
-from bench.adapters.base import Kind, Producer, System, install_results_table
+from bench.adapters.base import Kind, Producer, System, chunks, install_results_table
 
 
 class SaJobqueue(System):
@@ -60,14 +60,18 @@ class SaJobqueue(System):
         finally:
             engine.dispose()
 
-    def enqueue_bulk(self, dsn: str, keys: Sequence[int], kind: Kind) -> None:
+    def enqueue_bulk(
+        self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
+    ) -> None:
         from bench.tasks import queue
         from sa_jobqueue.database import create_engine
 
         engine = create_engine(dsn)
         try:
-            with Session(engine) as session, session.begin():
-                queue.enqueue_many(session, kind, [{"n": n} for n in keys])
+            with Session(engine) as session:
+                for part in chunks(keys, batch):
+                    with session.begin():
+                        queue.enqueue_many(session, kind, [{"n": n} for n in part])
         finally:
             engine.dispose()
 

@@ -1,4 +1,4 @@
-"""Inserting jobs: one, many, unique, and the wake-up sent with them."""
+"""Inserting jobs: one, many (by INSERT or by COPY), unique, and the wake-up sent with them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Final
 
+from psycopg import sql
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     ColumnElement,
     DateTime,
     Insert,
@@ -102,7 +104,11 @@ def unless_key_is_live(stmt: PgInsert) -> PgInsert:
 
 @cache
 def insert_jobs(
-    schedule: str, unique: bool = False, traced: bool = False, backoff: bool = False
+    schedule: str,
+    unique: bool = False,
+    traced: bool = False,
+    backoff: bool = False,
+    wake: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -112,6 +118,9 @@ def insert_jobs(
     is skipped, and each returned row says which key it carries: ``(id, unique_key)``. The
     keys of one batch must differ from each other. With ``traced``, every row carries the one
     ``:b_trace_context`` (JSON text): a batch is enqueued from one place in one trace.
+
+    With ``wake`` the same round trip also sends ``:b_queue``'s NOTIFY, once, and only if a
+    row is inserted: see :func:`wake_once`.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -128,12 +137,23 @@ def insert_jobs(
     if backoff:
         rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
         names.append("backoff")
+    woken = (wake_once(bindparam("b_queue", type_=Text)),) if wake else ()
     if unique:
         rows = rows.add_columns(given.c.unique_key)
         names.append("unique_key")
         stmt = unless_key_is_live(pg_insert(jobs_table).from_select(names, rows))
-        return stmt.returning(j.id, j.unique_key)
-    return insert(jobs_table).from_select(names, rows).returning(j.id)
+        return stmt.returning(j.id, j.unique_key, *woken)
+    return insert(jobs_table).from_select(names, rows).returning(j.id, *woken)
+
+
+def wake_once(queue: ColumnElement[str]) -> ColumnElement[Any]:
+    """``(SELECT pg_notify(...))`` for a RETURNING list: one NOTIFY per statement, if any row.
+
+    An uncorrelated scalar subquery is an InitPlan: PostgreSQL runs it once, the first time a
+    row needs it, and never when no row comes back. So a batch sends one notification (not one
+    per row), and an insert that skipped every row (unique keys all held) sends none.
+    """
+    return select(func.pg_notify(CHANNEL, queue)).scalar_subquery()
 
 
 #: The columns of a new job that :func:`job_columns` gives values for, in its order.
@@ -187,3 +207,62 @@ def notify() -> Select[object]:
     sends at most one per queue per transaction, so bulk and repeated enqueues cost one each.
     """
     return select(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))
+
+
+# -- COPY ------------------------------------------------------------------------------------
+
+#: The columns a COPY of new jobs always fills, in its rows' order (see :func:`copy_jobs`).
+COPY_COLUMNS: Final = ("id", "payload", "queue", "task", "priority", "max_attempts", "lease")
+
+
+@cache
+def reserve_jobs(schedule: str, wake: bool = False) -> Select[Any]:
+    """Take ``:n`` ids for a COPY of new jobs, with the values the database computes for them.
+
+    One row: ``ids`` (an array of ``:n`` fresh ids from the table's sequence, the order they
+    were drawn in), ``lease`` (``:lease`` seconds as the interval's text, computed as
+    :func:`insert_job` computes it, so the COPY stores the same interval), and with schedule
+    "after" ``visible_at`` (``:delay`` seconds after ``now()``, again as :func:`insert_job`).
+    COPY has no RETURNING and evaluates no expressions; this statement does both for it.
+
+    With ``wake`` it also sends ``:queue``'s NOTIFY: in the same transaction (or savepoint) as
+    the COPY that follows, so both commit or roll back together. On an autocommit connection
+    the two would commit apart, the NOTIFY first; callers do not COPY there.
+    """
+    # The sequence's name is looked up once (an InitPlan), not once per id.
+    sequence = select(func.pg_get_serial_sequence(jobs_table.name, j.id.name)).scalar_subquery()
+    drawn = select(func.array_agg(func.nextval(sequence, type_=BigInteger))).select_from(
+        func.generate_series(1, bindparam("n", type_=Integer))
+    )
+    columns: list[ColumnElement[Any]] = [
+        drawn.scalar_subquery().label("ids"),
+        cast(seconds("lease"), Text).label("lease"),
+    ]
+    if schedule == "after":
+        columns.append(due_at(schedule).label("visible_at"))
+    if wake:
+        columns.append(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))
+    return select(*columns)
+
+
+@cache
+def copy_jobs(schedule: str, traced: bool = False, backoff: bool = False) -> sql.Composed:
+    """``COPY sa_jobqueue_jobs (...) FROM STDIN``: one row per job, in text format.
+
+    A row holds :data:`COPY_COLUMNS` (``id`` from :func:`reserve_jobs`, ``payload`` as JSON
+    text, ``lease`` as the interval text :func:`reserve_jobs` returned), then ``visible_at``
+    unless ``schedule`` is "now" (left out, the column's default is ``now()``, as
+    :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
+    ``backoff``. The table and column names are quoted as identifiers by psycopg.
+    """
+    names = list(COPY_COLUMNS)
+    if schedule != "now":
+        names.append(j.visible_at.name)
+    if traced:
+        names.append(j.trace_context.name)
+    if backoff:
+        names.append(j.backoff.name)
+    return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
+        table=sql.Identifier(jobs_table.name),
+        columns=sql.SQL(", ").join(sql.Identifier(name) for name in names),
+    )

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event, select
@@ -26,11 +27,13 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued, JobQueue
+from sa_jobqueue._enqueue import COPY_FROM
 from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import jobs_table
 from tests.apps.application import AppBase, Invoice
 from tests.helpers.jobs import count, handler
 from tests.helpers.notify import listening, notifications
+from tests.helpers.protocol import pgconn_of, traced
 
 T = TypeVar("T")
 j = jobs_table.c
@@ -164,6 +167,100 @@ def test_a_rolled_back_savepoint_takes_its_notification_with_it(
         run(scenario)
         assert notifications(listener, engine) == ["a"]
     assert count(engine) == 1
+
+
+@pytest.fixture
+def run_unwatched(database_url: URL) -> Callable[..., Any]:
+    """``run_unwatched(scenario)``: as ``run``, but nothing listens to the engine's events, so
+    enqueue takes its direct paths (the INSERT straight to psycopg)."""
+
+    def runner(scenario: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+        async def main() -> T:
+            async_engine = create_async_engine(database_url)
+            try:
+                return await scenario(async_engine)
+            finally:
+                await async_engine.dispose()
+
+        return asyncio.run(main())
+
+    return runner
+
+
+def test_aenqueue_goes_straight_to_the_driver_in_one_round_trip(
+    engine: sa.Engine, queue: JobQueue, run_unwatched: Callable[..., Any]
+) -> None:
+    async def scenario(async_engine: AsyncEngine) -> list[int]:
+        async with AsyncSession(async_engine) as session, session.begin():
+            await session.execute(sa.text("SELECT 1"))
+            pgconn = await session.run_sync(lambda sync: pgconn_of(sync.connection()))
+            with traced(pgconn) as traffic:
+                ids = [await queue.aenqueue(session, "work_a", {"n": n}) for n in range(3)]
+            assert traffic.round_trips == 3
+            assert count(engine) == 0
+        return ids
+
+    with listening(engine) as listener:
+        ids = run_unwatched(scenario)
+        assert notifications(listener, engine) == ["a"]
+    assert ids == sorted(ids)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(j.id, j.payload).where(j.id.in_(ids))).all())
+    assert [stored[i] for i in ids] == [{"n": n} for n in range(3)]
+
+
+def test_aenqueue_many_copies_a_large_batch_in_the_callers_transaction(
+    engine: sa.Engine, queue: JobQueue, run_unwatched: Callable[..., Any]
+) -> None:
+    payloads = [{"n": n, "s": "tab\there \\ new\nline é"} for n in range(COPY_FROM + 1)]
+
+    async def scenario(async_engine: AsyncEngine) -> list[int]:
+        async with AsyncSession(async_engine) as session, session.begin():
+            savepoint = await session.begin_nested()
+            await queue.aenqueue_many(session, "work_b", payloads)
+            await savepoint.rollback()
+            pgconn = await session.run_sync(lambda sync: pgconn_of(sync.connection()))
+            with traced(pgconn) as traffic:
+                ids = await queue.aenqueue_many(session, "work_a", payloads)
+            assert traffic.queries[1].startswith("COPY")
+            assert count(engine) == 0
+        return ids
+
+    with listening(engine) as listener:
+        ids = run_unwatched(scenario)
+        assert notifications(listener, engine) == ["a"]  # not "b": its savepoint rolled back
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(payloads)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(j.id, j.payload).where(j.id.in_(ids))).all())
+    assert [stored[i] for i in ids] == payloads
+    assert count(engine) == len(payloads)
+
+
+@pytest.mark.parametrize("size", [1, COPY_FROM], ids=["insert", "copy"])
+def test_an_async_database_error_is_raised_as_sqlalchemy_raises_it(
+    engine: sa.Engine, queue: JobQueue, run_unwatched: Callable[..., Any], size: int
+) -> None:
+    payloads = [{"n": n} for n in range(size)]
+
+    async def refused(async_engine: AsyncEngine) -> None:
+        async with AsyncSession(async_engine) as session:
+            await session.execute(sa.text("SET LOCAL lock_timeout = '50ms'"))
+            with pytest.raises(sa.exc.OperationalError) as raised:
+                await queue.aenqueue_many(session, "work_a", payloads)
+            assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+            await session.rollback()
+
+    async def accepted(async_engine: AsyncEngine) -> None:
+        async with AsyncSession(async_engine) as session, session.begin():
+            await queue.aenqueue_many(session, "work_a", payloads)
+
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE sa_jobqueue_jobs IN ACCESS EXCLUSIVE MODE"))
+        run_unwatched(refused)
+        holder.rollback()
+    run_unwatched(accepted)
+    assert count(engine) == size
 
 
 def test_async_scoped_session(engine: sa.Engine, queue: JobQueue, run: Callable[..., Any]) -> None:

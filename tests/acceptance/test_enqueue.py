@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobInfo, JobQueue, JobQueueError
+from sa_jobqueue._enqueue import COPY_FROM
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.errors import (
     InvalidNameError,
@@ -36,6 +37,7 @@ from tests.apps.application import AppBase, Order
 from tests.helpers.databases import cloned_database
 from tests.helpers.jobs import count, job, make_queue
 from tests.helpers.notify import notifications, recording
+from tests.helpers.protocol import pgconn_of, traced
 
 # -- the application's side: a business table on a MetaData of its own ------------------------
 
@@ -331,8 +333,38 @@ def test_released_savepoint_keeps_its_notification(
 # -- 4. enqueue_many ------------------------------------------------------------------------
 
 
-def test_enqueue_many_inserts_a_large_batch_in_one_statement(
-    engine: sa.Engine, queue: JobQueue, sent_sql: list[str]
+def _stored_payloads(engine: sa.Engine, ids: list[int]) -> list[Any]:
+    with engine.connect() as conn:
+        stored = dict(
+            conn.execute(
+                select(jobs_table.c.id, jobs_table.c.payload).where(jobs_table.c.id.in_(ids))
+            ).all()
+        )
+    return [stored[i] for i in ids]
+
+
+def test_enqueue_many_inserts_a_batch_below_the_copy_size_in_one_statement(
+    engine: sa.Engine, queue: JobQueue, sent_sql: list[str], listener: psycopg.Connection[Any]
+) -> None:
+    payloads = [{"i": i, "tag": f"item-{i}"} for i in range(COPY_FROM - 1)]
+    with Session(engine) as session, session.begin():
+        session.connection()  # begin before counting
+        before = len(sent_sql)
+        ids = queue.enqueue_many(session, "work_a", payloads)
+        batch = sent_sql[before:]
+
+    # One statement: the INSERT, the NOTIFY in its RETURNING.
+    assert [s.split()[0] for s in batch] == ["INSERT"]
+    assert "pg_notify" in batch[0]
+    assert len(ids) == len(set(ids)) == len(payloads)
+    assert all(isinstance(i, int) for i in ids)
+    # The ids come back in the order of the payloads.
+    assert _stored_payloads(engine, ids) == payloads
+    assert notifications(listener, engine) == ["a"]
+
+
+def test_enqueue_many_copies_a_large_batch_after_one_statement(
+    engine: sa.Engine, queue: JobQueue, sent_sql: list[str], listener: psycopg.Connection[Any]
 ) -> None:
     payloads = [{"i": i, "tag": f"item-{i}"} for i in range(2000)]
     with Session(engine) as session, session.begin():
@@ -341,20 +373,16 @@ def test_enqueue_many_inserts_a_large_batch_in_one_statement(
         ids = queue.enqueue_many(session, "work_a", payloads)
         batch = sent_sql[before:]
 
-    inserts = [s for s in batch if s.lstrip().upper().startswith("INSERT")]
-    assert len(inserts) == 1
-    assert len(batch) <= 2  # the INSERT, and at most one NOTIFY
-    assert len(ids) == len(payloads)
-    assert len(set(ids)) == len(ids)
-    assert all(isinstance(i, int) for i in ids)
-    with engine.connect() as conn:
-        stored = dict(
-            conn.execute(
-                select(jobs_table.c.id, jobs_table.c.payload).where(jobs_table.c.id.in_(ids))
-            ).all()
-        )
-    # The ids come back in the order of the payloads.
-    assert [stored[i] for i in ids] == payloads
+    # Through SQLAlchemy, one statement: it draws the ids and sends the NOTIFY. The rows go
+    # by COPY on the same connection, below SQLAlchemy's events.
+    assert len(batch) == 1
+    assert batch[0].startswith("SELECT")
+    assert "nextval" in batch[0]
+    assert "pg_notify" in batch[0]
+    assert len(ids) == len(set(ids)) == len(payloads)
+    assert ids == sorted(ids)
+    assert _stored_payloads(engine, ids) == payloads
+    assert notifications(listener, engine) == ["a"]
 
 
 @pytest.mark.parametrize("empty", [[], (), iter([])], ids=["list", "tuple", "iterator"])
@@ -375,6 +403,92 @@ def test_enqueue_many_of_nothing_sends_nothing(
         conn.commit()
     assert notifications(listener, engine) == []
     assert count(engine) == 0
+
+
+def test_a_copied_batch_in_a_rolled_back_savepoint_leaves_nothing_and_sends_nothing(
+    engine: sa.Engine, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    with Session(engine) as session, session.begin():
+        savepoint = session.begin_nested()
+        queue.enqueue_many(session, "work_a", [{"n": n} for n in range(COPY_FROM)])
+        assert count(session.connection()) == COPY_FROM
+        savepoint.rollback()
+        assert count(session.connection()) == 0
+    assert notifications(listener, engine) == []
+    assert count(engine) == 0
+
+
+def test_a_copied_batch_after_a_rolled_back_one_sends_its_own_notification(
+    engine: sa.Engine, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    payloads = [{"n": n} for n in range(COPY_FROM)]
+    with Session(engine) as session, session.begin():
+        savepoint = session.begin_nested()
+        queue.enqueue_many(session, "work_a", payloads)
+        savepoint.rollback()
+        kept = queue.enqueue_many(session, "work_a", payloads)
+    assert notifications(listener, engine) == ["a"]
+    assert count(engine) == COPY_FROM
+    assert _stored_payloads(engine, kept) == payloads
+
+
+def test_a_session_per_enqueue_costs_three_round_trips(
+    database_url: URL, queue: JobQueue, listener: psycopg.Connection[Any]
+) -> None:
+    # psycopg prepares no statement here: its one-off preparing round trip would vary the count.
+    engine = create_engine(database_url, connect_args={"prepare_threshold": None})
+    try:
+        with engine.connect() as conn:
+            pgconn = pgconn_of(conn)
+        with traced(pgconn) as traffic, Session(engine) as session:
+            queue.enqueue(session, "work_a", {"n": 1})
+            session.commit()
+        # BEGIN, the INSERT (its NOTIFY in its RETURNING), COMMIT: what a plain INSERT and
+        # COMMIT cost with psycopg alone.
+        assert traffic.round_trips == 3
+        assert traffic.queries[0] == "BEGIN"
+        assert traffic.queries[-1] == "COMMIT"
+        assert notifications(listener, engine) == ["a"]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("size", [1, COPY_FROM], ids=["insert", "copy"])
+def test_a_database_error_is_raised_as_sqlalchemy_raises_it(
+    engine: sa.Engine, queue: JobQueue, size: int
+) -> None:
+    # Straight to psycopg (one job) or by COPY (a batch), a failure looks like one of
+    # SQLAlchemy's execute: here, a lock not granted in time.
+    with engine.connect() as holder:
+        holder.execute(sa.text("LOCK TABLE sa_jobqueue_jobs IN ACCESS EXCLUSIVE MODE"))
+        with Session(engine) as session:
+            session.execute(sa.text("SET LOCAL lock_timeout = '50ms'"))
+            with pytest.raises(sa.exc.OperationalError) as raised:
+                queue.enqueue_many(session, "work_a", [{"n": n} for n in range(size)])
+            assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+            session.rollback()
+        holder.rollback()
+    with Session(engine) as session, session.begin():
+        queue.enqueue_many(session, "work_a", [{"n": n} for n in range(size)])
+    assert count(engine) == size
+
+
+def test_an_enqueue_first_in_a_transaction_behind_a_transaction_pooler_gets_its_settings(
+    database_url: URL, queue: JobQueue
+) -> None:
+    # The transaction pooler's settings are applied by SQLAlchemy events before a
+    # transaction's first statement: the INSERT must go through them, not around them.
+    engine = create_engine(
+        database_url, pooler="transaction", settings={"application_name": "enqueue-first"}
+    )
+    try:
+        with Session(engine) as session:
+            queue.enqueue(session, "work_a", {"n": 1})
+            name = session.execute(sa.text("SHOW application_name")).scalar_one()
+            session.commit()
+    finally:
+        engine.dispose()
+    assert name == "enqueue-first"
 
 
 # -- 5. bad input is refused before any SQL -------------------------------------------------

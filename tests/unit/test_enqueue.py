@@ -166,3 +166,17 @@ def test_urls_naming_another_driver_are_refused_not_switched(url: str) -> None:
     assert done.returncode != 0
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "psycopg 3" in done.stderr
+
+
+def test_the_copy_of_new_jobs_names_its_columns_as_quoted_identifiers() -> None:
+    from sa_jobqueue._sql.enqueue import COPY_COLUMNS, copy_jobs
+    from sa_jobqueue.models import jobs_table
+
+    assert set(COPY_COLUMNS) <= set(jobs_table.c.keys())
+    columns = '"id", "payload", "queue", "task", "priority", "max_attempts", "lease"'
+    table = '"sa_jobqueue_jobs"'
+    assert copy_jobs("now").as_string(None) == f"COPY {table} ({columns}) FROM STDIN"
+    optional = '"visible_at", "trace_context", "backoff"'
+    assert copy_jobs("after", traced=True, backoff=True).as_string(None) == (
+        f"COPY {table} ({columns}, {optional}) FROM STDIN"
+    )

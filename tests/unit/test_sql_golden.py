@@ -16,13 +16,14 @@ import difflib
 import os
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 from sqlalchemy.sql import ClauseElement
 
-from sa_jobqueue._sql import claiming, leases, transitions
+from sa_jobqueue._sql import claiming, enqueue, leases, transitions
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
@@ -38,6 +39,10 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "finish_cancelled": transitions.finish_cancelled,
     "extend_leases": leases.extend_leases,
     "still_held": leases.still_held,
+    # Enqueue's: one job (due now, waking its queue), a batch by INSERT, a batch's ids for COPY.
+    "insert_job": partial(enqueue.insert_job, "now", True),
+    "insert_jobs": partial(enqueue.insert_jobs, "now", wake=True),
+    "reserve_jobs": partial(enqueue.reserve_jobs, "now", True),
 }
 
 # Line breaks go before these words, so that a change shows as a changed line in a diff rather
@@ -62,10 +67,15 @@ def render(name: str, builder: Callable[[], ClauseElement]) -> str:
         for key, value in sorted(compiled.params.items())
         if key not in supplied
     ]
-    module = builder.__module__
+    if isinstance(builder, partial):
+        given = [repr(a) for a in builder.args]
+        given += [f"{key}={value!r}" for key, value in builder.keywords.items()]
+        call = f"{builder.func.__module__}.{builder.func.__name__}({', '.join(given)})"
+    else:
+        call = f"{builder.__module__}.{builder.__name__}()"
     return "\n".join(
         [
-            f"-- {module}.{builder.__name__}(), compiled for PostgreSQL (psycopg)",
+            f"-- {call}, compiled for PostgreSQL (psycopg)",
             f"-- regenerate: {UPDATE_ENV}=1 pytest tests/unit/test_sql_golden.py",
             *lines,
             ";",
