@@ -7,12 +7,13 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Integer,
-    TableValuedAlias,
+    Text,
     Update,
     any_,
     bindparam,
-    column,
+    cast,
     func,
+    select,
 )
 
 from ..models import (
@@ -32,29 +33,36 @@ def fenced(stmt: Update) -> Update:
 
 
 def held_ids() -> ColumnElement[bool]:
-    """``id = ANY(:job_ids)``, said once more beside the join on :func:`held_attempts`.
-
-    Redundant for the result, but it is what makes the planner find the rows through the
-    primary key. Joined on ``unnest`` alone, whose size it cannot see, it may instead walk the
-    claim index for every ``status = 'running'`` row, which, with statistics taken while the
-    backlog was all queued, it believes to be one row; on a backlog of thousands that made
-    every batched completion scan the backlog.
-    """
+    """``id = ANY(:job_ids)``: the rows of many attempts, found through the primary key."""
     return j.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger)))
 
 
-def fenced_many(held: TableValuedAlias) -> tuple[ColumnElement[bool], ...]:
-    """The fence of :func:`fenced`, row by row against :func:`held_attempts`."""
-    return (held_ids(), j.id == held.c.id, j.attempts == held.c.attempt, j.status == RUNNING)
+def held_attempt() -> ColumnElement[int]:
+    """The attempt the caller holds of the row at hand: ``:attempt_list`` at its id's place.
 
-
-def held_attempts() -> TableValuedAlias:
-    """``unnest(:job_ids, :attempt_list)`` as rows of (id, attempt): many fences at once."""
-    return (
-        func.unnest(
-            bindparam("job_ids", type_=ARRAY(BigInteger)),
-            bindparam("attempt_list", type_=ARRAY(Integer)),
+    ``:job_ids`` and ``:attempt_list`` become one JSON object ``{"<id>": <attempt>}``, built
+    once per statement (a scalar subquery) and looked up per row by key, a binary search.
+    Not a join with ``unnest(:job_ids, :attempt_list)``: the planner estimates how many rows
+    are ``running`` from statistics taken while the backlog was queued (none), and with that
+    estimate of one row it joined the batch by a nested loop that read the whole unnested
+    array once per row, 1,000 x 1,000 comparisons for a batch of 1,000. Over a table of a
+    million finished rows it chose that plan at every batch, and completing 536 jobs took
+    54 ms instead of 4.
+    """
+    pairs = select(
+        func.jsonb_object(
+            cast(bindparam("job_ids", type_=ARRAY(BigInteger)), ARRAY(Text)),
+            cast(bindparam("attempt_list", type_=ARRAY(Integer)), ARRAY(Text)),
         )
-        .table_valued(column("id", BigInteger), column("attempt", Integer))
-        .render_derived(name="held")
-    )
+    ).scalar_subquery()
+    return cast(pairs.op("->>")(cast(j.id, Text)), Integer)
+
+
+def fenced_many() -> tuple[ColumnElement[bool], ...]:
+    """The fence of :func:`fenced` for many attempts at once, row by row.
+
+    ``:job_ids`` and ``:attempt_list`` are parallel arrays (each id once). The rows are found
+    by ``id = ANY(:job_ids)`` through the primary key, and no join is left for the planner to
+    get wrong (see :func:`held_attempt`).
+    """
+    return (held_ids(), j.status == RUNNING, j.attempts == held_attempt())

@@ -15,7 +15,7 @@ from sqlalchemy import (
 from ..models import (
     jobs_table,
 )
-from .fence import fenced_many, held_attempts
+from .fence import fenced_many
 
 j = jobs_table.c
 
@@ -34,10 +34,9 @@ def extend_leases() -> Update:
     # running job's row: the worker's own group of completed jobs that has yet to commit, or
     # an application transaction that requested a cancellation and has not committed. While
     # it waited, no lease of this worker would be renewed and no timeout enforced.
-    held = held_attempts()
     renewable = (
         select(j.id)
-        .where(*fenced_many(held))
+        .where(*fenced_many())
         .with_for_update(of=jobs_table, skip_locked=True)
         .cte("renewable")
         .prefix_with("MATERIALIZED")
@@ -53,5 +52,4 @@ def extend_leases() -> Update:
 @cache
 def still_held() -> Select[int]:
     """Which of these attempts are still running (a plain read: it waits for no lock)."""
-    held = held_attempts()
-    return select(j.id).where(*fenced_many(held))
+    return select(j.id).where(*fenced_many())

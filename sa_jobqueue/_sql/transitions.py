@@ -24,7 +24,7 @@ from ..models import (
     jobs_table,
 )
 from .clock import seconds
-from .fence import fenced, fenced_many, held_attempts
+from .fence import fenced, fenced_many
 
 j = jobs_table.c
 
@@ -52,13 +52,9 @@ def complete() -> Update:
 @cache
 def complete_many() -> Update:
     """:func:`complete` for many attempts in one statement; returns the ids it completed."""
-    held = held_attempts()
     return (
         update(jobs_table)
-        .where(
-            *fenced_many(held),
-            j.cancel_requested.is_(False),
-        )
+        .where(*fenced_many(), j.cancel_requested.is_(False))
         .values(
             status=SUCCEEDED,
             finished_at=func.statement_timestamp(),
@@ -75,10 +71,9 @@ def release() -> Update:
     Used on shutdown for jobs still waiting in the worker's buffer: the attempt is not counted
     and the job is due again at once. Fenced like every transition.
     """
-    held = held_attempts()
     return (
         update(jobs_table)
-        .where(*fenced_many(held))
+        .where(*fenced_many())
         .values(
             # A job cancelled while it waited in the buffer ends here rather than run again.
             status=case((j.cancel_requested, CANCELLED), else_=QUEUED),

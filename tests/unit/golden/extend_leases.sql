@@ -2,8 +2,8 @@
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 WITH renewable AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id
-FROM sa_jobqueue_jobs, unnest(%(job_ids)s::BIGINT[], %(attempt_list)s::INTEGER[]) AS held(id, attempt)
-WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.id = held.id AND sa_jobqueue_jobs.attempts = held.attempt AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR FOR UPDATE OF sa_jobqueue_jobs SKIP LOCKED)
+FROM sa_jobqueue_jobs
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) FOR UPDATE OF sa_jobqueue_jobs SKIP LOCKED)
 UPDATE sa_jobqueue_jobs
 SET visible_at=(now() + sa_jobqueue_jobs.lease)
 FROM renewable

@@ -5,8 +5,7 @@ SET status=CASE
 WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_1)s::VARCHAR
 ELSE %(param_2)s::VARCHAR END, attempts=(sa_jobqueue_jobs.attempts - %(attempts_1)s::INTEGER), visible_at=now(), started_at=%(started_at)s::TIMESTAMP WITH TIME ZONE, finished_at=CASE
 WHEN sa_jobqueue_jobs.cancel_requested THEN now() END, worker=%(worker)s::VARCHAR
-FROM unnest(%(job_ids)s::BIGINT[], %(attempt_list)s::INTEGER[]) AS held(id, attempt)
-WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.id = held.id AND sa_jobqueue_jobs.attempts = held.attempt AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER)
 RETURNING sa_jobqueue_jobs.id
 ;
 -- parameters the caller supplies: attempt_list, job_ids
