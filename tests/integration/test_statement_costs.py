@@ -90,3 +90,19 @@ def test_a_batched_transition_reads_each_attempt_once_over_finished_history(
     # batch, and at most one pass over the 2,000 unfinished rows (a table that small may be
     # read whole rather than through an index), never over the history.
     assert _rows_produced(plan) <= 8 * len(running) + 2_000, _rows_produced(plan)
+
+
+def test_the_claim_commits_without_waiting_for_the_disk_and_only_the_claim(
+    conn: sa.Connection, integration_engine: sa.Engine
+) -> None:
+    """Waiting for its WAL flush was most of an idle worker's pickup latency; a lost claim
+    loses nothing (see ``claiming.claim_commits_async``), other transactions must still wait."""
+    _enqueue(conn, 1)
+    assert len(_claim(conn, 1)) == 1
+    # The claim turned the setting off for the transaction it ran in...
+    assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+    # ...and, run as the worker runs it (autocommit: a transaction of its own), for no other.
+    with integration_engine.connect() as single:
+        single = single.execution_options(isolation_level="AUTOCOMMIT")
+        assert _claim(single, 1) == []
+        assert single.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"

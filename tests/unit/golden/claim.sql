@@ -19,7 +19,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cance
 WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_4)s::VARCHAR, %(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR)
 ELSE sa_jobqueue_jobs.last_error END
 FROM picked
-WHERE sa_jobqueue_jobs.id = picked.id
+WHERE sa_jobqueue_jobs.id = picked.id AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff
 ;
 -- parameters the caller supplies: from_queue, limit, worker
