@@ -148,7 +148,7 @@ def job_detail(job: JobInfo, now: datetime) -> str:
 
 
 def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
-    """One line per queue: its live jobs, the oldest due job's wait, what holds it back."""
+    """One line per queue: what holds it back, its live jobs, the oldest due job's wait."""
 
     def held(q: QueueInfo) -> str:
         if q.paused_at is None:
@@ -158,16 +158,16 @@ def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
     rows = [
         (
             q.queue,
+            held(q),
             q.queued,
             q.due,
             q.running,
             span(q.oldest_due_age) if q.oldest_due_age is not None else "-",
-            held(q),
         )
         for q in queues
     ]
-    headers = ("QUEUE", "QUEUED", "DUE", "RUNNING", "OLDEST DUE", "HELD BACK BY")
-    return table(headers, rows) if rows else "no queues: no live jobs, none paused"
+    headers = ("QUEUE", "HELD BACK BY", "QUEUED", "DUE", "RUNNING", "OLDEST DUE")
+    return table(headers, rows, right=4) if rows else "no queues: no live jobs, none paused"
 
 
 def queues_json(queues: Sequence[QueueInfo]) -> str:

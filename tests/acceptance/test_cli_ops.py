@@ -388,12 +388,11 @@ def test_queues_list_table_and_json(run: Run, engine: sa.Engine) -> None:
 
     assert run("queues", "list") == 0, run.err
     assert cells(run.out, "QUEUE") == [
-        "QUEUE", "QUEUED", "DUE", "RUNNING", "OLDEST", "DUE", "HELD", "BACK", "BY"
+        "QUEUE", "HELD", "BACK", "BY", "QUEUED", "DUE", "RUNNING", "OLDEST", "DUE"
     ]  # fmt: skip
-    assert cells(run.out, "emails")[1:4] == ["2", "1", "1"]
-    assert " ".join(cells(run.out, "emails")[5:]) == "paused 2h ago"
-    assert cells(run.out, "reports")[1:4] == ["1", "1", "0"]
-    assert cells(run.out, "reports")[-1] == "-"
+    assert cells(run.out, "emails")[:4] == ["emails", "paused", "2h", "ago"]
+    assert cells(run.out, "emails")[4:7] == ["2", "1", "1"]
+    assert cells(run.out, "reports")[1:5] == ["-", "1", "1", "0"]
 
     found = {item["queue"]: item for item in run.json("queues", "list")}
     assert list(found) == ["emails", "reports"]
