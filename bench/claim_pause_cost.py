@@ -14,8 +14,8 @@ claim sees the same backlog):
 - ``paused``: today's claim on a paused queue (it claims nothing).
 
 Prints the compiled SQL, ``EXPLAIN (ANALYZE, BUFFERS)`` of each shape, and the server
-backend's CPU per claim (``/proc/<backend pid>/stat``, so the server must run on this machine),
-rounds alternating between the shapes, medians.
+backend's CPU per claim (``/proc/<backend pid>/schedstat``, nanoseconds on a CPU, so the server
+must run on this machine), rounds alternating between the shapes, medians.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "bench":
 import psycopg  # noqa: E402
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect  # noqa: E402
 
-from bench import cpu, harness  # noqa: E402
+from bench import harness  # noqa: E402
 from sa_jobqueue._sql.claiming import claim  # noqa: E402
 from sa_jobqueue.database import create_engine  # noqa: E402
 from sa_jobqueue.migrations import upgrade  # noqa: E402
@@ -50,8 +50,14 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backlog", type=int, default=100_000, help="due jobs in the queue")
     p.add_argument("--history", type=int, default=500_000, help="succeeded jobs")
-    p.add_argument("--claims", type=int, default=2000, help="claims per CPU round")
-    p.add_argument("--rounds", type=int, default=5, help="CPU rounds per shape")
+    p.add_argument("--claims", type=int, default=1000, help="claims per CPU round")
+    p.add_argument("--rounds", type=int, default=15, help="CPU rounds per shape")
+    p.add_argument(
+        "--plan-cache-mode",
+        choices=("auto", "force_generic_plan", "force_custom_plan"),
+        default="auto",
+        help="PostgreSQL's plan_cache_mode for the prepared claims (default auto, as workers)",
+    )
     return p.parse_args()
 
 
@@ -82,7 +88,8 @@ def fill(dsn: str, backlog: int, history: int) -> None:
 
 
 def set_state(conn: psycopg.Connection[Any], state: str) -> None:
-    conn.execute("DELETE FROM sa_jobqueue_queues")
+    # TRUNCATE, not DELETE: the rounds would otherwise pile dead row versions into the table.
+    conn.execute("TRUNCATE sa_jobqueue_queues")
     if state in ("running", "paused"):
         conn.execute(
             "INSERT INTO sa_jobqueue_queues (queue, paused_at) VALUES ('default', %s)",
@@ -92,6 +99,11 @@ def set_state(conn: psycopg.Connection[Any], state: str) -> None:
 
 
 SHAPES = ("without", "no row", "running", "paused")
+
+
+def on_cpu_ns(pid: int) -> int:
+    """Nanoseconds process ``pid`` has spent on a CPU (the first field of its schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def main() -> int:
@@ -121,6 +133,8 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             print("\n".join(row[0] for row in plan))
             conn.rollback()
             print()
+        conn.execute("SELECT set_config('plan_cache_mode', %s, false)", (args.plan_cache_mode,))
+        conn.commit()
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert pid is not None
         per_claim: dict[str, list[float]] = {shape: [] for shape in SHAPES}
@@ -131,18 +145,22 @@ def run(dsn: str, args: argparse.Namespace) -> None:
                 for _ in range(20):  # warm: psycopg prepares a statement on its 5th run
                     conn.execute(sql, values, prepare=True)
                     conn.rollback()
-                before = cpu.process_ticks(pid[0])
+                before = on_cpu_ns(pid[0])
                 for _ in range(args.claims):
                     conn.execute(sql, values, prepare=True)
                     conn.rollback()
-                after = cpu.process_ticks(pid[0])
-                assert before is not None
-                assert after is not None
-                per_claim[shape].append((after - before) / cpu.TICK / args.claims * 1e6)
-    print(f"server CPU per claim of 10 (and its rollback), median of {args.rounds} rounds:")
+                per_claim[shape].append((on_cpu_ns(pid[0]) - before) / args.claims / 1000)
+    print(
+        f"server CPU per claim of 10 (and its rollback), plan_cache_mode {args.plan_cache_mode},"
+        f" median of {args.rounds} rounds:"
+    )
     for shape in SHAPES:
-        runs = ", ".join(f"{v:.1f}" for v in per_claim[shape])
-        print(f"  {shape:8} {statistics.median(per_claim[shape]):7.1f} µs   ({runs})")
+        values_ = sorted(per_claim[shape])
+        quartiles = statistics.quantiles(values_, n=4)
+        print(
+            f"  {shape:8} {statistics.median(values_):7.1f} µs"
+            f"   (quartiles {quartiles[0]:.1f} to {quartiles[2]:.1f})"
+        )
 
 
 if __name__ == "__main__":
