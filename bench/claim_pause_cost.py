@@ -3,7 +3,7 @@
     bench/.venv/bin/python bench/claim_pause_cost.py [--backlog N] [--history N] [--claims N]
 
 Uses $DATABASE_URL's server (a database ``bench_claim_pause`` is created and dropped) and fills
-it with ``--history`` succeeded jobs and a ``--backlog`` of due ones in queue ``default``. Three
+it with ``--history`` succeeded jobs and a ``--backlog`` of due ones in queue ``default``. Four
 shapes of the claim, each taking 10 jobs in a transaction that is then rolled back (so every
 claim sees the same backlog):
 
