@@ -1,4 +1,4 @@
-"""The one definition of sa_jobqueue's table: a declarative model with its constraints and indexes.
+"""The one definition of sa_jobqueue's tables: declarative models with constraints and indexes.
 
 The Alembic revisions under ``sa_jobqueue/migrations/versions`` create exactly this; a test
 compares a migrated database with :data:`metadata` and expects an empty autogenerate diff.
@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0006"
+SCHEMA_REVISION: Final = "sajq_0007"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -190,9 +190,29 @@ class WorkerRecord(Base):
     last_seen_at: Mapped[datetime] = mapped_column(server_default=text("now()"))
 
 
+class QueueSettings(Base):
+    """One row per queue whose flow an operator has set: today whether it is paused.
+
+    A queue without a row runs as it always did; the claim looks its queue up here by primary
+    key (one index probe) and claims nothing from a paused one. Rows are written by
+    :func:`sa_jobqueue.ops.pause_queue` and :func:`~sa_jobqueue.ops.resume_queue`, in the
+    caller's transaction; resuming keeps the row (``paused_at`` back to NULL), so later
+    settings of the queue live beside it.
+    """
+
+    __tablename__ = "sa_jobqueue_queues"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: When the queue was paused (database clock); NULL while it runs.
+    paused_at: Mapped[datetime | None]
+
+    __table_args__ = (CheckConstraint("char_length(queue) BETWEEN 1 AND 64", name="queue"),)
+
+
 jobs_table: Final = cast(Table, Job.__table__)
 periodic_table: Final = cast(Table, Periodic.__table__)
 workers_table: Final = cast(Table, WorkerRecord.__table__)
+queues_table: Final = cast(Table, QueueSettings.__table__)
 
 
 def prunable() -> ColumnElement[bool]:

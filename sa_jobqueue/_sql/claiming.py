@@ -14,6 +14,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    exists,
     func,
     literal,
     literal_column,
@@ -29,12 +30,14 @@ from ..models import (
     RUNNING,
     claimable,
     jobs_table,
+    queues_table,
 )
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
 LEASE_EXPIRED: Final = "lease expired (worker lost)"
 
 j = jobs_table.c
+q = queues_table.c
 
 
 def claim_commits_async() -> ColumnElement[bool]:
@@ -70,6 +73,9 @@ def claim() -> Update:
     is not run again but moved to ``dead``, and one whose cancellation was requested is moved
     to ``cancelled``; the caller skips rows that come back in a finished state.
 
+    A paused queue (a row in ``sa_jobqueue_queues`` with ``paused_at`` set) gives nothing,
+    reclaims included: its expired leases wait for the resume like its queued jobs.
+
     The claim's own transaction commits without waiting for its WAL to reach disk
     (``synchronous_commit`` off for that transaction only): see :func:`claim_commits_async`.
     """
@@ -86,6 +92,13 @@ def claim() -> Update:
             claimable(),
             j.queue == bindparam("from_queue", type_=Text),
             j.visible_at <= func.now(),
+            # Compares the bound queue name, not the job's column: uncorrelated, so the planner
+            # runs it once per claim, before the scan (a One-Time Filter over an InitPlan), as
+            # one probe of the queues table's primary key. A queue without a row, or one not
+            # paused, costs that probe and nothing else; a paused one makes the scan never start.
+            ~exists().where(
+                q.queue == bindparam("from_queue", type_=Text), q.paused_at.is_not(None)
+            ),
         )
         .order_by(j.priority, j.visible_at, j.id)
         .limit(bindparam("limit", type_=Integer))

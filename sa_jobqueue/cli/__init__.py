@@ -5,6 +5,7 @@
     sa-jobqueue migrate [--database-url URL]
     sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
+    sa-jobqueue queues list [--json] | pause NAME | resume NAME
     sa-jobqueue check [--max-wait DURATION ...] [--json]
     sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
     sa-jobqueue web [--host 127.0.0.1] [--port 8080] [--allow-actions] [--app module:queue]
@@ -26,7 +27,7 @@ of this package are internal, not a stable API:
 * ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
   ``_app`` loading the user's ``module:attribute``;
 * ``_schema``: ``migrate``;
-* ``_jobs``: ``stats``, ``jobs ...`` and ``check``;
+* ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``;
 * ``_web``: ``web``, its options and the server (the ``web`` extra, imported when it runs);
 * ``_exit``: the exit statuses.
 

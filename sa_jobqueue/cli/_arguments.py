@@ -187,6 +187,7 @@ def _operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="how far back finished jobs and run times are counted (default 10m)",
     )
     _jobs_parsers(commands)
+    _queues_parsers(commands)
     _check_parser(commands)
 
 
@@ -264,6 +265,23 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     purge_.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
 
 
+def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    queues_ = commands.add_parser("queues", help="list queues; pause or resume one")
+    actions = queues_.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser(
+        "list", help="each queue: queued, due and running jobs, and what holds it back"
+    )
+    _database_option(listing)
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+    for name, what in (
+        ("pause", "no worker starts the queue's jobs until it is resumed (running ones finish)"),
+        ("resume", "workers take the queue's jobs again, woken at once"),
+    ):
+        sub = actions.add_parser(name, help=what)
+        _database_option(sub)
+        sub.add_argument("name", type=_values.queue, metavar="NAME", help="the queue")
+
+
 def _check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check_ = commands.add_parser("check", help="health checks: exit 0 ok, 1 warning, 2 critical")
     _database_option(check_)
@@ -274,6 +292,7 @@ def _check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         ("--dead-window", d.dead_window, "how far back dead jobs are counted"),
         ("--max-transaction-age", d.max_transaction_age, "a transaction pinning xmin longer"),
         ("--stale-after", d.stale_after, "a worker not seen for longer is not live"),
+        ("--max-paused", d.max_paused, "a queue paused longer, with due jobs, is a warning"),
     ):
         check_.add_argument(
             option,

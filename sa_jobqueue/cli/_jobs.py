@@ -1,4 +1,5 @@
-"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|purge`` and ``check``.
+"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|purge``, ``queues
+list|pause|resume`` and ``check``.
 
 Each command opens a short-lived engine of its own with time limits on its statements
 (:data:`OPERATOR_SETTINGS`), so a query stuck behind a lock fails instead of hanging a
@@ -26,11 +27,21 @@ from ..models import DEAD, FINISHED_STATUSES, RUNNING
 from ..ops import count_purge, purge, stats
 from ..ops.admin import cancel_job, get_job, list_jobs, requeue_job
 from ..ops.health import Thresholds, check, span, worst
-from ..ops.reports import findings_json, findings_text, job_detail, job_list, stats_text, to_json
+from ..ops.queues import list_queues, pause_queue, resume_queue
+from ..ops.reports import (
+    findings_json,
+    findings_text,
+    job_detail,
+    job_list,
+    queue_list,
+    queues_json,
+    stats_text,
+    to_json,
+)
 from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 
-#: The commands this module runs (``jobs`` with its actions).
-OPERATOR_COMMANDS: Final = ("stats", "jobs", "check")
+#: The commands this module runs (``jobs`` and ``queues`` with their actions).
+OPERATOR_COMMANDS: Final = ("stats", "jobs", "queues", "check")
 #: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
 #: server fails instead of hanging a terminal or a monitoring probe.
 OPERATOR_SETTINGS: Final = {"statement_timeout": "60s", "lock_timeout": "10s"}
@@ -39,7 +50,7 @@ RETRY_PAGE: Final = 500
 
 
 def operate(args: argparse.Namespace) -> int:
-    """Run ``stats``, ``check`` or one of the ``jobs`` actions; its exit status."""
+    """Run ``stats``, ``check`` or one of the ``jobs`` or ``queues`` actions; its exit status."""
     if args.command == "check":
         return _check(args)
     engine = _operator_engine(args)
@@ -48,6 +59,8 @@ def operate(args: argparse.Namespace) -> int:
         check_schema(engine)
         if args.command == "stats":
             return _stats(engine, args)
+        if args.command == "queues":
+            return _queues(engine, args)
         action: Callable[[Engine, argparse.Namespace], int] = {
             "list": _jobs_list,
             "show": _jobs_show,
@@ -244,6 +257,28 @@ def _jobs_purge(engine: Engine, args: argparse.Namespace) -> int:
     return 0
 
 
+def _queues(engine: Engine, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        with engine.connect() as conn:
+            found = list_queues(conn)
+            now = _now(conn)
+        print(queues_json(found) if args.json else queue_list(found, now))
+        return 0
+    # One transaction: the change and, for a resume, the workers' wake-up commit together.
+    with engine.begin() as conn:
+        if args.action == "pause":
+            changed = pause_queue(conn, args.name)
+        else:
+            changed = resume_queue(conn, args.name)
+    done = "paused" if args.action == "pause" else "resumed"
+    if changed:
+        print(f"queue {args.name}: {done}")
+    else:
+        # Not an error: the queue is in the state asked for, as after a retried command.
+        print(f"queue {args.name}: already {'paused' if args.action == 'pause' else 'running'}")
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     thresholds = Thresholds(
         max_wait=args.max_wait,
@@ -254,6 +289,7 @@ def _check(args: argparse.Namespace) -> int:
         max_transaction_age=args.max_transaction_age,
         max_xmin_age=args.max_xmin_age,
         stale_after=args.stale_after,
+        max_paused=args.max_paused,
     )
     engine: Engine | None = None
     try:

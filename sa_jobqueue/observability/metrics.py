@@ -20,6 +20,7 @@ What the queue holds, from :class:`QueueCollector`, read from the database at ea
 * ``sa_jobqueue_queue_jobs{queue,status}``: queued and running jobs;
 * ``sa_jobqueue_queue_due_jobs{queue}``: queued jobs whose time has come (the backlog);
 * ``sa_jobqueue_queue_oldest_due_age_seconds{queue}``: how long the oldest of them has waited;
+* ``sa_jobqueue_queue_paused{queue}``: 1 while the queue is paused, else 0;
 * ``sa_jobqueue_scrape_errors_total``: scrapes whose database query failed.
 
 Every worker reports the same queue gauges: aggregate them with ``max by (queue)``, not
@@ -61,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from sqlalchemy import Engine
 
 from .._error_text import one_line
+from .._sql.queues import paused_queues
 from .._sql.session import local_statement_timeout
 from .._sql.stats import live_per_queue
 from ..models import QUEUED, RUNNING
@@ -205,7 +207,7 @@ class QueueCollector:
         self._timeout_ms = str(max(1, round(timeout.total_seconds() * 1000)))
         self._min_interval = min_interval.total_seconds()
         self._lock = threading.Lock()  # one query at a time, whoever scrapes
-        self._rows: list[Any] | None = None
+        self._rows: tuple[list[Any], set[str]] | None = None
         self._read_at = 0.0
         self._errors = 0
         self._failing = False
@@ -215,9 +217,10 @@ class QueueCollector:
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
-        jobs, due, age, errors = self._families()
-        rows = self._read()
-        if rows is not None:
+        jobs, due, age, paused, errors = self._families()
+        read = self._read()
+        if read is not None:
+            rows, paused_now = read
             seen = set()
             for queue, queued, due_now, running, oldest in rows:
                 seen.add(queue)
@@ -231,14 +234,22 @@ class QueueCollector:
                     jobs.add_metric([queue, RUNNING], 0)
                     due.add_metric([queue], 0)
                     age.add_metric([queue], 0.0)
+            for queue in sorted(seen | set(self.queues) | paused_now):
+                paused.add_metric([queue], 1 if queue in paused_now else 0)
         errors.add_metric([], self._errors)
-        if rows is None:
+        if read is None:
             return [errors]
-        return [jobs, due, age, errors]
+        return [jobs, due, age, paused, errors]
 
     def _families(
         self,
-    ) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+    ) -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+    ]:
         return (
             GaugeMetricFamily(
                 "sa_jobqueue_queue_jobs",
@@ -255,6 +266,11 @@ class QueueCollector:
                 "How long the oldest due job of each queue has waited (0 if none).",
                 labels=["queue"],
             ),
+            GaugeMetricFamily(
+                "sa_jobqueue_queue_paused",
+                "1 while the queue is paused (its jobs do not start), else 0.",
+                labels=["queue"],
+            ),
             CounterMetricFamily(
                 "sa_jobqueue_scrape_errors",
                 "Scrapes whose queue query failed (no queue gauges in that scrape).",
@@ -262,7 +278,7 @@ class QueueCollector:
             ),
         )
 
-    def _read(self) -> list[Any] | None:
+    def _read(self) -> tuple[list[Any], set[str]] | None:
         with self._lock:
             if self._rows is not None and time.monotonic() - self._read_at < self._min_interval:
                 return self._rows
@@ -270,6 +286,7 @@ class QueueCollector:
                 with self._engine.begin() as conn:
                     conn.execute(local_statement_timeout(), {"timeout_ms": self._timeout_ms})
                     rows = list(conn.execute(live_per_queue()).all())
+                    paused = set(conn.execute(paused_queues()).scalars())
             except Exception as exc:  # the database, the network, the pool: never the scrape
                 self._errors += 1
                 self._rows = None
@@ -280,8 +297,8 @@ class QueueCollector:
             if self._failing:
                 log.info("queue metrics: the database query works again")
             self._failing = False
-            self._rows, self._read_at = rows, time.monotonic()
-            return rows
+            self._rows, self._read_at = (rows, paused), time.monotonic()
+            return self._rows
 
 
 class MetricsServer:

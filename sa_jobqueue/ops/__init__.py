@@ -6,6 +6,8 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
 * :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
   :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
   Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
+* :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues` and :func:`list_queues`
+  (returning :class:`QueueInfo`): flow control per queue, in the caller's transaction.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
@@ -13,10 +15,10 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``stats``, ``purge``, ``health`` (the functions above), ``filters`` (checks of the filters
-callers pass), ``workers`` (each worker's row in the registry), ``reports`` (the CLI's text
-and JSON renderings) and ``verify`` (``sa-jobqueue verify``). Their statements are in
-:mod:`sa_jobqueue._sql`.
+``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters`` (checks of
+the filters callers pass), ``workers`` (each worker's row in the registry), ``reports``
+(the CLI's text and JSON renderings) and ``verify`` (``sa-jobqueue verify``). Their
+statements are in :mod:`sa_jobqueue._sql`.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
@@ -27,11 +29,13 @@ from __future__ import annotations
 from .admin import JobInfo, cancel_job, count_jobs, get_job, list_jobs, requeue_job
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
+from .queues import QueueInfo, list_queues, pause_queue, paused_queues, resume_queue
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
     "Finding",
     "JobInfo",
+    "QueueInfo",
     "QueueStats",
     "Severity",
     "Stats",
@@ -44,8 +48,12 @@ __all__ = [
     "count_purge",
     "get_job",
     "list_jobs",
+    "list_queues",
+    "pause_queue",
+    "paused_queues",
     "purge",
     "requeue_job",
+    "resume_queue",
     "stats",
     "worst",
 ]

@@ -29,6 +29,7 @@ from .._sql.health import (
     table_vacuum,
     worker_freshness,
 )
+from .._sql.queues import paused_for
 from .._sql.stats import due_per_queue
 from ..database import MIGRATE_HINT, check_schema
 from ..errors import SchemaError
@@ -66,14 +67,16 @@ class Thresholds:
     max_xmin_age: int = 1_000_000
     #: A worker whose heartbeat is older than this is not counted as live.
     stale_after: timedelta = timedelta(minutes=1)
+    #: A queue paused for longer than this while it has due jobs.
+    max_paused: timedelta = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
 class Finding:
     """The outcome of one health check."""
 
-    #: Which check: schema, workers, backlog, leases, dead_jobs, vacuum, transactions,
-    #: replication_slots.
+    #: Which check: schema, workers, backlog, paused, leases, dead_jobs, vacuum,
+    #: transactions, replication_slots.
     check: str
     severity: Severity
     message: str
@@ -103,6 +106,7 @@ def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Findin
         findings += [
             _check_workers(conn, t),
             _check_backlog(conn, t),
+            _check_paused(conn, t),
             _check_leases(conn, t),
             _check_dead(conn, t),
             _check_vacuum(conn, t),
@@ -142,7 +146,13 @@ def _check_workers(conn: Connection, t: Thresholds) -> Finding:
 
 
 def _check_backlog(conn: Connection, t: Thresholds) -> Finding:
-    late = [(q, n, age) for q, n, age in conn.execute(due_per_queue()) if age > t.max_wait]
+    # A paused queue's due jobs wait by design: the ``paused`` check reports them instead.
+    paused = {q for q, _ in conn.execute(paused_for())}
+    late = [
+        (q, n, age)
+        for q, n, age in conn.execute(due_per_queue())
+        if age > t.max_wait and q not in paused
+    ]
     if not late:
         return Finding("backlog", OK, f"no due job has waited over {span(t.max_wait)}")
     worst_age = max(age for _, _, age in late)
@@ -154,6 +164,25 @@ def _check_backlog(conn: Connection, t: Thresholds) -> Finding:
         "add workers or concurrency for these queues, check that some worker serves them"
         " (--queues), or look for slow jobs (`sa-jobqueue stats`)",
         value=worst_age.total_seconds(),
+    )
+
+
+def _check_paused(conn: Connection, t: Thresholds) -> Finding:
+    due = {q: n for q, n, _ in conn.execute(due_per_queue())}
+    paused = list(conn.execute(paused_for()))
+    long = [(q, age, due[q]) for q, age in paused if age > t.max_paused and due.get(q)]
+    if not long:
+        held = f" ({len(paused)} paused)" if paused else ""
+        return Finding(
+            "paused", OK, f"no queue with due jobs paused over {span(t.max_paused)}{held}"
+        )
+    queues = ", ".join(f"{q} (paused {span(age)}, {n} due)" for q, age, n in long)
+    return Finding(
+        "paused",
+        WARNING,
+        f"queues paused over {span(t.max_paused)} with due jobs: {queues}",
+        "resume them when their jobs may run again (`sa-jobqueue queues resume NAME`)",
+        value=max(age for _, age, _ in long).total_seconds(),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
 from .admin import JobInfo
 from .health import Finding, span, worst
+from .queues import QueueInfo
 from .stats import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
@@ -146,12 +147,40 @@ def job_detail(job: JobInfo, now: datetime) -> str:
 # -- stats -----------------------------------------------------------------------------------
 
 
+def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
+    """One line per queue: what holds it back, its live jobs, the oldest due job's wait."""
+
+    def held(q: QueueInfo) -> str:
+        if q.paused_at is None:
+            return "-"
+        return f"paused {span(now - q.paused_at)} ago"
+
+    rows = [
+        (
+            q.queue,
+            held(q),
+            q.queued,
+            q.due,
+            q.running,
+            span(q.oldest_due_age) if q.oldest_due_age is not None else "-",
+        )
+        for q in queues
+    ]
+    headers = ("QUEUE", "HELD BACK BY", "QUEUED", "DUE", "RUNNING", "OLDEST DUE")
+    return table(headers, rows, right=4) if rows else "no queues: no live jobs, none paused"
+
+
+def queues_json(queues: Sequence[QueueInfo]) -> str:
+    """The queues as JSON, each with its ``held_back_by`` list."""
+    return to_json([{**_plain(q), "held_back_by": q.held_back_by} for q in queues])
+
+
 def stats_text(stats: Stats) -> str:
     """Three tables: queues, task run times, live workers."""
     window = span(stats.window)
     queue_rows = [
         (
-            q.queue,
+            q.queue + (" (paused)" if q.paused_at is not None else ""),
             *(q.counts[s] for s in STATUSES),
             q.due,
             span(q.oldest_due_age) if q.oldest_due_age is not None else "-",

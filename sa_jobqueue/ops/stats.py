@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from .._sql.admin import counts
 from .._sql.clock import database_now
+from .._sql.queues import paused_queues
 from .._sql.stats import due_per_queue, finished_per_queue, live_workers, run_times
 from ..models import FINISHED_STATUSES, STATUSES
 from .filters import check_age
@@ -32,6 +33,8 @@ class QueueStats:
     oldest_due_age: timedelta | None
     #: Jobs that finished within the window, per finished status (succeeded, dead, cancelled).
     finished: dict[str, int]
+    #: When the queue was paused (see :func:`~sa_jobqueue.ops.pause_queue`); None if it runs.
+    paused_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def stats(
 ) -> Stats:
     """Counts per queue and status, backlog ages, recent outcomes, run times and live workers.
 
+    Paused queues are listed (with when they were paused) even when they hold no jobs.
+
     Jobs finished within ``window`` are counted per queue, and their run times give each
     task's p50 and p99 (``percentile_cont``). Workers are live if their heartbeat was seen
     within ``stale_after``. Reads only; runs in ``conn``'s transaction and does not commit.
@@ -98,6 +103,7 @@ def stats(
     finished: dict[str, dict[str, int]] = {}
     for queue, status, n in conn.execute(finished_per_queue(), params):
         finished.setdefault(queue, {})[status] = n
+    paused = {name: at for name, at in conn.execute(paused_queues())}
     queues = [
         QueueStats(
             queue=queue,
@@ -105,8 +111,9 @@ def stats(
             due=due.get(queue, (0, None))[0],
             oldest_due_age=due.get(queue, (0, None))[1],
             finished={s: finished.get(queue, {}).get(s, 0) for s in FINISHED_STATUSES},
+            paused_at=paused.get(queue),
         )
-        for queue in sorted(per_status.keys() | finished.keys())
+        for queue in sorted(per_status.keys() | finished.keys() | paused.keys())
     ]
     tasks = [
         TaskRunTimes(task, n, p50, p99) for task, n, p50, p99 in conn.execute(run_times(), params)

@@ -21,6 +21,7 @@ from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
 from ..ops.filters import check_age
 from ..ops.health import span
+from ..ops.queues import pause_queue, resume_queue
 
 #: The most jobs one click retries or purges.
 MAX_BATCH: Final = 10_000
@@ -59,6 +60,20 @@ def cancel(conn: Connection, job_id: int) -> Outcome:
     if job is None:
         return Outcome(False, f"job {job_id}: no such job")
     return Outcome(False, f"job {job_id} is already {job.status}: left as it is")
+
+
+def pause(conn: Connection, queue: str) -> Outcome:
+    """Pause ``queue``: no worker starts its jobs until it is resumed (see :func:`pause_queue`)."""
+    if pause_queue(conn, queue):
+        return Outcome(True, f"queue {queue} is paused: its running jobs finish, no new one starts")
+    return Outcome(True, f"queue {queue} was paused already")
+
+
+def resume(conn: Connection, queue: str) -> Outcome:
+    """Resume ``queue`` and wake its workers at commit (see :func:`resume_queue`)."""
+    if resume_queue(conn, queue):
+        return Outcome(True, f"queue {queue} is resumed")
+    return Outcome(True, f"queue {queue} was not paused")
 
 
 def retry_matching(

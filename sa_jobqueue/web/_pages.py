@@ -91,6 +91,8 @@ class Dashboard:
             Route("/jobs/{job_id:int}/payload.json", self.payload, name="payload"),
             Route("/jobs/{job_id:int}/retry", self.retry, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.cancel, methods=["POST"], name="cancel"),
+            Route("/queues/pause", self.pause_queue, methods=["POST"], name="pause_queue"),
+            Route("/queues/resume", self.resume_queue, methods=["POST"], name="resume_queue"),
             Route("/periodic", self.periodic, name="periodic"),
             Route("/purge", self.purge_form, name="purge_form"),
             Route("/purge", self.purge, methods=["POST"], name="purge"),
@@ -194,6 +196,20 @@ class Dashboard:
         )
         return self._after(request, outcome, self.url(request, "jobs", query=wanted.query()))
 
+    async def pause_queue(self, request: Request) -> Response:
+        return await self._queue_action(request, _actions.pause)
+
+    async def resume_queue(self, request: Request) -> Response:
+        return await self._queue_action(request, _actions.resume)
+
+    async def _queue_action(
+        self, request: Request, action: Callable[[Connection, str], _actions.Outcome]
+    ) -> Response:
+        form = await self._action_form(request)
+        # A bad name is refused by the action (InvalidNameError) and said in the flash.
+        outcome = await self._act(action, _field(form, "queue"))
+        return self._after(request, outcome, self.url(request, "overview"))
+
     async def purge(self, request: Request) -> Response:
         form = await self._action_form(request)
         statuses = [s for s in form.getlist("status") if isinstance(s, str)]
@@ -269,7 +285,8 @@ class Dashboard:
         if code == INSUFFICIENT_PRIVILEGE:
             return (
                 f"the database refused: {reason} (this role may only read; actions need"
-                " UPDATE and DELETE on sa_jobqueue_jobs, pages need SELECT on the tables)"
+                " UPDATE and DELETE on sa_jobqueue_jobs, pausing INSERT and UPDATE on"
+                " sa_jobqueue_queues, pages need SELECT on the tables)"
             )
         if code == QUERY_CANCELED:
             return f"the database gave up: {reason} (over {int(self.timeout_ms) // 1000}s)"

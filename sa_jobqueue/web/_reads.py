@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from .._sql import dashboard as dashboard_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
+from .._sql.queues import paused_queues
 from .._sql.stats import live_per_queue, live_workers
 from ..models import FINISHED_STATUSES
 from ..ops.filters import check_age
@@ -57,6 +58,8 @@ class QueueRow:
     finished: dict[str, int] = field(default_factory=dict)
     #: Per finished status, the jobs of each minute of the hour, oldest minute first.
     per_minute: dict[str, list[int]] = field(default_factory=dict)
+    #: When the queue was paused; None while it runs.
+    paused_at: datetime | None = None
 
     @property
     def busiest_minute(self) -> int:
@@ -78,7 +81,8 @@ class Overview:
 
 
 def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
-    """Each queue's backlog, dead jobs and last hour, the live workers, and ``check``."""
+    """Each queue's backlog, dead jobs, last hour and paused state, the live workers, and
+    ``check``."""
     as_of = now(conn)
     rows: dict[str, dict[str, Any]] = {}
     for name, queued, due, running, oldest in conn.execute(live_per_queue()):
@@ -92,6 +96,8 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
         if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
             series[status][CHART_MINUTES - 1 - minute] += n
         rows.setdefault(name, {})
+    for name, paused_at in conn.execute(paused_queues()):
+        rows.setdefault(name, {})["paused_at"] = paused_at
     queues = [
         QueueRow(
             name=name,

@@ -1,4 +1,4 @@
-"""``sa-jobqueue stats | jobs ... | check``, run in-process through ``cli.main``.
+"""``sa-jobqueue stats | jobs ... | queues ... | check``, run in-process through ``cli.main``.
 
 What the commands print is their product, so the tests read it: the JSON outputs parsed, the
 tables split into cells. What they change is asserted in the database.
@@ -17,7 +17,8 @@ from sqlalchemy.engine import URL
 from sa_jobqueue import cli
 from sa_jobqueue.cli import _jobs
 from sa_jobqueue.database import MIGRATE_HINT
-from sa_jobqueue.models import jobs_table, workers_table
+from sa_jobqueue.models import jobs_table, queues_table, workers_table
+from sa_jobqueue.ops import paused_queues
 from tests.helpers.databases import url_string
 from tests.helpers.job_states import ERROR, add_dead, add_job, add_worker, ago
 from tests.helpers.jobs import row, status_by_id
@@ -351,3 +352,97 @@ def test_check_without_the_schema_is_critical(
     assert run("check") == 2
     assert cells(run.out, "CRITICAL")[1] == "schema"
     assert f"what to do: {MIGRATE_HINT}" in run.out
+
+
+# -- queues ----------------------------------------------------------------------------------
+
+
+def paused(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(paused_queues(conn))
+
+
+def test_pause_and_resume_commit_and_say_what_they_did(run: Run, engine: sa.Engine) -> None:
+    assert run("queues", "pause", "emails") == 0, run.err
+    assert run.out.strip() == "queue emails: paused"
+    assert paused(engine) == ["emails"]
+    assert run("queues", "pause", "emails") == 0
+    assert run.out.strip() == "queue emails: already paused"
+
+    assert run("queues", "resume", "emails") == 0, run.err
+    assert run.out.strip() == "queue emails: resumed"
+    assert paused(engine) == []
+    assert run("queues", "resume", "emails") == 0
+    assert run.out.strip() == "queue emails: already running"
+
+
+def test_queues_list_table_and_json(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_job(conn, queue="emails", visible_in=-60)
+        add_job(conn, queue="emails", visible_in=3600)
+        add_job(conn, queue="emails", status="running", attempts=1, started_ago=1, visible_in=29)
+        add_job(conn, queue="reports")
+    assert run("queues", "pause", "emails") == 0
+    with engine.begin() as conn:
+        conn.execute(update(queues_table).values(paused_at=ago(7200)))
+
+    assert run("queues", "list") == 0, run.err
+    assert cells(run.out, "QUEUE") == [
+        "QUEUE", "HELD", "BACK", "BY", "QUEUED", "DUE", "RUNNING", "OLDEST", "DUE"
+    ]  # fmt: skip
+    assert cells(run.out, "emails")[:4] == ["emails", "paused", "2h", "ago"]
+    assert cells(run.out, "emails")[4:7] == ["2", "1", "1"]
+    assert cells(run.out, "reports")[1:5] == ["-", "1", "1", "0"]
+
+    found = {item["queue"]: item for item in run.json("queues", "list")}
+    assert list(found) == ["emails", "reports"]
+    emails = found["emails"]
+    assert (emails["queued"], emails["due"], emails["running"]) == (2, 1, 1)
+    assert emails["held_back_by"] == ["paused"]
+    assert emails["paused_at"] is not None
+    assert emails["oldest_due_age"] == pytest.approx(60, abs=30)
+    assert found["reports"]["held_back_by"] == []
+    assert found["reports"]["paused_at"] is None
+
+
+def test_queues_list_of_an_empty_database(run: Run) -> None:
+    assert run("queues", "list") == 0
+    assert run.out.strip() == "no queues: no live jobs, none paused"
+    assert run.json("queues", "list") == []
+
+
+def test_stats_and_check_show_a_paused_queue(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_job(conn, queue="emails", visible_in=-7200, created_ago=7200)
+        add_worker(conn, "w-1")
+    assert run("queues", "pause", "emails") == 0
+    with engine.begin() as conn:
+        conn.execute(update(queues_table).values(paused_at=ago(7200)))
+
+    assert run("stats") == 0
+    assert cells(run.out, "emails")[:2] == ["emails", "(paused)"]
+    assert run.json("stats")["queues"][0]["paused_at"] is not None
+
+    assert run("check", "--max-paused", "1h", "--json") == 1, run.err  # a warning
+    findings = {f["check"]: f for f in json.loads(run.out)["findings"]}
+    assert findings["paused"]["severity"] == "warning"
+    assert "emails" in findings["paused"]["message"]
+    assert findings["backlog"]["severity"] == "ok"  # its due job waits by design
+    assert run("check", "--max-paused", "3h", "--json") == 0, run.out
+    assert {f["check"]: f for f in json.loads(run.out)["findings"]}["paused"]["severity"] == "ok"
+
+
+@pytest.mark.parametrize("name", ["bad name", "x" * 65, "a/b", "_lead"])
+def test_a_bad_queue_name_is_a_usage_error(run: Run, name: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run("queues", "pause", name)
+    assert exited.value.code == 2
+    assert "invalid queue name" in run.capsys.readouterr().err
+
+
+def test_a_database_without_the_schema_is_one_line(
+    capsys: pytest.CaptureFixture[str], empty_database_url: sa.URL
+) -> None:
+    run = Run(empty_database_url, capsys)
+    assert run("queues", "pause", "emails") == 1
+    assert "sa-jobqueue migrate" in one_line_error(run)

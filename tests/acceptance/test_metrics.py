@@ -23,6 +23,7 @@ from sa_jobqueue.observability.metrics import (
     MetricsServer,
     start_metrics_server,
 )
+from sa_jobqueue.ops import pause_queue
 from tests.apps.observed import queue
 from tests.helpers.databases import url_string
 from tests.helpers.poolers import free_port
@@ -174,6 +175,18 @@ def test_queue_figures_are_reused_within_the_interval(engine: sa.Engine) -> None
             session.commit()
         # Within the default 5 s the figures of the last query are served again.
         assert value(scrape(server.port), "sa_jobqueue_queue_due_jobs", queue="default") == 0
+    finally:
+        server.close()
+
+
+def test_a_paused_queue_is_one_in_the_paused_gauge(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        pause_queue(conn, "reports")  # paused before it has jobs, and no worker serves it
+    server = start_metrics_server(0, engine, addr="127.0.0.1", queues=["default"])
+    try:
+        samples = scrape(server.port)
+        assert value(samples, "sa_jobqueue_queue_paused", queue="reports") == 1
+        assert value(samples, "sa_jobqueue_queue_paused", queue="default") == 0
     finally:
         server.close()
 

@@ -27,6 +27,7 @@ from starlette.testclient import TestClient
 
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table, periodic_table, workers_table
+from sa_jobqueue.ops import paused_queues
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._tokens import CSRF_FIELD
 from tests.helpers.databases import admin_engine, unique_name, url_string
@@ -186,6 +187,29 @@ def test_purge_counts_first_then_deletes(
     assert left == {jobs[k] for k in ("queued", "scheduled", "running", "dead2")}
 
 
+def test_pause_and_resume_a_queue_from_the_overview(
+    engine: sa.Engine, client: TestClient, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    overview = client.get("/").text
+    pauses = [f for f in forms(overview) if f.action == "/queues/pause"]
+    assert sorted(f.fields["queue"] for f in pauses) == ["emails", "reports"]
+    (emails,) = [f for f in pauses if f.fields["queue"] == "emails"]
+
+    shown = client.post(emails.action, data=emails.fields).text
+
+    assert "queue emails is paused" in shown
+    with engine.connect() as conn:
+        assert list(paused_queues(conn)) == ["emails"]
+    assert "status-paused" in read_only_client.get("/").text  # the state, without buttons
+    resume = post_form(shown, "/queues/resume")
+    assert resume.fields["queue"] == "emails"
+    assert "queue emails is resumed" in client.post(resume.action, data=resume.fields).text
+    with engine.connect() as conn:
+        assert list(paused_queues(conn)) == []
+    bad = client.post(emails.action, data={**emails.fields, "queue": "no such/queue"}).text
+    assert "nothing changed: invalid queue name" in bad
+
+
 def test_without_actions_no_button_and_every_action_refused(
     engine: sa.Engine, client: TestClient, read_only_client: TestClient, jobs: dict[str, int]
 ) -> None:
@@ -197,12 +221,16 @@ def test_without_actions_no_button_and_every_action_refused(
         assert "read-only" in html
     # Forms (with valid tokens) from an app that allows actions, sent to one that does not.
     retry = post_form(client.get(f"/jobs/{jobs['dead']}").text, "/retry")
-    for action in (retry.action, f"/jobs/{jobs['queued']}/cancel", "/jobs/retry", "/purge"):
-        response = read_only_client.post(action, data={**retry.fields, "older_than": "0"})
+    actions = [retry.action, f"/jobs/{jobs['queued']}/cancel", "/jobs/retry", "/purge"]
+    for action in (*actions, "/queues/pause", "/queues/resume"):
+        fields = {**retry.fields, "older_than": "0", "queue": "emails"}
+        response = read_only_client.post(action, data=fields)
         assert response.status_code == 403
         assert "actions are off" in response.text
     assert status_of(engine, jobs["dead"]) == "dead"
     assert status_of(engine, jobs["queued"]) == "queued"
+    with engine.connect() as conn:
+        assert list(paused_queues(conn)) == []
 
 
 def test_a_post_without_the_right_token_changes_nothing(

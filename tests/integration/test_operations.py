@@ -235,6 +235,7 @@ ALL_CHECKS = [
     "schema",
     "workers",
     "backlog",
+    "paused",
     "leases",
     "dead_jobs",
     "vacuum",

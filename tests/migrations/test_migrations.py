@@ -37,7 +37,7 @@ from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import VERSION_TABLES, check_schema, create_engine
 from sa_jobqueue.errors import SchemaMissingError, SchemaOutdatedError
 from sa_jobqueue.migrations import VERSION_LOCATION, VERSION_TABLE
-from sa_jobqueue.models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table, metadata
+from sa_jobqueue.models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table, metadata, queues_table
 from tests.helpers.databases import url_string
 from tests.helpers.processes import REPO_ROOT
 
@@ -692,6 +692,25 @@ def test_claim_uses_the_partial_index_in_a_generic_plan(big_history: sa.Engine) 
         ).scalar_one()
         tx.rollback()
     _assert_uses_claim_index(plan)
+    _nothing_claimed(big_history)
+
+
+def test_a_paused_queue_is_answered_before_the_job_scan_starts(big_history: sa.Engine) -> None:
+    """The paused-queue probe runs once per claim, ahead of the claim index's scan (a One-Time
+    Filter over an InitPlan): on a paused queue that scan never runs."""
+    with big_history.connect() as conn, conn.begin() as tx:
+        conn.execute(sa.insert(queues_table).values(queue="default", paused_at=sa.func.now()))
+        compiled = claiming.claim().compile(dialect=conn.dialect)
+        plan = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled.string}",
+            compiled.construct_params(CLAIM_PARAMS),
+        ).scalar_one()
+        tx.rollback()
+    (top,) = plan
+    nodes = list(_plan_nodes(top["Plan"]))
+    (scan,) = [n for n in nodes if n.get("Index Name") == CLAIM_INDEX]
+    assert scan["Actual Loops"] == 0, json.dumps(top["Plan"], indent=1)
+    assert top["Plan"]["Actual Rows"] == 0
     _nothing_claimed(big_history)
 
 

@@ -40,7 +40,12 @@ README = REPO_ROOT / "README.md"
 # The instructions this test follows: the Alembic how-to guide of the documentation.
 GUIDE = REPO_ROOT / "docs" / "how-to" / "alembic.md"
 SUBPROCESS_TIMEOUT = 120
-OUR_TABLES = ("sa_jobqueue_jobs", "sa_jobqueue_periodic", "sa_jobqueue_workers")
+OUR_TABLES = (
+    "sa_jobqueue_jobs",
+    "sa_jobqueue_periodic",
+    "sa_jobqueue_queues",
+    "sa_jobqueue_workers",
+)
 
 
 # -- the installed package: a wheel built from this checkout, in a fresh virtualenv ------------

@@ -66,6 +66,8 @@ REQUIRED = {
     ("jobs", "show"): ["1"],
     ("jobs", "cancel"): ["1"],
     ("jobs", "purge"): ["--status", "dead", "--older-than", "1d"],
+    ("queues", "pause"): ["emails"],
+    ("queues", "resume"): ["emails"],
 }
 
 
