@@ -6,7 +6,10 @@ from functools import cache
 from typing import Final
 
 from sqlalchemy import (
+    BigInteger,
+    DateTime,
     Integer,
+    SmallInteger,
     Text,
     Update,
     and_,
@@ -17,6 +20,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    tuple_,
     update,
 )
 
@@ -34,6 +38,11 @@ LEASE_EXPIRED: Final = "lease expired (worker lost)"
 j = jobs_table.c
 
 
+#: How many columns each claimed row has after the job's own: the claim position of the row
+#: (``priority`` and ``visible_at`` as they were before the claim; its ``id`` comes first).
+POSITION_COLUMNS: Final = 2
+
+
 @cache
 def claim() -> Update:
     """Claim up to ``:limit`` jobs from ``:from_queue`` for ``:worker``, in one statement.
@@ -43,7 +52,30 @@ def claim() -> Update:
     and a lost job is picked up by whoever polls next. A reclaimed job with no attempts left
     is not run again but moved to ``dead``, and one whose cancellation was requested is moved
     to ``cancelled``; the caller skips rows that come back in a finished state.
+
+    Each row ends with its claim position (``priority``, ``visible_at`` before the claim):
+    with the row's ``id``, where :func:`claim_after` can start the next claim.
     """
+    return _claim(after=False)
+
+
+@cache
+def claim_after() -> Update:
+    """:func:`claim`, taking only rows past ``(:after_priority, :after_visible_at, :after_id)``
+    in claim order.
+
+    The claim index holds an entry for each version a job's row had while queued or running,
+    and a claimed or finished job's old entries stay until VACUUM removes them. They gather at
+    the head of the queue's range, in front of the jobs still waiting, and a claim from the
+    head steps over every one of them. Started past the last row the previous claim took, the
+    index scan begins where the waiting jobs are. A job due *before* that position (a higher
+    priority, an earlier ``visible_at``) is not seen by it: the worker claims from the head
+    again after a short claim and at least once a second (see the worker's claimer).
+    """
+    return _claim(after=True)
+
+
+def _claim(*, after: bool) -> Update:
     # The SELECT ... FOR UPDATE SKIP LOCKED sits in a MATERIALIZED CTE and the UPDATE joins it.
     # Written as ``WHERE id IN (SELECT ... LIMIT ... FOR UPDATE)`` the planner may run the
     # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
@@ -51,12 +83,19 @@ def claim() -> Update:
     # on the leading column would return rows unordered and force a sort of the backlog).
     # ``claimable()`` repeats the partial index's predicate word for word so
     # the planner can use that index even for a generic (prepared) plan.
+    position = tuple_(j.priority, j.visible_at, j.id)
+    past = position > tuple_(
+        bindparam("after_priority", type_=SmallInteger),
+        bindparam("after_visible_at", type_=DateTime(timezone=True)),
+        bindparam("after_id", type_=BigInteger),
+    )
     picked = (
-        select(j.id)
+        select(j.id, j.priority, j.visible_at)
         .where(
             claimable(),
             j.queue == bindparam("from_queue", type_=Text),
             j.visible_at <= func.now(),
+            *([past] if after else []),
         )
         .order_by(j.priority, j.visible_at, j.id)
         .limit(bindparam("limit", type_=Integer))
@@ -97,5 +136,7 @@ def claim() -> Update:
             j.lease,
             j.trace_context,
             j.backoff,
+            picked.c.priority,
+            picked.c.visible_at,
         )
     )
