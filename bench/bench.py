@@ -65,7 +65,9 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "latency": ("sa_jobqueue", *(p for p in PEERS if p != "pgqueuer_b500")),
     "history": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
     "pinned": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
-    "backlog": ("sa_jobqueue", "procrastinate_c10", "pgqueuer_b100", "reference"),
+    # procrastinate is left out: at about 200 jobs/s its drains of 20,000 are all cut at the
+    # time cap, and with its million-job preload they took four of the scenario's six minutes.
+    "backlog": ("sa_jobqueue", "pgqueuer_b100", "reference"),
 }
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
 #: Systems run only when named with --systems (the configuration earlier runs used).

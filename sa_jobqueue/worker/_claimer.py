@@ -86,8 +86,9 @@ class LaneClaimer:
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
 
-        "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
-        not asked at all because the slots ran out first.
+        "Probably waiting" means a claim returned as many jobs as it asked for, a claim past a
+        position came back short (the head has not been asked), or a queue was not asked at
+        all because the slots ran out first.
         """
         lane = self.lane
         if lane.saturated and lane.held > lane.low_water:
