@@ -38,11 +38,6 @@ LEASE_EXPIRED: Final = "lease expired (worker lost)"
 j = jobs_table.c
 
 
-#: How many columns each claimed row has after the job's own: the claim position of the row
-#: (``priority`` and ``visible_at`` as they were before the claim; its ``id`` comes first).
-POSITION_COLUMNS: Final = 2
-
-
 @cache
 def claim() -> Update:
     """Claim up to ``:limit`` jobs from ``:from_queue`` for ``:worker``, in one statement.

@@ -58,8 +58,8 @@ class LaneClaimer:
         self._positions: dict[str, Position] = {}
         self._head_at: dict[str, float] = {}
 
-    def _claim_rows(self, queue: str, limit: int) -> tuple[list[Any], bool]:
-        """Claim up to ``limit`` jobs of ``queue``; the rows, and whether this was from the head.
+    def _claim_jobs(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
+        """Claim up to ``limit`` jobs of ``queue``; the jobs, and whether this was from the head.
 
         After a full claim the next one starts past the last row it took, so it does not step
         over the index entries the claimed jobs left at the head (see ``claim_after``). After a
@@ -79,9 +79,12 @@ class LaneClaimer:
             rows = self._conn.rows(claiming.claim(), params)
             self._head_at[queue] = now
             head = True
-        if len(rows) == limit:
-            self._positions[queue] = max((r[-2], r[-1], r[0]) for r in rows)
-        return rows, head
+        jobs = [Claimed(*row) for row in rows]  # the columns claim() returns, in order
+        if len(jobs) == limit:
+            self._positions[queue] = max(
+                (job.priority, job.due_at, job.id) for job in jobs if job.due_at is not None
+            )
+        return jobs, head
 
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
@@ -109,12 +112,10 @@ class LaneClaimer:
             if free <= 0:
                 more = True
                 break
-            rows, head = self._claim_rows(queue, free)
+            jobs, head = self._claim_jobs(queue, free)
             # A short claim past a position says nothing of the head: claim from there next.
-            more = more or len(rows) == free or not head
-            for row in rows:
-                # The columns claim() returns, in order, then the row's claim position.
-                job = Claimed(*row[: -claiming.POSITION_COLUMNS])
+            more = more or len(jobs) == free or not head
+            for job in jobs:
                 if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
                     log.error(
                         "job %d (%s) lost its worker; not run again, now %s",
