@@ -262,6 +262,7 @@ def drain(
     cap: float,
     pin_snapshot: bool = False,
     reset: bool = True,
+    stop_after: int | None = None,
 ) -> Drain:
     """Start ``procs`` workers, let them warm up, then time them over ``jobs`` fresh jobs.
 
@@ -275,9 +276,14 @@ def drain(
     database every ``POLL`` seconds whether one is still unfinished. After ``cap`` seconds
     the drain is cut short and the jobs finished by then count (``complete`` False).
     ``reset=False`` keeps the finished rows already in the tables (history).
+
+    ``stop_after`` (backlog) ends the window once that many of the ``jobs`` have started: the
+    workers are stopped (SIGSTOP) there, CPU is read, and the jobs finished by then count; the
+    rest of the backlog stays queued. The database is not polled during such a window.
     """
     result = Drain(jobs, procs)
     keys = range(jobs)
+    counted: int | None = None  # with stop_after: the jobs finished in the window
     warmup = range(WARMUP_KEY, WARMUP_KEY + system.warmup_per_process * procs)
     if reset:
         system.reset(dsn)
@@ -320,6 +326,10 @@ def drain(
             first: float | None = None
             while True:
                 done_at = time.time()
+                if stop_after is not None and tail.started >= stop_after:
+                    workers.pause()
+                    result.complete = True
+                    break
                 if tail.started >= jobs:
                     if not watch.execute(pending_exists).fetchone()[0]:  # type: ignore[index]
                         result.complete = True
@@ -349,6 +359,9 @@ def drain(
                     poll_before, cpu.snapshot([watch.info.backend_pid])
                 ).seconds
             result.peak_rss_mb = workers.peak_rss_mb()
+            if stop_after is not None:
+                # Counted while the workers are stopped: the jobs the window's CPU paid for.
+                counted = jobs - len(set(keys) & _pending_keys(watch, system))
         finally:
             workers.stop()
             pinner.rollback()
@@ -373,6 +386,8 @@ def drain(
             last = max(at for k, at in records.started.items() if 0 <= k < jobs)
             result.tail_seconds = max(done_at - last, 0.0)
             result.seconds = max(done_at - first, 1e-6)
+            if counted is not None:
+                result.finished = counted
             result.rate = result.finished / result.seconds
         elif result.error is None:
             result.error = f"no job ran: {workers.tail()}"

@@ -154,6 +154,7 @@ def render_table(document: report.Document, source: str) -> str:
             f"drain {options['pinned']:,} jobs"
             + (", a REPEATABLE READ snapshot held" if m.key == "pinned" else "")
         ),
+        "backlog": lambda m: f"drain out of a backlog, {options['procs']} processes, {m.label}",
     }
     for name in document["scenarios"]:
         for m in report.measures(name, options):

@@ -15,7 +15,7 @@ from typing import Any
 Document = dict[str, Any]
 
 #: Scenarios whose rows are drains: one line per measure, with CPU per job.
-DRAINS = ("drain", "write", "history", "pinned")
+DRAINS = ("drain", "write", "history", "pinned", "backlog")
 
 TITLES = {
     "enqueue": "1. single-row enqueue, one commit each",
@@ -25,6 +25,7 @@ TITLES = {
     "latency": "5. idle pickup latency (enqueue commit -> handler start)",
     "history": "6. drain with finished history in the table",
     "pinned": "7. sustained drain while a REPEATABLE READ snapshot is held open",
+    "backlog": "8. drain out of a backlog of queued jobs, by backlog size",
 }
 
 FOOTNOTES = {
@@ -52,7 +53,21 @@ FOOTNOTES = {
     " pgqueuer_log rows). 'change' = rate with history / rate on the empty table - 1.",
     "pinned": "'slowdown' = no-snapshot rate / pinned rate. The snapshot is taken after the"
     " jobs are loaded and held until the drain ends: no dead row version can be vacuumed.",
+    "backlog": "Each size: a fresh table, the backlog enqueued in one bulk call, ANALYZE, then"
+    " the workers drain it whole if it holds no more than --backlog-drain jobs, else are"
+    " stopped once that many have started and the jobs finished by then count. 'PG change' ="
+    " PostgreSQL CPU per job / its value at the smallest backlog - 1: a queue whose per-job"
+    " cost does not grow with the backlog stays near 0. Autovacuum's CPU (if on) is not counted.",
 }
+
+
+def backlog_key(size: int) -> str:
+    """The measure of a backlog drain: ``1k``, ``100k``, ``1M``."""
+    if size >= 1_000_000 and size % 1_000_000 == 0:
+        return f"{size // 1_000_000}M"
+    if size >= 1_000 and size % 1_000 == 0:
+        return f"{size // 1_000}k"
+    return str(size)
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,8 @@ def measures(name: str, options: dict[str, Any]) -> list[Measure]:
         return [Measure("empty", "empty"), Measure("history", f"{options['history']:,} rows")]
     if name == "pinned":
         return [Measure("free", "no snapshot"), Measure("pinned", "pinned")]
+    if name == "backlog":
+        return [Measure(backlog_key(b), f"{b:,} queued") for b in options["backlog"]]
     raise KeyError(name)
 
 
@@ -159,8 +176,8 @@ def render_scenario(name: str, document: Document) -> str:
     if name in DRAINS:
         header = ["system", "run", "jobs/s", "vs best peer", "vs loop", "worker us/job",
                   "PG us/job", "RSS MiB", "verified"]  # fmt: skip
-        if name in ("history", "pinned"):
-            header.insert(-1, "change" if name == "history" else "slowdown")
+        if name in ("history", "pinned", "backlog"):
+            header.insert(-1, {"history": "change", "pinned": "slowdown"}.get(name, "PG change"))
         for row in rows:
             label = labels[row["system"]]
             if row.get("error"):
@@ -178,7 +195,14 @@ def render_scenario(name: str, document: Document) -> str:
                     fmt(_value(row, f"{m.key} db cpu"), "us"),
                     fmt(_value(row, f"{m.key} rss"), "MiB"),
                 ]
-                if name in ("history", "pinned"):
+                if name == "backlog":
+                    first = _value(row, f"{ms[0].key} db cpu")
+                    this = _value(row, f"{m.key} db cpu")
+                    change = "-"
+                    if i > 0 and first and not math.isnan(first + this):
+                        change = f"{(this / first - 1) * 100:+.0f}%"
+                    cells.append(change)
+                elif name in ("history", "pinned"):
                     first, this = _value(row, ms[0].key), _value(row, m.key)
                     change = "-"
                     if i > 0 and first and this and not math.isnan(first + this):

@@ -6,8 +6,11 @@ from functools import cache
 from typing import Final
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
+    DateTime,
     Integer,
+    SmallInteger,
     Text,
     Update,
     and_,
@@ -21,6 +24,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
     update,
 )
 
@@ -78,7 +82,30 @@ def claim() -> Update:
 
     The claim's own transaction commits without waiting for its WAL to reach disk
     (``synchronous_commit`` off for that transaction only): see :func:`claim_commits_async`.
+
+    Each row ends with its claim position (``priority``, ``visible_at`` before the claim):
+    with the row's ``id``, where :func:`claim_after` can start the next claim.
     """
+    return _claim(after=False)
+
+
+@cache
+def claim_after() -> Update:
+    """:func:`claim`, taking only rows past ``(:after_priority, :after_visible_at, :after_id)``
+    in claim order.
+
+    The claim index holds an entry for each version a job's row had while queued or running,
+    and a claimed or finished job's old entries stay until VACUUM removes them. They gather at
+    the head of the queue's range, in front of the jobs still waiting, and a claim from the
+    head steps over every one of them. Started past the last row the previous claim took, the
+    index scan begins where the waiting jobs are. A job due *before* that position (a higher
+    priority, an earlier ``visible_at``) is not seen by it: the worker claims from the head
+    again after a short claim and at least once a second (see the worker's claimer).
+    """
+    return _claim(after=True)
+
+
+def _claim(*, after: bool) -> Update:
     # The SELECT ... FOR UPDATE SKIP LOCKED sits in a MATERIALIZED CTE and the UPDATE joins it.
     # Written as ``WHERE id IN (SELECT ... LIMIT ... FOR UPDATE)`` the planner may run the
     # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
@@ -86,8 +113,14 @@ def claim() -> Update:
     # on the leading column would return rows unordered and force a sort of the backlog).
     # ``claimable()`` repeats the partial index's predicate word for word so
     # the planner can use that index even for a generic (prepared) plan.
+    position = tuple_(j.priority, j.visible_at, j.id)
+    past = position > tuple_(
+        bindparam("after_priority", type_=SmallInteger),
+        bindparam("after_visible_at", type_=DateTime(timezone=True)),
+        bindparam("after_id", type_=BigInteger),
+    )
     picked = (
-        select(j.id)
+        select(j.id, j.priority, j.visible_at)
         .where(
             claimable(),
             j.queue == bindparam("from_queue", type_=Text),
@@ -99,6 +132,7 @@ def claim() -> Update:
             ~exists().where(
                 q.queue == bindparam("from_queue", type_=Text), q.paused_at.is_not(None)
             ),
+            *([past] if after else []),
         )
         .order_by(j.priority, j.visible_at, j.id)
         .limit(bindparam("limit", type_=Integer))
@@ -139,5 +173,7 @@ def claim() -> Update:
             j.lease,
             j.trace_context,
             j.backoff,
+            picked.c.priority,
+            picked.c.visible_at,
         )
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ..observability import JobRun
 from ..tasks import Backoff, Task
@@ -23,6 +23,10 @@ class Claimed:
     lease: timedelta
     trace_context: dict[str, str] | None
     backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
+    #: With ``id``, the job's claim position: its priority and ``visible_at`` as they were
+    #: before the claim (where the lane's next claim can start; see ``claiming.claim_after``).
+    priority: int = 0
+    due_at: datetime | None = None
 
     def run(self) -> JobRun:
         """What observers are told about this attempt."""

@@ -7,7 +7,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -23,6 +24,13 @@ log = logging.getLogger("sa_jobqueue.worker")
 
 #: Longest wait between claim attempts while the database is unreachable (seconds).
 OUTAGE_RETRY_CAP = 5.0
+#: How long a lane follows its claim position in a queue before claiming from the head again
+#: (seconds): the longest a job due before that position (a higher priority, an earlier
+#: ``visible_at``) waits behind a saturated backlog for it, over the claim round's own time.
+HEAD_EVERY: Final = 1.0
+
+#: Where in a queue's claim order the next claim starts: (priority, visible_at, id).
+Position = tuple[int, datetime, int]
 
 
 class LaneClaimer:
@@ -45,12 +53,45 @@ class LaneClaimer:
         self._worker = worker
         self._leases = leases
         self._submit = submit
+        # Per queue: past which row the next claim starts (None: the head), and when the
+        # last claim from the head was (time.monotonic()).
+        self._positions: dict[str, Position] = {}
+        self._head_at: dict[str, float] = {}
+
+    def _claim_jobs(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
+        """Claim up to ``limit`` jobs of ``queue``; the jobs, and whether this was from the head.
+
+        After a full claim the next one starts past the last row it took, so it does not step
+        over the index entries the claimed jobs left at the head (see ``claim_after``). After a
+        short claim, or once ``HEAD_EVERY`` has passed since the last claim from the head, it
+        starts from the head, where a job due before the position (a higher priority, an
+        earlier ``visible_at``, a lease expired long ago) is found.
+        """
+        params: dict[str, Any] = {"from_queue": queue, "limit": limit, "worker": self._worker}
+        now = time.monotonic()
+        position = self._positions.pop(queue, None)
+        if position is not None and now - self._head_at.get(queue, now) < HEAD_EVERY:
+            priority, visible_at, last_id = position
+            params.update(after_priority=priority, after_visible_at=visible_at, after_id=last_id)
+            rows = self._conn.rows(claiming.claim_after(), params)
+            head = False
+        else:
+            rows = self._conn.rows(claiming.claim(), params)
+            self._head_at[queue] = now
+            head = True
+        jobs = [Claimed(*row) for row in rows]  # the columns claim() returns, in order
+        if len(jobs) == limit:
+            self._positions[queue] = max(
+                (job.priority, job.due_at, job.id) for job in jobs if job.due_at is not None
+            )
+        return jobs, head
 
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
 
-        "Probably waiting" means a claim returned as many jobs as it asked for, or a queue was
-        not asked at all because the slots ran out first.
+        "Probably waiting" means a claim returned as many jobs as it asked for, a claim past a
+        position came back short (the head has not been asked), or a queue was not asked at
+        all because the slots ran out first.
         """
         lane = self.lane
         if lane.saturated and lane.held > lane.low_water:
@@ -71,12 +112,10 @@ class LaneClaimer:
             if free <= 0:
                 more = True
                 break
-            rows = self._conn.rows(
-                claiming.claim(), {"from_queue": queue, "limit": free, "worker": self._worker}
-            )
-            more = more or len(rows) == free
-            for row in rows:
-                job = Claimed(*row)  # the columns claim() returns, in order
+            jobs, head = self._claim_jobs(queue, free)
+            # A short claim past a position says nothing of the head: claim from there next.
+            more = more or len(jobs) == free or not head
+            for job in jobs:
                 if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
                     log.error(
                         "job %d (%s) lost its worker; not run again, now %s",

@@ -35,14 +35,17 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
          "--systems", "sa_jobqueue,reference", "--drain-procs", "1,2",
          "--single", "20", "--bulk", "200", "--drain", "300", "--latency-jobs", "5",
          "--latency-rate", "50", "--history", "2000", "--history-drain", "300",
-         "--pinned", "500", "--max-drain-seconds", "30", "--results-dir", str(tmp_path)],
+         "--pinned", "500", "--backlog", "500,3000", "--backlog-drain", "1000",
+         "--max-drain-seconds", "30", "--results-dir", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (path,) = tmp_path.glob("*.json")
     document = json.loads(path.read_text())
     scenarios = document["scenarios"]
-    assert set(scenarios) == {"enqueue", "bulk", "drain", "write", "latency", "history", "pinned"}
+    assert set(scenarios) == {
+        "enqueue", "bulk", "drain", "write", "latency", "history", "pinned", "backlog"
+    }  # fmt: skip
     for rows in scenarios.values():
         for row in rows:
             assert row["error"] is None, row
@@ -60,6 +63,17 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
             if row["system"] == "sa_jobqueue":
                 # Measured in clock ticks (10 ms): a few hundred jobs add up to some.
                 assert sum(run["worker_cpu_seconds"] for run in row["runs"]) > 0, row
+    backlog = {row["system"]: row for row in scenarios["backlog"]}
+    for row in backlog.values():
+        # The small backlog is drained whole; out of the larger one, up to about 1,000 jobs:
+        # those whose completion had committed when the workers were stopped once 1,000 had
+        # started (in a window of tens of milliseconds, many have not).
+        *small, large = row["runs"]
+        assert len(small) == 2, small  # 1,000 jobs to drain: two drains of the 500
+        assert {(r["measure"], r["finished"]) for r in small} == {("500", 500)}, small
+        assert large["measure"] == "3k", large
+        assert large["finished"] <= 1_500, large
+        assert large["db_cpu_seconds"] is not None, large
     drains = {row["system"]: row for row in scenarios["drain"]}
     assert {r["measure"] for r in drains["sa_jobqueue"]["runs"]} == {"1p", "2p"}
     assert drains["sa_jobqueue"]["ratios"]["2p"]["vs_reference"] > 0

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.models import Job
+from sa_jobqueue.worker import _claimer
 from tests.helpers.jobs import burst, job
 from tests.helpers.waiting import running, wait_for
 
@@ -274,6 +275,50 @@ def test_lower_priority_number_runs_first(db: sa.Engine) -> None:
             queue.enqueue(session, "ranked", priority, priority=priority)
     burst(queue, db, concurrency=1)
     assert order == [-2, 0, 3, 5]
+
+
+def test_a_higher_priority_job_waits_about_a_second_at_most_behind_a_saturated_backlog(
+    db: sa.Engine,
+) -> None:
+    """A saturated worker claims past the last row it took (not over the entries claimed jobs
+    left at the head): a job due before that position is found by the next claim from the
+    head, which comes at least every HEAD_EVERY seconds, not when the backlog runs out."""
+    queue = JobQueue()
+
+    @queue.task
+    def backlog(ctx: JobContext, payload: None) -> None:
+        time.sleep(0.001)  # a job's work: it keeps the worker saturated for seconds
+
+    @queue.task
+    def urgent(ctx: JobContext, payload: None) -> None:
+        pass
+
+    with Session(db) as session, session.begin():
+        queue.enqueue_many(session, "backlog", [None] * 20_000, priority=5)
+
+    def succeeded() -> int:
+        with Session(db) as session:
+            return queue.counts(session)["default"].get("succeeded", 0)
+
+    with running(Worker(queue, db, concurrency=2, listen=False)):
+        wait_for(lambda: succeeded() >= 200, timeout=30)  # saturated, claiming past a position
+        with Session(db) as session, session.begin():
+            urgent_id = queue.enqueue(session, "urgent", priority=0)
+        wait_for(lambda: job(db, urgent_id).status == "succeeded", timeout=30)
+    row = job(db, urgent_id)
+    assert row.started_at is not None
+    waited = row.started_at - row.created_at  # both the database's clock
+    # HEAD_EVERY (1 s), and a claim round and the buffer ahead of it to spare.
+    assert _claimer.HEAD_EVERY == 1.0
+    assert waited <= timedelta(seconds=1.75), waited
+    with db.connect() as conn:  # most of the backlog was still waiting when it started
+        after = conn.execute(
+            sa.select(sa.func.count()).where(
+                Job.priority == 5,
+                sa.or_(Job.started_at.is_(None), Job.started_at > row.started_at),
+            )
+        ).scalar_one()
+    assert after >= 5_000, after
 
 
 def test_handler_commit_does_not_commit_early(db: sa.Engine) -> None:

@@ -106,3 +106,36 @@ def test_the_claim_commits_without_waiting_for_the_disk_and_only_the_claim(
         single = single.execution_options(isolation_level="AUTOCOMMIT")
         assert _claim(single, 1) == []
         assert single.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+
+
+def _claim_and_finish(conn: sa.Connection, n: int) -> tuple[int, Any, int]:
+    """Claim ``n`` jobs and mark them succeeded; the claim position past the last one."""
+    rows = _claim(conn, n)
+    finished = {"status": "succeeded", "finished_at": sa.func.now()}
+    conn.execute(sa.update(jobs_table).where(j.id.in_([r.id for r in rows])).values(finished))
+    return max((r.priority, r.visible_at, r.id) for r in rows)
+
+
+def _claim_past(conn: sa.Connection, position: tuple[int, Any, int]) -> Any:
+    priority, visible_at, last = position
+    params = {"from_queue": QUEUE, "limit": 10, "worker": "w", "after_priority": priority,
+              "after_visible_at": visible_at, "after_id": last}  # fmt: skip
+    plan = _explain(conn, claiming.claim_after(), params)
+    assert plan["Plan"]["Actual Rows"] == 10
+    return plan
+
+
+def test_a_claim_past_its_position_does_not_step_over_what_earlier_claims_left(
+    conn: sa.Connection,
+) -> None:
+    """Each claimed or finished job leaves its queued version's entry at the head of the claim
+    index until VACUUM: a claim from the head steps over all of them, one from the position
+    the previous claim reached does not."""
+    _enqueue(conn, 6_000)
+    conn.exec_driver_sql("ANALYZE sa_jobqueue_jobs")
+    fresh = _claim_past(conn, _claim_and_finish(conn, 10))
+    later = _claim_past(conn, _claim_and_finish(conn, 5_000))
+    assert _buffers(later) <= 1.5 * _buffers(fresh), (_buffers(fresh), _buffers(later))
+    head = _explain(conn, claiming.claim(), {"from_queue": QUEUE, "limit": 10, "worker": "w"})
+    assert head["Plan"]["Actual Rows"] == 10
+    assert _buffers(head) > 2 * _buffers(later), (_buffers(head), _buffers(later))

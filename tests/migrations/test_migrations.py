@@ -645,6 +645,14 @@ def big_history(migrated_engine: sa.Engine) -> sa.Engine:
 
 
 CLAIM_PARAMS = {"from_queue": "default", "limit": 10, "worker": "explain-test"}
+#: The claim from the head, and the claim past a position (with the position it starts past).
+CLAIMS = {
+    "claim": (claiming.claim, CLAIM_PARAMS),
+    "claim_after": (
+        claiming.claim_after,
+        {**CLAIM_PARAMS, "after_priority": 0, "after_visible_at": "2000-01-01", "after_id": 0},
+    ),
+}
 
 
 def _nothing_claimed(engine: sa.Engine) -> None:
@@ -661,28 +669,32 @@ def _sql_literal(value: object) -> str:
     return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
 
 
-def test_claim_uses_the_partial_index(big_history: sa.Engine) -> None:
+@pytest.mark.parametrize("claim", sorted(CLAIMS))
+def test_claim_uses_the_partial_index(big_history: sa.Engine, claim: str) -> None:
     """The claim as the worker sends it: psycopg binds the values, the planner sees them."""
+    statement, params = CLAIMS[claim]
     with big_history.connect() as conn, conn.begin() as tx:
-        compiled = claiming.claim().compile(dialect=conn.dialect)
+        compiled = statement().compile(dialect=conn.dialect)
         plan = conn.exec_driver_sql(
-            f"EXPLAIN (FORMAT JSON) {compiled.string}", compiled.construct_params(CLAIM_PARAMS)
+            f"EXPLAIN (FORMAT JSON) {compiled.string}", compiled.construct_params(params)
         ).scalar_one()
         tx.rollback()
     _assert_uses_claim_index(plan)
     _nothing_claimed(big_history)
 
 
-def test_claim_uses_the_partial_index_in_a_generic_plan(big_history: sa.Engine) -> None:
+@pytest.mark.parametrize("claim", sorted(CLAIMS))
+def test_claim_uses_the_partial_index_in_a_generic_plan(big_history: sa.Engine, claim: str) -> None:
     """As a prepared statement planned without its parameters' values (psycopg prepares the
     statements it runs often), the claim still matches the partial index's predicate."""
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
+    statement, params = CLAIMS[claim]
     # $n placeholders, each with a cast, so PREPARE can infer every parameter's type.
-    compiled = claiming.claim().compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
+    compiled = statement().compile(dialect=PGDialect_psycopg(paramstyle="numeric_dollar"))
     assert compiled.positiontup is not None
     assert {"from_queue", "limit", "worker"} <= set(compiled.positiontup)
-    values = compiled.construct_params(CLAIM_PARAMS)
+    values = compiled.construct_params(params)
     arguments = ", ".join(_sql_literal(values[name]) for name in compiled.positiontup)
     with big_history.connect() as conn, conn.begin() as tx:
         conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")

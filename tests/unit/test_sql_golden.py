@@ -30,6 +30,7 @@ UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
 
 BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "claim": claiming.claim,
+    "claim_after": claiming.claim_after,
     "complete": transitions.complete,
     "complete_many": transitions.complete_many,
     "fail": transitions.fail,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from sa_jobqueue._sql import claiming
+from sa_jobqueue.worker import _claimer
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._claimer import ClaimLoop, LaneClaimer
 from sa_jobqueue.worker._lanes import Lane
@@ -22,11 +24,19 @@ class FakeConnection:
         self.waiting = waiting
         self.status = status
         self.asked: list[tuple[str, int]] = []
+        #: Per claim: None from the head, else the position it started past.
+        self.started_past: list[tuple[Any, ...] | None] = []
         self.next_id = 1
 
     def rows(self, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         queue, limit = params["from_queue"], params["limit"]
         self.asked.append((queue, limit))
+        if statement is claiming.claim_after():
+            after = (params["after_priority"], params["after_visible_at"], params["after_id"])
+            self.started_past.append(after)
+        else:
+            assert statement is claiming.claim()
+            self.started_past.append(None)
         n = min(limit, self.waiting.get(queue, 0))
         self.waiting[queue] = self.waiting.get(queue, 0) - n
         rows = []
@@ -43,6 +53,8 @@ class FakeConnection:
                     timedelta(seconds=30),
                     None,
                     None,
+                    0,  # the claim position: priority, visible_at (before the claim)
+                    DUE,
                 )
             )
             self.next_id += 1
@@ -122,6 +134,46 @@ def test_a_job_that_is_no_longer_running_is_not_submitted() -> None:
     one, submitted = claimer(lane, FakeConnection({"a": 1}, status="dead"))
     one.claim()
     assert submitted == []
+
+
+DUE = datetime(2026, 1, 1, tzinfo=UTC)  # every fake row's visible_at before its claim
+
+
+def test_after_a_full_claim_the_next_starts_past_the_last_row_it_took() -> None:
+    lane = Lane(["a"], 3, 0)
+    conn = FakeConnection({"a": 10})
+    one, _ = claimer(lane, conn)
+    assert one.claim()
+    lane.held = 0
+    assert one.claim()
+    assert conn.started_past == [None, (0, DUE, 3)]
+
+
+def test_a_short_claim_past_a_position_sends_the_next_claim_to_the_head_at_once() -> None:
+    lane = Lane(["a"], 3, 0)
+    conn = FakeConnection({"a": 4})
+    one, _ = claimer(lane, conn)
+    one.claim()
+    lane.held = 0
+    # One job past the position: not "nothing waiting", as the head may hold more.
+    assert one.claim()
+    lane.held = 0
+    assert not one.claim()  # from the head, and short: nothing waiting
+    assert conn.started_past == [None, (0, DUE, 3), None]
+
+
+def test_a_lane_claims_from_the_head_again_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(_claimer.time, "monotonic", lambda: now[0])
+    lane = Lane(["a"], 2, 0)
+    conn = FakeConnection({"a": 100})
+    one, _ = claimer(lane, conn)
+    for step in (0.0, 0.5, 0.49, 0.02, 0.3):
+        now[0] += step
+        one.claim()
+        lane.held = 0
+    assert _claimer.HEAD_EVERY == 1.0
+    assert conn.started_past == [None, (0, DUE, 2), (0, DUE, 4), None, (0, DUE, 8)]
 
 
 class FakeLaneClaimer:

@@ -1,7 +1,7 @@
 -- sa_jobqueue._sql.claiming.claim(), compiled for PostgreSQL (psycopg)
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 WITH picked AS MATERIALIZED
-(SELECT sa_jobqueue_jobs.id AS id
+(SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
 FROM sa_jobqueue_jobs
 WHERE status IN ('queued', 'running') AND sa_jobqueue_jobs.queue = %(from_queue)s::VARCHAR AND sa_jobqueue_jobs.visible_at <= now() AND NOT (EXISTS (SELECT *
 FROM sa_jobqueue_queues
@@ -22,7 +22,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%
 ELSE sa_jobqueue_jobs.last_error END
 FROM picked
 WHERE sa_jobqueue_jobs.id = picked.id AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
-RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, picked.priority, picked.visible_at
 ;
 -- parameters the caller supplies: from_queue, limit, worker
 -- constants the statement binds:

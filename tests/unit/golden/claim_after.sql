@@ -1,0 +1,39 @@
+-- sa_jobqueue._sql.claiming.claim_after(), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+WITH picked AS MATERIALIZED
+(SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
+FROM sa_jobqueue_jobs
+WHERE status IN ('queued', 'running') AND sa_jobqueue_jobs.queue = %(from_queue)s::VARCHAR AND sa_jobqueue_jobs.visible_at <= now() AND NOT (EXISTS (SELECT *
+FROM sa_jobqueue_queues
+WHERE sa_jobqueue_queues.queue = %(from_queue)s::VARCHAR AND sa_jobqueue_queues.paused_at IS NOT NULL)) AND (sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id) > (%(after_priority)s::SMALLINT, %(after_visible_at)s::TIMESTAMP WITH TIME ZONE, %(after_id)s::BIGINT)
+ORDER BY sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id
+LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED)
+UPDATE sa_jobqueue_jobs
+SET status=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested) THEN %(param_1)s::VARCHAR
+WHEN (sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN %(param_2)s::VARCHAR
+ELSE %(param_3)s::VARCHAR END, attempts=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.attempts
+ELSE sa_jobqueue_jobs.attempts + %(attempts_1)s::INTEGER END, visible_at=(now() + sa_jobqueue_jobs.lease), started_at=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.started_at
+ELSE now() END, finished_at=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_4)s::VARCHAR, %(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR)
+ELSE sa_jobqueue_jobs.last_error END
+FROM picked
+WHERE sa_jobqueue_jobs.id = picked.id AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, picked.priority, picked.visible_at
+;
+-- parameters the caller supplies: after_id, after_priority, after_visible_at, from_queue, limit, worker
+-- constants the statement binds:
+--   attempts_1 = 1
+--   param_1 = 'cancelled'
+--   param_2 = 'dead'
+--   param_3 = 'running'
+--   param_4 = 'type'
+--   param_5 = 'LeaseExpired'
+--   param_6 = 'message'
+--   param_7 = 'lease expired (worker lost)'
+--   status_1 = 'running'
+--   status_2 = 'running'
+--   status_3 = 'running'
