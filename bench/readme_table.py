@@ -141,8 +141,14 @@ def render_table(document: report.Document, source: str) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     titles = {
-        "enqueue": lambda m: f"single-row enqueue, a commit each ({options['single']:,})",
-        "bulk": lambda m: f"bulk enqueue ({options['bulk']:,} in one call)",
+        "enqueue": lambda m: (
+            f"single-row enqueue, a commit each ({options['single']:,})"
+            + (", client CPU µs per job" if m.key == "cpu" else "")
+        ),
+        "bulk": lambda m: (
+            f"bulk enqueue ({options['bulk']:,}, {options['bulk_batch']:,} per transaction)"
+            + (", client CPU µs per job" if m.key == "cpu" else "")
+        ),
         "drain": lambda m: f"drain {options['drain']:,} no-op jobs, {m.label}",
         "write": lambda m: f"drain {options['drain']:,} jobs writing one row, {m.label}",
         "latency": lambda m: f"idle pickup latency {m.label}",
