@@ -298,9 +298,12 @@ def update_held(mode: str, schedule: str, traced: bool = False, many: bool = Fal
     and ``delay`` excepted), as in :func:`insert_jobs`: an UPDATE may not reuse a column's
     name for a bind parameter either.
     """
-    prefix = "b_"
     payload: ColumnElement[Any]
-    key: ColumnElement[Any]
+    held: list[ColumnElement[bool]] = [
+        j.task == bindparam("b_task", type_=Text),
+        unique_live(),  # the unique index's predicate: the rows are found through it
+        j.status == QUEUED,
+    ]
     stmt = update(jobs_table)
     if many:
         given = (
@@ -312,31 +315,38 @@ def update_held(mode: str, schedule: str, traced: bool = False, many: bool = Fal
             .table_valued(column("new_payload", Text), column("held_key", Text))
             .render_derived(name="p")
         )
-        payload, key = given.c.new_payload, given.c.held_key
+        # The rows are locked first, in id order: two batches that share keys then wait for
+        # each other in one order and cannot deadlock, which an UPDATE joining the keys in
+        # whatever order its plan reads them could. The locking read applies the same guard
+        # (a row claimed meanwhile is read again and dropped); the UPDATE repeats it for rows
+        # it already holds locked.
+        locked = (
+            select(j.id, given.c.new_payload)
+            .select_from(jobs_table.join(given, j.unique_key == given.c.held_key))
+            .where(*held)
+            .order_by(j.id)
+            .with_for_update(of=jobs_table)
+            .cte("held")
+            .prefix_with("MATERIALIZED")
+        )
+        stmt = stmt.where(j.id == locked.c.id, j.status == QUEUED)
+        payload = locked.c.new_payload
     else:
-        payload, key = bindparam("b_payload", type_=Text), bindparam("b_unique_key", type_=Text)
+        stmt = stmt.where(j.unique_key == bindparam("b_unique_key", type_=Text), *held)
+        payload = bindparam("b_payload", type_=Text)
     values: dict[str, Any] = {
         "payload": cast(payload, JSONB),
-        "priority": bindparam(f"{prefix}priority", type_=Integer),
+        "priority": bindparam("b_priority", type_=Integer),
         "visible_at": held_due(mode, schedule),
     }
     if traced:
-        values["trace_context"] = cast(bindparam(f"{prefix}trace_context", type_=Text), JSONB)
+        values["trace_context"] = cast(bindparam("b_trace_context", type_=Text), JSONB)
     due_now = j.visible_at <= func.now()
-    return (
-        stmt.where(
-            j.task == bindparam(f"{prefix}task", type_=Text),
-            j.unique_key == key,
-            unique_live(),  # the unique index's predicate: the row is found through it
-            j.status == QUEUED,
-        )
-        .values(**values)
-        .returning(
-            j.id,
-            j.unique_key,
-            case((due_now, j.queue)),
-            case((due_now, func.pg_notify(CHANNEL, j.queue))),
-        )
+    return stmt.values(**values).returning(
+        j.id,
+        j.unique_key,
+        case((due_now, j.queue)),
+        case((due_now, func.pg_notify(CHANNEL, j.queue))),
     )
 
 
