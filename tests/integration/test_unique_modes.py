@@ -288,3 +288,36 @@ def test_bad_enqueue_options_are_refused_before_any_sql(
     with pytest.raises(InvalidJobError, match="unique_period"):
         queue.enqueue_many(session, "skip", [{}], unique_period=timedelta(milliseconds=1))
     assert conn.execute(select(func.count()).select_from(j.id.table)).scalar_one() == 0
+
+
+# -- tracing ------------------------------------------------------------------------------------
+
+
+def test_a_replaced_job_takes_the_replacing_enqueues_trace_context(
+    conn: sa.Connection, session: Session
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    traced = JobQueue(tracing=True)
+    traced.task(name="replace", unique_mode="replace")(handler)
+    tracer = TracerProvider().get_tracer("tests")
+
+    def trace_of(job_id: int) -> str:
+        stored = conn.execute(select(j.trace_context).where(j.id == job_id)).scalar_one()
+        return str(stored["traceparent"])
+
+    with tracer.start_as_current_span("first request") as first_span:
+        first = traced.enqueue(session, "replace", {"n": 1}, unique_key="k")
+    with tracer.start_as_current_span("second request") as second_span:
+        traced.enqueue_many(session, "replace", [{"n": 2}], unique_keys=["k"])
+    first_trace = format(first_span.get_span_context().trace_id, "032x")
+    second_trace = format(second_span.get_span_context().trace_id, "032x")
+    assert first_trace != second_trace
+    assert second_trace in trace_of(first)
+    with tracer.start_as_current_span("third request") as third_span:
+        traced.enqueue(session, "replace", {"n": 3}, unique_key="k")
+    assert format(third_span.get_span_context().trace_id, "032x") in trace_of(first)
+    # Outside any span nothing is recorded, and the job keeps the context it has.
+    traced.enqueue(session, "replace", {"n": 4}, unique_key="k")
+    assert format(third_span.get_span_context().trace_id, "032x") in trace_of(first)
+    assert row(conn, first).payload == {"n": 4}
