@@ -321,3 +321,12 @@ def test_a_replaced_job_takes_the_replacing_enqueues_trace_context(
     traced.enqueue(session, "replace", {"n": 4}, unique_key="k")
     assert format(third_span.get_span_context().trace_id, "032x") in trace_of(first)
     assert row(conn, first).payload == {"n": 4}
+
+
+def test_an_updated_enqueued_pickles_with_its_flags(session: Session, queue: JobQueue) -> None:
+    import pickle
+
+    queue.enqueue(session, "replace", {"n": 1}, unique_key="k")
+    updated = queue.enqueue(session, "replace", {"n": 2}, unique_key="k")
+    copied = pickle.loads(pickle.dumps(updated))
+    assert (copied, copied.created, copied.updated) == (updated, False, True)
