@@ -11,7 +11,9 @@ Three steps, the first two without I/O:
    (riding in the insert's own round trip where they can; :func:`wake` otherwise). One job is
    one INSERT, sent straight to psycopg when nothing could tell (see
    :func:`sa_jobqueue._binds.first_row`); a batch of :data:`COPY_FROM` jobs or more without
-   unique keys goes in by COPY, a smaller or unique one by one INSERT from arrays.
+   unique keys goes in by COPY, a smaller or unique one by one INSERT from arrays. A unique
+   job whose key is held then takes a guarded UPDATE of the holder (replace and debounce
+   modes), and a lookup of the holder when that did not apply.
 
 Bad input raises in steps 1 and 2, so nothing is sent and the caller's transaction stays usable.
 """
@@ -37,6 +39,8 @@ from ._validation import (
     check_queue_name,
     check_run_at,
     check_unique_key,
+    check_unique_mode,
+    check_unique_period,
     encode_payload,
 )
 from .errors import InvalidJobError, JobQueueError
@@ -60,15 +64,20 @@ class Enqueued(int):
 
     It is an ``int`` (it compares, hashes, formats and serialises as the plain id), so code that
     takes the id as an int keeps working. ``created`` is False when the job's unique key was
-    already held by a queued or running job of its task: the id is then that job's, and nothing
-    was added. Without a unique key, ``created`` is always True.
+    already held by a job of its task: the id is then that job's, and nothing was added.
+    ``updated`` is True when, instead, this call gave that job (a queued one) its payload,
+    priority and due time: the replace and debounce unique modes. Neither: the key's job was
+    left as it was (skip mode, or a running or finished holder). Without a unique key,
+    ``created`` is always True.
     """
 
     created: bool
+    updated: bool
 
-    def __new__(cls, job_id: int, created: bool = True) -> Enqueued:
+    def __new__(cls, job_id: int, created: bool = True, updated: bool = False) -> Enqueued:
         self = super().__new__(cls, job_id)
         self.created = created
+        self.updated = updated
         return self
 
 
@@ -82,6 +91,7 @@ class EnqueueOptions:
     Built by :func:`resolve_options` only. ``run_at`` is None (due now), an aware datetime or
     a delay from the database's ``now()``. ``backoff`` is the job's own retry policy if the
     call gave one (stored with the job); None leaves the task's, which is not stored.
+    ``unique_mode`` and ``unique_period`` apply to the jobs that get a unique key.
     """
 
     task: Task
@@ -91,6 +101,13 @@ class EnqueueOptions:
     lease: timedelta
     run_at: datetime | timedelta | None = None
     backoff: Backoff | None = None
+    unique_mode: str = "skip"
+    unique_period: timedelta | None = None
+
+    @property
+    def period_seconds(self) -> int | None:
+        """The unique period in whole seconds (checked to be whole), or None."""
+        return None if self.unique_period is None else int(self.unique_period.total_seconds())
 
     @property
     def schedule(self) -> str:
@@ -126,11 +143,18 @@ def resolve_options(
     max_attempts: int | None = None,
     lease: timedelta | None = None,
     backoff: Backoff | None = None,
+    unique_mode: str | None = None,
+    unique_period: timedelta | None = None,
 ) -> EnqueueOptions:
     """``task``'s defaults with the overrides that are not None applied, each one checked.
 
+    In debounce mode, a job given no ``run_at`` is due the task's ``debounce`` delay from now.
     Raises an InvalidJobError subclass naming the first bad option; no I/O.
     """
+    mode = check_unique_mode(unique_mode if unique_mode is not None else task.unique_mode)
+    period = check_unique_period(unique_period if unique_period is not None else task.unique_period)
+    if run_at is None and mode == "debounce":
+        run_at = task.debounce
     run_at = check_run_at(run_at)
     resolved = EnqueueOptions(
         task=task,
@@ -142,6 +166,8 @@ def resolve_options(
         lease=check_lease(lease if lease is not None else task.lease),
         run_at=run_at,
         backoff=backoff,
+        unique_mode=mode,
+        unique_period=period,
     )
     if backoff is not None and not isinstance(backoff, Backoff):
         raise InvalidJobError(f"backoff must be a Backoff, not {type(backoff).__name__}")
@@ -247,17 +273,31 @@ def insert_one(conn: Connection, new: NewJobs) -> Enqueued:
         sent.add(new.queue)
         return Enqueued(row[0])
     params["unique_key"] = key
+    options = new.options
+    period = options.period_seconds
+    if period is not None:
+        params["unique_period"] = period
     insert = enqueue_sql.insert_job(
-        new.options.schedule, wake_up, unique=True, traced=traced, backoff=policy
+        options.schedule, wake_up, unique=True, traced=traced, backoff=policy, period=bool(period)
     )
+    update = None
+    if options.unique_mode != "skip":
+        update = enqueue_sql.update_held(options.unique_mode, options.schedule, traced=traced)
+        replacing = {**new.params("b_"), "b_payload": params["payload"], "b_unique_key": key}
+    lookup = {"task": new.task, "unique_keys": [key], "unique_period": period}
     for _ in range(UNIQUE_ROUNDS):
         row = first_row(conn, insert, params)
         if row is not None:
             sent.add(new.queue)  # the NOTIFY rode in RETURNING, which only an inserted row runs
             return Enqueued(row[0])
-        found = conn.execute(
-            enqueue_sql.find_unique(), {"task": new.task, "unique_keys": [key]}
-        ).first()
+        if update is not None:
+            held = conn.execute(update, replacing).first()
+            if held is not None:
+                if held[2] is not None:
+                    sent.add(held[2])  # due now: the holder's queue was notified
+                return Enqueued(held[0], created=False, updated=True)
+            # Not queued (running, or finished in its window), or gone: look it up.
+        found = conn.execute(enqueue_sql.find_unique(bool(period)), lookup).first()
         if found is not None:
             return Enqueued(found[1], created=False)
         # The live job that held the key finished between the two statements: insert again.
@@ -278,18 +318,22 @@ def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
         return result
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
     bulk = new.params("b_")
+    period = new.options.period_seconds if new.unique else None
+    if period is not None:
+        bulk["b_unique_period"] = period
     statement = enqueue_sql.insert_jobs(
         new.options.schedule,
         unique=new.unique,
         traced=new.trace_context is not None,
         backoff=new.options.backoff is not None,
         wake=wake_up,
+        period=period is not None,
     )
     if not new.unique:
         rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
         result = [Enqueued(job_id) for job_id in rows.scalars()]
     else:
-        result = _insert_unique_many(conn, new, statement, bulk)
+        result = _insert_unique_many(conn, new, statement, bulk, sent)
     if any(job.created for job in result):
         sent.add(new.queue)  # if it was not already, the NOTIFY rode in RETURNING
     return result
@@ -330,16 +374,27 @@ def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
 
 
 def _insert_unique_many(
-    conn: Connection, new: NewJobs, statement: Insert, bulk: dict[str, Any]
+    conn: Connection, new: NewJobs, statement: Insert, bulk: dict[str, Any], sent: set[str]
 ) -> list[Enqueued]:
-    # Only the first payload of each key is sent; later ones in the batch get its job. One
-    # statement then never holds a key twice.
-    first: dict[str, int] = {}
+    options = new.options
+    replace = options.unique_mode != "skip"
+    # One payload per key is sent, so one statement never holds a key twice: the first one in
+    # skip mode (a later one would be skipped), the last one in replace and debounce modes (it
+    # would replace the earlier ones, one call after another).
+    sent_for: dict[str, int] = {}
     for i, key in enumerate(new.keys):
         if key is not None:
-            first.setdefault(key, i)
-    result: list[Enqueued | None] = [None] * len(new.keys)
-    todo = [i for i, key in enumerate(new.keys) if key is None or first[key] == i]
+            if replace:
+                sent_for[key] = i
+            else:
+                sent_for.setdefault(key, i)
+    done: dict[int, Enqueued] = {}
+    todo = [i for i, key in enumerate(new.keys) if key is None or sent_for[key] == i]
+    period = bulk.get("b_unique_period")
+    update = None
+    if replace:
+        traced = new.trace_context is not None
+        update = enqueue_sql.update_held(options.unique_mode, options.schedule, traced, many=True)
     for _ in range(UNIQUE_ROUNDS):
         rows = conn.execute(
             statement,
@@ -358,40 +413,70 @@ def _insert_unique_many(
         for i in todo:
             key = new.keys[i]
             if key is None:
-                result[i] = Enqueued(next(keyless))
+                done[i] = Enqueued(next(keyless))
             elif key in inserted:
-                result[i] = Enqueued(inserted[key])
+                done[i] = Enqueued(inserted[key])
             else:
                 skipped.append(i)
+        if skipped and update is not None:
+            held = conn.execute(
+                update,
+                {
+                    **bulk,
+                    "payloads": [new.payloads[i] for i in skipped],
+                    "unique_keys": [new.keys[i] for i in skipped],
+                },
+            ).all()
+            sent.update(row[2] for row in held if row[2] is not None)  # due now: notified
+            updated = {row[1]: row[0] for row in held}
+            left = []
+            for i in skipped:
+                key = new.keys[i]
+                if key in updated:
+                    done[i] = Enqueued(updated[key], created=False, updated=True)
+                else:
+                    left.append(i)
+            skipped = left
         if not skipped:
             break
-        live = {
-            key: job_id
-            for key, job_id in conn.execute(
-                enqueue_sql.find_unique(),
-                {"task": new.task, "unique_keys": [new.keys[i] for i in skipped]},
-            )
-        }
+        live: dict[str, int] = {}
+        for key, job_id in conn.execute(
+            enqueue_sql.find_unique(period is not None),
+            {
+                "task": new.task,
+                "unique_keys": [new.keys[i] for i in skipped],
+                "unique_period": period,
+            },
+        ):
+            live.setdefault(key, job_id)  # a key's first row is its holder (see find_unique)
         todo = []
         for i in skipped:
             key = new.keys[i]
             if key is not None and key in live:
-                result[i] = Enqueued(live[key], created=False)
+                done[i] = Enqueued(live[key], created=False)
             else:
                 todo.append(i)  # its live job finished between the two statements
         if not todo:
             break
     else:
         raise _churn(new.task)
+    # Each payload gets its key's job. The first payload of a key gets what happened to it;
+    # a later one was not added, and in replace and debounce modes it replaced the earlier
+    # payload of a job that is (still) queued, as one call after another would have.
     ids: list[Enqueued] = []
-    for i, job in enumerate(result):
-        if job is None:  # a later duplicate of a key within the batch: the first one's job
-            key = new.keys[i]
-            assert key is not None
-            original = result[first[key]]
-            assert original is not None
-            job = Enqueued(original, created=False)
-        ids.append(job)
+    seen: set[str] = set()
+    for i, key in enumerate(new.keys):
+        if key is None:
+            ids.append(done[i])
+            continue
+        job = done[sent_for[key]]
+        if key not in seen:
+            seen.add(key)
+            ids.append(job)
+        else:
+            ids.append(
+                Enqueued(job, created=False, updated=replace and (job.created or job.updated))
+            )
     return ids
 
 

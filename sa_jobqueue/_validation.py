@@ -12,7 +12,7 @@ import math
 import re
 import sys
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 from .errors import InvalidJobError, InvalidNameError, InvalidScheduleError, PayloadError
 
@@ -26,6 +26,13 @@ MAX_ATTEMPTS: Final = 2**31 - 1  # the column is an integer
 #: Longest delay a job may be scheduled ahead by (a thousand years is "never" in practice and
 #: stays far inside PostgreSQL's timestamp range).
 MAX_DELAY: Final = timedelta(days=365_000)
+
+#: What an enqueue does when a live job of its task already holds its unique key: ``"skip"``
+#: adds nothing; ``"replace"`` gives a queued holder the new payload, priority and due time;
+#: ``"debounce"`` does as replace but only ever moves the due time later. A running holder is
+#: never touched. See ``docs/how-to/unique-jobs.md``.
+UniqueMode = Literal["skip", "replace", "debounce"]
+UNIQUE_MODES: Final[tuple[str, ...]] = get_args(UniqueMode)
 #: Longest lease. A worker renews leases while the handler runs, so the lease only bounds how
 #: long a lost job waits to be reclaimed; a day is already far more than that needs.
 MAX_LEASE: Final = timedelta(days=1)
@@ -333,6 +340,32 @@ def check_unique_key(key: object, *, task: str) -> str | None:
             f" {MAX_UNIQUE_KEY_BYTES}"
         )
     return key
+
+
+def check_unique_mode(mode: object) -> str:
+    if not isinstance(mode, str) or mode not in UNIQUE_MODES:
+        raise InvalidJobError(f"unique_mode must be one of {', '.join(UNIQUE_MODES)}, not {mode!r}")
+    return mode
+
+
+def check_unique_period(period: object) -> timedelta | None:
+    """None, or a whole number of seconds from 1 second to :data:`MAX_DELAY`.
+
+    Whole seconds: the windows are cut from the epoch in the database by integer arithmetic,
+    so two transactions compute the very same window start for the same second.
+    """
+    if period is None:
+        return None
+    if (
+        not isinstance(period, timedelta)
+        or not timedelta(seconds=1) <= period <= MAX_DELAY
+        or period.microseconds
+    ):
+        raise InvalidJobError(
+            f"unique_period must be a timedelta of whole seconds, from 1 second to"
+            f" {MAX_DELAY.days} days, not {period!r}"
+        )
+    return period
 
 
 def check_lease(lease: object) -> timedelta:

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0007"
+SCHEMA_REVISION: Final = "sajq_0008"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -106,6 +106,9 @@ class Job(Base):
     trace_context: Mapped[Any | None] = mapped_column(JSONB)
     #: The job's own retry policy ({"base", "cap", "jitter"}), when enqueue overrode the task's.
     backoff: Mapped[Any | None] = mapped_column(JSONB)
+    #: With a unique period: the start of the window the job was enqueued in. No other job of
+    #: the task with its key may be enqueued in that window, whatever this job's status.
+    unique_window: Mapped[datetime | None]
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),
@@ -149,6 +152,16 @@ class Job(Base):
             "unique_key",
             unique=True,
             postgresql_where=text(f"unique_key IS NOT NULL AND {_status_in(UNIQUE_STATUSES)}"),
+        ),
+        # Unique periods: one job per task, key and window, finished ones included. Only jobs
+        # enqueued with a period have a window, so the index holds those alone.
+        Index(
+            "sa_jobqueue_jobs_unique_window_idx",
+            "task",
+            "unique_key",
+            "unique_window",
+            unique=True,
+            postgresql_where=text("unique_window IS NOT NULL"),
         ),
         # Rows churn (claim, renewals, outcome, pruning): room on each page for a row's new
         # version, and autovacuum after 2% of the rows changed rather than 20%.

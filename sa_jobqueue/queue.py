@@ -22,7 +22,7 @@ from ._enqueue import (
     resolve_options,
 )
 from ._registry import TaskRegistry, handler_name
-from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name
+from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
 from .ops import admin
 from .ops.admin import JobInfo
 from .periodic import Schedule
@@ -102,6 +102,9 @@ class JobQueue:
         backoff: Backoff | None = None,
         timeout: timedelta | None = None,
         unique_key: Callable[[Any], str | None] | None = None,
+        unique_mode: UniqueMode = "skip",
+        unique_period: timedelta | None = None,
+        debounce: timedelta | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -116,6 +119,9 @@ class JobQueue:
         backoff: Backoff | None = None,
         timeout: timedelta | None = None,
         unique_key: Callable[[Any], str | None] | None = None,
+        unique_mode: UniqueMode = "skip",
+        unique_period: timedelta | None = None,
+        debounce: timedelta | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
@@ -123,7 +129,12 @@ class JobQueue:
         object. ``timeout`` bounds one attempt's run time (see :class:`Task`). ``lease`` is
         how long a worker may go without renewing its claim before the
         job is taken from it and run elsewhere; the worker renews it while the handler runs.
-        ``unique_key(payload)`` gives each job's unique key (see :meth:`enqueue`).
+        ``unique_key(payload)`` gives each job's unique key (see :meth:`enqueue`);
+        ``unique_mode`` says what an enqueue whose key is held does (``"skip"``, ``"replace"``
+        or ``"debounce"``), ``debounce`` is the delay a debounced job is due after when the
+        enqueue names no ``run_at``, and ``unique_period`` holds a key for the rest of the
+        fixed window of that length its job was enqueued in, even once the job has finished.
+        Bad options raise TaskDefinitionError here.
         """
 
         def register(handler: Handler) -> Task:
@@ -137,6 +148,9 @@ class JobQueue:
                 backoff=backoff or Backoff(),
                 timeout=timeout,
                 unique_key=unique_key,
+                unique_mode=unique_mode,
+                unique_period=unique_period,
+                debounce=debounce,
             )
             return self._registry.add(task)
 
@@ -204,6 +218,8 @@ class JobQueue:
         lease: timedelta | None = None,
         backoff: Backoff | None = None,
         unique_key: str | None = None,
+        unique_mode: UniqueMode | None = None,
+        unique_period: timedelta | None = None,
     ) -> Enqueued:
         """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
 
@@ -216,14 +232,29 @@ class JobQueue:
 
         ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
         a queued or running job of the same task holds this key, nothing is added and the
-        returned id is that job's, with ``.created`` False. The other job's payload and options
-        stay as they are. A job that has finished (succeeded, dead, cancelled) holds no key.
-        Under REPEATABLE READ or SERIALIZABLE, a key taken by a transaction that committed
-        after yours began raises a serialization error instead (retry the transaction).
+        returned id is that job's, with ``.created`` False. What happens to that job is the
+        ``unique_mode`` (default: the task's): ``"skip"`` leaves it as it is; ``"replace"``
+        gives it, if it is queued, this call's payload, priority and due time; ``"debounce"``
+        does the same but never moves its due time earlier. Then ``.updated`` is True. A
+        running job is never changed. A job that has finished (succeeded, dead, cancelled)
+        holds no key, unless a ``unique_period`` (default: the task's) holds it for the rest
+        of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
+        taken by a transaction that committed after yours began raises a serialization error
+        instead (retry the transaction). See the unique jobs how-to for the whole story.
         """
         keys = None if unique_key is None else [unique_key]
         new = self._new_jobs(
-            task, [payload], keys, run_at, priority, queue, max_attempts, lease, backoff
+            task,
+            [payload],
+            keys,
+            run_at,
+            priority,
+            queue,
+            max_attempts,
+            lease,
+            backoff,
+            unique_mode,
+            unique_period,
         )
         return insert_one(connection_of(session), new)
 
@@ -240,6 +271,8 @@ class JobQueue:
         lease: timedelta | None = None,
         backoff: Backoff | None = None,
         unique_key: str | None = None,
+        unique_mode: UniqueMode | None = None,
+        unique_period: timedelta | None = None,
     ) -> Enqueued:
         """:meth:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees.
 
@@ -248,7 +281,17 @@ class JobQueue:
         """
         keys = None if unique_key is None else [unique_key]
         new = self._new_jobs(
-            task, [payload], keys, run_at, priority, queue, max_attempts, lease, backoff
+            task,
+            [payload],
+            keys,
+            run_at,
+            priority,
+            queue,
+            max_attempts,
+            lease,
+            backoff,
+            unique_mode,
+            unique_period,
         )
         return await run_async(session, lambda conn: insert_one(conn, new))
 
@@ -265,6 +308,8 @@ class JobQueue:
         lease: timedelta | None = None,
         backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
+        unique_mode: UniqueMode | None = None,
+        unique_period: timedelta | None = None,
     ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one go; return their ids in order.
 
@@ -278,11 +323,23 @@ class JobQueue:
         entry, or no list, leaves the key to the task's ``unique_key`` function). A payload
         whose key a live job holds gets that job's id (``.created`` False), and so does a later
         payload of the batch with the same key as an earlier one: it gets the earlier one's job.
+        In replace and debounce modes the last payload of a key is the one kept, as if the
+        payloads had been enqueued one after another.
         """
         items = list(payloads)
         keys = None if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
-            task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
+            task,
+            items,
+            keys,
+            run_at,
+            priority,
+            queue,
+            max_attempts,
+            lease,
+            backoff,
+            unique_mode,
+            unique_period,
         )
         if not items:
             return []
@@ -301,12 +358,24 @@ class JobQueue:
         lease: timedelta | None = None,
         backoff: Backoff | None = None,
         unique_keys: Sequence[str | None] | None = None,
+        unique_mode: UniqueMode | None = None,
+        unique_period: timedelta | None = None,
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
         items = list(payloads)
         keys = None if unique_keys is None else list(unique_keys)
         new = self._new_jobs(
-            task, items, keys, run_at, priority, queue, max_attempts, lease, backoff
+            task,
+            items,
+            keys,
+            run_at,
+            priority,
+            queue,
+            max_attempts,
+            lease,
+            backoff,
+            unique_mode,
+            unique_period,
         )
         if not items:
             return []
@@ -323,6 +392,8 @@ class JobQueue:
         max_attempts: int | None,
         lease: timedelta | None,
         backoff: Backoff | None,
+        unique_mode: UniqueMode | None = None,
+        unique_period: timedelta | None = None,
     ) -> NewJobs:
         """Check and encode everything enqueue was given; no I/O.
 
@@ -330,13 +401,32 @@ class JobQueue:
         function, if it has one, gives the key.
         """
         found = self._registry.lookup(task)
-        overrides = (run_at, priority, queue, max_attempts, lease, backoff)
+        overrides = (
+            run_at,
+            priority,
+            queue,
+            max_attempts,
+            lease,
+            backoff,
+            unique_mode,
+            unique_period,
+        )
         if all(option is None for option in overrides):
             options = self._defaults.get(found.name)
             if options is None or options.task is not found:
                 options = self._defaults[found.name] = resolve_options(found)
         else:
-            options = resolve_options(found, run_at, priority, queue, max_attempts, lease, backoff)
+            options = resolve_options(
+                found,
+                run_at,
+                priority,
+                queue,
+                max_attempts,
+                lease,
+                backoff,
+                unique_mode,
+                unique_period,
+            )
         # The trace context is taken before any I/O and in the caller's thread or task: the
         # span that is current where enqueue was called is the one the job's run points to.
         return new_jobs(

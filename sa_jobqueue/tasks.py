@@ -15,11 +15,15 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 from ._validation import (
+    UniqueMode,
     check_lease,
     check_max_attempts,
     check_priority,
     check_queue_name,
+    check_run_at,
     check_task_name,
+    check_unique_mode,
+    check_unique_period,
 )
 from .errors import InvalidJobError, TaskDefinitionError
 
@@ -121,6 +125,10 @@ class Task:
     ``unique_key``, if given, maps a payload to the job's unique key (a str, or None for no
     uniqueness): while a queued or running job of this task holds a key, enqueueing another
     job with that key adds nothing and returns the live job's id (see ``JobQueue.enqueue``).
+    ``unique_mode`` says what such an enqueue does to a queued holder (see :data:`UniqueMode`),
+    ``debounce`` is the delay a ``"debounce"`` enqueue gives the job when it names no
+    ``run_at``, and ``unique_period`` also holds a key for the rest of the fixed window of that
+    length in which its job was enqueued, after the job has finished.
 
     The handler is called as ``handler(ctx, payload)``; one that cannot be called that way
     (too few or too many required parameters, a required keyword-only one) is refused with
@@ -137,10 +145,17 @@ class Task:
     backoff: Backoff = field(default_factory=Backoff)
     timeout: timedelta | None = None
     unique_key: Callable[[Any], str | None] | None = None
+    unique_mode: UniqueMode = "skip"
+    unique_period: timedelta | None = None
+    debounce: timedelta | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout <= timedelta(0):
             raise TaskDefinitionError(f"task {self.name!r}: timeout must be above 0")
+        if self.debounce is not None and self.unique_mode != "debounce":
+            raise TaskDefinitionError(
+                f"task {self.name!r}: debounce is the delay of unique_mode='debounce'"
+            )
         if self.unique_key is not None and not callable(self.unique_key):
             raise TaskDefinitionError(
                 f"task {self.name!r}: unique_key must be a function of the payload"
@@ -151,6 +166,10 @@ class Task:
             check_priority(self.priority)
             check_max_attempts(self.max_attempts)
             check_lease(self.lease)
+            check_unique_mode(self.unique_mode)
+            check_unique_period(self.unique_period)
+            if self.debounce is not None:
+                check_run_at(self.debounce)
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)

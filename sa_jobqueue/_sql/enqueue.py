@@ -1,4 +1,9 @@
-"""Inserting jobs: one, many (by INSERT or by COPY), unique, and the wake-up sent with them."""
+"""Inserting jobs: one, many (by INSERT or by COPY), unique, and the wake-up sent with them.
+
+Unique jobs take up to three statements, each a plain one: the insert (``ON CONFLICT DO
+NOTHING``), then for the replace and debounce modes :func:`update_held` (a guarded UPDATE of a
+queued holder), then :func:`find_unique` (the holder that was left as it was).
+"""
 
 from __future__ import annotations
 
@@ -16,20 +21,27 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    Update,
     any_,
     bindparam,
+    case,
     cast,
     column,
+    extract,
     func,
     insert,
     literal,
+    null,
+    or_,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..models import (
+    QUEUED,
     jobs_table,
     unique_live,
 )
@@ -50,9 +62,28 @@ def due_at(schedule: str) -> ColumnElement[datetime]:
     return func.now()
 
 
+def unique_window(param: str) -> ColumnElement[datetime]:
+    """The start of the fixed window of ``:param`` seconds that ``now()`` falls in.
+
+    Windows are cut from the Unix epoch: an hour's start on the hour, a day's at midnight UTC.
+    ``extract`` gives an exact numeric, and the period is a whole number of seconds, so every
+    transaction that began in the same window computes the very same start.
+    """
+    period = bindparam(param, type_=Integer)
+    return func.to_timestamp(
+        func.floor(extract("epoch", func.now()) / period) * period,
+        type_=DateTime(timezone=True),
+    )
+
+
 @cache
 def insert_job(
-    schedule: str, wake: bool, unique: bool = False, traced: bool = False, backoff: bool = False
+    schedule: str,
+    wake: bool,
+    unique: bool = False,
+    traced: bool = False,
+    backoff: bool = False,
+    period: bool = False,
 ) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
 
@@ -64,6 +95,10 @@ def insert_job(
     With ``unique`` the row carries ``:unique_key`` and is not inserted (no row comes back)
     while a live job of the task holds that key; :func:`find_unique` then finds that job.
 
+    With ``period`` (and ``unique``) the row also carries its window (see :func:`unique_window`,
+    ``:unique_period`` seconds), and is not inserted either while a job of the task with that
+    key exists in that window, finished or not.
+
     With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
     statement without it, so tracing switched off changes nothing, not even the SQL text.
     With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text).
@@ -71,6 +106,8 @@ def insert_job(
     optional: dict[str, Any] = {}
     if unique:
         optional["unique_key"] = bindparam("unique_key", type_=Text)
+    if unique and period:
+        optional["unique_window"] = unique_window("unique_period")
     if traced:
         optional["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
     if backoff:
@@ -86,8 +123,18 @@ def insert_job(
         **optional,
     )
     if unique:
-        stmt = unless_key_is_live(stmt)
+        stmt = unless_key_is_held(stmt, period)
     return stmt.returning(j.id, func.pg_notify(CHANNEL, j.queue) if wake else literal(None))
+
+
+def unless_key_is_held(stmt: PgInsert, period: bool) -> PgInsert:
+    """:func:`unless_key_is_live`, or with ``period`` against both unique indexes.
+
+    ``ON CONFLICT`` names one arbiter index or none; a row with a window may conflict with the
+    live index or with the window index, so that statement names none and does nothing on
+    either (the id is drawn from the sequence, so the primary key never conflicts).
+    """
+    return stmt.on_conflict_do_nothing() if period else unless_key_is_live(stmt)
 
 
 def unless_key_is_live(stmt: PgInsert) -> PgInsert:
@@ -109,6 +156,7 @@ def insert_jobs(
     traced: bool = False,
     backoff: bool = False,
     wake: bool = False,
+    period: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -120,7 +168,8 @@ def insert_jobs(
     ``:b_trace_context`` (JSON text): a batch is enqueued from one place in one trace.
 
     With ``wake`` the same round trip also sends ``:b_queue``'s NOTIFY, once, and only if a
-    row is inserted: see :func:`wake_once`.
+    row is inserted: see :func:`wake_once`. With ``period`` (and ``unique``), each row with a
+    key also carries its window of ``:b_unique_period`` seconds, as in :func:`insert_job`.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -141,7 +190,14 @@ def insert_jobs(
     if unique:
         rows = rows.add_columns(given.c.unique_key)
         names.append("unique_key")
-        stmt = unless_key_is_live(pg_insert(jobs_table).from_select(names, rows))
+        if period:
+            # Keyless rows of the batch have no window: nothing is unique about them.
+            window = case(
+                (given.c.unique_key.is_not(None), unique_window("b_unique_period")), else_=null()
+            )
+            rows = rows.add_columns(window)
+            names.append("unique_window")
+        stmt = unless_key_is_held(pg_insert(jobs_table).from_select(names, rows), period)
         return stmt.returning(j.id, j.unique_key, *woken)
     return insert(jobs_table).from_select(names, rows).returning(j.id, *woken)
 
@@ -184,18 +240,113 @@ def job_columns(
 
 
 @cache
-def find_unique() -> Select[str, int]:
+def find_unique(period: bool = False) -> Select[str, int]:
     """The live jobs of ``:task`` that hold one of ``:unique_keys``: ``(unique_key, id)``.
 
     Run after an insert of :func:`insert_job` or :func:`insert_jobs` skipped a row, as a
     statement of its own: under READ COMMITTED it then sees a conflicting row that a
     concurrent transaction committed while the insert waited for it. It may also find nothing,
     if that job finished in between: the caller inserts again.
+
+    With ``period``, a job of the current window of ``:unique_period`` seconds holds its key
+    too, finished or not. A key may then have two rows (a dead job of an earlier window,
+    requeued, beside a finished one of this window): they come back in key order, the live one
+    first, and the caller takes the first row of each key.
     """
-    return select(j.unique_key, j.id).where(
+    stmt = select(j.unique_key, j.id).where(
         j.task == bindparam("task", type_=Text),
         j.unique_key == any_(bindparam("unique_keys", type_=ARRAY(Text))),
-        unique_live(),
+    )
+    if not period:
+        return stmt.where(unique_live())
+    return (
+        stmt.where(or_(unique_live(), j.unique_window == unique_window("unique_period")))
+        # A live job first (finished_at is NULL exactly while a job is live), then the newest.
+        .order_by(j.unique_key, j.finished_at.is_not(None), j.id.desc())
+    )
+
+
+def held_due(mode: str, schedule: str) -> ColumnElement[datetime]:
+    """A queued holder's new due time: the enqueue's (replace), or the later of the two."""
+    due = due_at(schedule)
+    return due if mode == "replace" else func.greatest(j.visible_at, due)
+
+
+@cache
+def update_held(mode: str, schedule: str, traced: bool = False, many: bool = False) -> Update:
+    """Give the queued job of ``:b_task`` holding ``:b_unique_key`` the enqueue's
+    ``:b_payload``, ``:b_priority`` and due time (see :func:`held_due`); if it was queued,
+    ``(id, unique_key, queue)`` comes back.
+
+    The guard is ``status = 'queued'`` in this one statement, never a read before it: a
+    running job is never changed, whatever its worker does next. A claim that has locked the
+    row makes this statement wait for it; under READ COMMITTED the row is then read again, is
+    running, and is left alone (no row comes back). A row this statement updated stays locked
+    until the caller's transaction ends, and the claim (``SKIP LOCKED``) passes it over until
+    then.
+
+    The job's queue is woken (a NOTIFY in the RETURNING, delivered at commit) when the job is
+    due now once updated: a replace may have moved it earlier. A job due later is found by the
+    workers' poll, as one enqueued for later is. ``queue`` comes back only for a job due now;
+    the caller records it as woken. PostgreSQL folds repeated notifications of one
+    transaction into one, so the holder's queue is notified without asking whether this
+    transaction already did.
+
+    With ``traced`` the job takes ``:b_trace_context`` too: its run is then linked to the
+    enqueue whose payload it runs. With ``many``, a batch: ``:payloads`` and ``:unique_keys``
+    run parallel, the keys all different. The parameters take the prefix ``b_`` (``run_at``
+    and ``delay`` excepted), as in :func:`insert_jobs`: an UPDATE may not reuse a column's
+    name for a bind parameter either.
+    """
+    payload: ColumnElement[Any]
+    held: list[ColumnElement[bool]] = [
+        j.task == bindparam("b_task", type_=Text),
+        unique_live(),  # the unique index's predicate: the rows are found through it
+        j.status == QUEUED,
+    ]
+    stmt = update(jobs_table)
+    if many:
+        given = (
+            func.unnest(
+                bindparam("payloads", type_=ARRAY(Text)),
+                bindparam("unique_keys", type_=ARRAY(Text)),
+            )
+            # Not named like the table's columns: the index predicate names them unqualified.
+            .table_valued(column("new_payload", Text), column("held_key", Text))
+            .render_derived(name="p")
+        )
+        # The rows are locked first, in id order: two batches that share keys then wait for
+        # each other in one order and cannot deadlock, which an UPDATE joining the keys in
+        # whatever order its plan reads them could. The locking read applies the same guard
+        # (a row claimed meanwhile is read again and dropped); the UPDATE repeats it for rows
+        # it already holds locked.
+        locked = (
+            select(j.id, given.c.new_payload)
+            .select_from(jobs_table.join(given, j.unique_key == given.c.held_key))
+            .where(*held)
+            .order_by(j.id)
+            .with_for_update(of=jobs_table)
+            .cte("held")
+            .prefix_with("MATERIALIZED")
+        )
+        stmt = stmt.where(j.id == locked.c.id, j.status == QUEUED)
+        payload = locked.c.new_payload
+    else:
+        stmt = stmt.where(j.unique_key == bindparam("b_unique_key", type_=Text), *held)
+        payload = bindparam("b_payload", type_=Text)
+    values: dict[str, Any] = {
+        "payload": cast(payload, JSONB),
+        "priority": bindparam("b_priority", type_=Integer),
+        "visible_at": held_due(mode, schedule),
+    }
+    if traced:
+        values["trace_context"] = cast(bindparam("b_trace_context", type_=Text), JSONB)
+    due_now = j.visible_at <= func.now()
+    return stmt.values(**values).returning(
+        j.id,
+        j.unique_key,
+        case((due_now, j.queue)),
+        case((due_now, func.pg_notify(CHANNEL, j.queue))),
     )
 
 

@@ -44,6 +44,10 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "insert_job": partial(enqueue.insert_job, "now", True),
     "insert_jobs": partial(enqueue.insert_jobs, "now", wake=True),
     "reserve_jobs": partial(enqueue.reserve_jobs, "now", True),
+    # A replace's guarded UPDATE of the queued job holding a key, for one job and for a batch:
+    # the status guard is what keeps it off a claimed job.
+    "update_held": partial(enqueue.update_held, "replace", "now"),
+    "update_held_many": partial(enqueue.update_held, "debounce", "after", many=True),
 }
 
 # Line breaks go before these words, so that a change shows as a changed line in a diff rather
