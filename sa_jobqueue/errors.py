@@ -51,6 +51,10 @@ class InvalidScheduleError(InvalidJobError):
     """A scheduling option (run_at, priority, max_attempts, lease) is not valid."""
 
 
+class InvalidLimitError(JobQueueError, ValueError):
+    """A queue limit (a concurrency cap, or a rate such as ``50/s``) is not valid."""
+
+
 class UnknownTaskError(JobQueueError, LookupError):
     """No task of that name is registered with this JobQueue."""
 

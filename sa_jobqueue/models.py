@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0008"
+SCHEMA_REVISION: Final = "sajq_0009"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -204,13 +204,13 @@ class WorkerRecord(Base):
 
 
 class QueueSettings(Base):
-    """One row per queue whose flow an operator has set: today whether it is paused.
+    """One row per queue whose flow an operator has set: paused, capped, rate-limited.
 
     A queue without a row runs as it always did; the claim looks its queue up here by primary
-    key (one index probe) and claims nothing from a paused one. Rows are written by
-    :func:`sa_jobqueue.ops.pause_queue` and :func:`~sa_jobqueue.ops.resume_queue`, in the
-    caller's transaction; resuming keeps the row (``paused_at`` back to NULL), so later
-    settings of the queue live beside it.
+    key (one index probe) and claims nothing from a paused one, nor from one with a limit: a
+    worker claims from a limited queue with the limited claim instead (``claiming``), which
+    locks this row. Rows are written by :mod:`sa_jobqueue.ops` in the caller's transaction;
+    resuming or removing a limit keeps the row, so the queue's other settings live beside it.
     """
 
     __tablename__ = "sa_jobqueue_queues"
@@ -218,8 +218,31 @@ class QueueSettings(Base):
     queue: Mapped[str] = mapped_column(Text, primary_key=True)
     #: When the queue was paused (database clock); NULL while it runs.
     paused_at: Mapped[datetime | None]
+    #: At most this many of the queue's jobs run at once, across all workers; NULL: no cap.
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    #: At most ``rate_limit`` of the queue's jobs start in each ``rate_period`` (windows
+    #: aligned to the Unix epoch, by the database clock); both NULL: no rate limit.
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    rate_period: Mapped[timedelta | None] = mapped_column(Interval)
+    #: The start of the rate window ``rate_count`` counts the starts of.
+    rate_window: Mapped[datetime | None]
+    rate_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: The jobs holding the cap's slots, as the last limited claim left them: each holds one
+    #: while it is running with a live lease. NULL: not known (no cap until now), recounted
+    #: from the jobs table.
+    holders: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    #: Until then (database clock) each limited claim recounts the holders from the jobs table
+    #: rather than trusting ``holders``: a claim that began before the cap was set commits late.
+    recount_until: Mapped[datetime | None]
 
-    __table_args__ = (CheckConstraint("char_length(queue) BETWEEN 1 AND 64", name="queue"),)
+    __table_args__ = (
+        CheckConstraint("char_length(queue) BETWEEN 1 AND 64", name="queue"),
+        CheckConstraint("concurrency >= 1", name="concurrency"),
+        CheckConstraint("rate_limit >= 1", name="rate_limit"),
+        CheckConstraint("rate_period >= interval '1 millisecond'", name="rate_period"),
+        CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL)", name="rate"),
+        CheckConstraint("rate_count >= 0", name="rate_count"),
+    )
 
 
 jobs_table: Final = cast(Table, Job.__table__)

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
-from sqlalchemy import Select, Text, bindparam, func, select, update
+from sqlalchemy import (
+    Insert,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    bindparam,
+    case,
+    func,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
 from ..models import queues_table
+from .claiming import rate_window
 from .stats import elapsed
 
 q = queues_table.c
@@ -51,3 +66,68 @@ def paused_queues() -> Select[str, datetime]:
 def paused_for() -> Select[str, timedelta]:
     """Every paused queue and how long it has been paused, by the database's clock."""
     return select(q.queue, elapsed(q.paused_at)).where(q.paused_at.is_not(None)).order_by(q.queue)
+
+
+@cache
+def limited() -> Select[tuple[str]]:
+    """Every queue with a limit: a cap, a rate limit, or both."""
+    return select(q.queue).where(or_(q.concurrency.is_not(None), q.rate_limit.is_not(None)))
+
+
+@cache
+def settings() -> Select[Any]:
+    """``:b_queue``'s limits, its row locked for the change that follows (no row: none)."""
+    return (
+        select(q.concurrency, q.rate_limit, q.rate_period)
+        .where(q.queue == bindparam("b_queue", type_=Text))
+        .with_for_update()
+    )
+
+
+@cache
+def set_concurrency() -> Insert:
+    """Set ``:b_queue``'s cap to ``:b_concurrency`` (NULL: no cap), making its row if need be.
+
+    A queue that had no cap has no record of which jobs hold its slots: the record is
+    cleared, and the queue's limited claims count its running jobs afresh (``claiming``).
+    """
+    stmt = insert(queues_table).values(
+        queue=bindparam("b_queue", type_=Text),
+        concurrency=bindparam("b_concurrency", type_=Integer),
+    )
+    had_cap = q.concurrency.is_not(None)
+    return stmt.on_conflict_do_update(
+        index_elements=[q.queue],
+        set_={
+            "concurrency": stmt.excluded.concurrency,
+            "holders": case((had_cap, q.holders), else_=null()),
+            "recount_until": case((had_cap, q.recount_until), else_=null()),
+        },
+    )
+
+
+@cache
+def set_rate() -> Insert:
+    """Set ``:b_queue``'s rate limit to ``:b_rate_limit`` per ``:b_rate_period`` (both NULL:
+    none), making its row if need be. The current window's count is kept."""
+    stmt = insert(queues_table).values(
+        queue=bindparam("b_queue", type_=Text),
+        rate_limit=bindparam("b_rate_limit", type_=Integer),
+        rate_period=bindparam("b_rate_period", type_=Interval),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[q.queue],
+        set_={"rate_limit": stmt.excluded.rate_limit, "rate_period": stmt.excluded.rate_period},
+    )
+
+
+@cache
+def all_limits() -> Select[Any]:
+    """Every queue with a limit: its cap, its rate, and the starts its current window used."""
+    window = rate_window()
+    used = case((q.rate_window == window, q.rate_count), else_=0)
+    return (
+        select(q.queue, q.concurrency, q.rate_limit, q.rate_period, used)
+        .where(or_(q.concurrency.is_not(None), q.rate_limit.is_not(None)))
+        .order_by(q.queue)
+    )

@@ -6,8 +6,11 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
 * :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
   :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
   Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
-* :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues` and :func:`list_queues`
-  (returning :class:`QueueInfo`): flow control per queue, in the caller's transaction.
+* :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues`,
+  :func:`set_queue_concurrency`, :func:`set_queue_rate` (a :class:`RateLimit`),
+  :func:`clear_queue_limits`, :func:`queue_limits` (returning :class:`QueueLimits`) and
+  :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
+  in the caller's transaction.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
@@ -29,14 +32,28 @@ from __future__ import annotations
 from .admin import JobInfo, cancel_job, count_jobs, get_job, list_jobs, requeue_job
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
-from .queues import QueueInfo, list_queues, pause_queue, paused_queues, resume_queue
+from .queues import (
+    QueueInfo,
+    QueueLimits,
+    RateLimit,
+    clear_queue_limits,
+    list_queues,
+    pause_queue,
+    paused_queues,
+    queue_limits,
+    resume_queue,
+    set_queue_concurrency,
+    set_queue_rate,
+)
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
     "Finding",
     "JobInfo",
     "QueueInfo",
+    "QueueLimits",
     "QueueStats",
+    "RateLimit",
     "Severity",
     "Stats",
     "TaskRunTimes",
@@ -44,6 +61,7 @@ __all__ = [
     "WorkerInfo",
     "cancel_job",
     "check",
+    "clear_queue_limits",
     "count_jobs",
     "count_purge",
     "get_job",
@@ -52,8 +70,11 @@ __all__ = [
     "pause_queue",
     "paused_queues",
     "purge",
+    "queue_limits",
     "requeue_job",
     "resume_queue",
+    "set_queue_concurrency",
+    "set_queue_rate",
     "stats",
     "worst",
 ]

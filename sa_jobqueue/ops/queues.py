@@ -1,4 +1,5 @@
-"""Flow control per queue: pause and resume a queue, list the queues and what holds them back.
+"""Flow control per queue: pause and resume a queue, cap how many of its jobs run at once and
+how many start per period, across all workers; list the queues and what holds them back.
 
 Each function takes a Session, scoped_session or Connection, runs in its transaction and never
 commits: a pause takes effect, for every worker of the cluster, when the caller commits, and a
@@ -7,18 +8,98 @@ rollback leaves the queue as it was. A bad queue name raises InvalidNameError be
 What is not promised: a pause stops *starting* jobs, not running ones. A job already claimed
 when the pause commits (a claim that had begun, or jobs buffered in a worker waiting for a free
 slot) still runs. Expired leases of a paused queue are not reclaimed until it resumes.
+
+A cap (:func:`set_queue_concurrency`) bounds the queue's jobs that are running with a live
+lease, counted by the database when each worker claims: every claim of a capped queue takes at
+most the free slots. A job holds its slot from its claim until it leaves ``running`` (any way:
+success, failure, retry, dead, cancelled, handed back) or its lease expires: the slots of a
+worker that died come back when its leases expire, and the jobs are claimed again into free
+slots. Lowering a cap never stops a running job; no job starts until fewer than the new cap
+run. A rate limit (:func:`set_queue_rate`) bounds the jobs that start (each attempt's claim)
+in each window of its period, windows counted from the Unix epoch by the database clock: at
+most N in any one window (so in any period-long stretch that spans two windows, up to 2N).
+Limits take effect at commit, on every worker's next claim, with no restart.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql import queues as queues_sql
 from .._sql.stats import live_per_queue
 from .._validation import check_queue_name
+from ..errors import InvalidLimitError
+
+#: The largest cap or rate count (the columns are PostgreSQL integers).
+MAX_LIMIT: Final = 2**31 - 1
+
+_RATE = re.compile(r"(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]*)")
+_UNITS = {
+    "ms": 0.001,
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86400,
+    "day": 86400,
+}
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` job starts per ``period``, across all workers.
+
+    >>> RateLimit.parse("50/s")
+    RateLimit(limit=50, period=datetime.timedelta(seconds=1))
+    >>> str(RateLimit.parse("1000 / hour"))
+    '1000/1h'
+    """
+
+    limit: int
+    period: timedelta
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise InvalidLimitError(f"a rate's count must be an int, not {self.limit!r}")
+        if not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidLimitError(f"a rate's count must be from 1 to {MAX_LIMIT}")
+        if not isinstance(self.period, timedelta) or self.period < timedelta(milliseconds=1):
+            raise InvalidLimitError(f"a rate's period must be 1 ms or longer, not {self.period!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimit:
+        """``N/PERIOD``: ``50/s``, ``50/second``, ``1000/h``, ``10/5m``, ``3/1.5s``."""
+        match = _RATE.fullmatch(text.strip().lower())
+        unit = match and _UNITS.get(
+            match[3].removesuffix("s") if match[3] not in _UNITS else match[3]
+        )
+        if match is None or unit is None or match[2] in (".",):
+            raise InvalidLimitError(f"not a rate: {text!r} (N/PERIOD, e.g. 50/s, 1000/h, 10/5m)")
+        return cls(int(match[1]), timedelta(seconds=float(match[2] or 1) * unit))
+
+    def __str__(self) -> str:
+        seconds = self.period.total_seconds()
+        for suffix, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+            if seconds >= size and seconds % size == 0:
+                return f"{self.limit}/{int(seconds // size)}{suffix}"
+        return f"{self.limit}/{seconds:g}s"
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """A queue's limits: its cap and its rate (None: that limit is not set)."""
+
+    concurrency: int | None = None
+    rate: RateLimit | None = None
 
 
 @dataclass(frozen=True)
@@ -35,12 +116,23 @@ class QueueInfo:
     oldest_due_age: timedelta | None
     #: When the queue was paused (database clock); None while it runs.
     paused_at: datetime | None
+    #: Its cap and rate limit.
+    limits: QueueLimits = QueueLimits()
+    #: Jobs started in the current rate window (0 without a rate limit).
+    rate_used: int = 0
 
     @property
     def held_back_by(self) -> list[str]:
-        """What stops due jobs of the queue from starting now, in words ("paused"); empty if
-        nothing does but the workers' free slots."""
-        return ["paused"] if self.paused_at is not None else []
+        """What stops due jobs of the queue from starting now, in words: "paused", "at cap"
+        while its running jobs fill its cap, "rate limit" while its current window's starts
+        are used up; empty if nothing does but the workers' free slots."""
+        held = ["paused"] if self.paused_at is not None else []
+        cap, rate = self.limits.concurrency, self.limits.rate
+        if cap is not None and self.running >= cap:
+            held.append("at cap")
+        if rate is not None and self.rate_used >= rate.limit:
+            held.append("rate limit")
+        return held
 
 
 def pause_queue(session: SessionLike, queue: str) -> bool:
@@ -69,6 +161,91 @@ def resume_queue(session: SessionLike, queue: str) -> bool:
     return True
 
 
+def _check_cap(concurrency: int | None) -> int | None:
+    if concurrency is None:
+        return None
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        raise InvalidLimitError(f"a cap must be an int, not {concurrency!r}")
+    if not 1 <= concurrency <= MAX_LIMIT:
+        raise InvalidLimitError(
+            f"a cap must be from 1 to {MAX_LIMIT}, not {concurrency} (to stop a queue, pause it)"
+        )
+    return concurrency
+
+
+def _limits_of(session: SessionLike, name: str) -> QueueLimits:
+    """``name``'s limits, its settings row locked until the caller's transaction ends."""
+    row = connection_of(session).execute(queues_sql.settings(), {"b_queue": name}).first()
+    if row is None:
+        return QueueLimits()
+    cap, count, period = row
+    return QueueLimits(cap, None if count is None else RateLimit(count, period))
+
+
+def set_queue_concurrency(session: SessionLike, queue: str, concurrency: int | None) -> QueueLimits:
+    """Cap ``queue`` at ``concurrency`` jobs running at once across all workers (None: no cap),
+    in the caller's transaction; returns the queue's limits as they were.
+
+    >>> with engine.begin() as conn:
+    ...     set_queue_concurrency(conn, "emails", 3)
+    QueueLimits(concurrency=None, rate=None)
+
+    ``concurrency`` must be an int from 1 up (:class:`~sa_jobqueue.errors.InvalidLimitError`
+    before any SQL otherwise; to stop a queue, pause it). The queue need not have jobs yet, or
+    workers. Its workers are woken at commit, so a raised cap is used at once.
+    """
+    name = check_queue_name(queue)
+    cap = _check_cap(concurrency)
+    before = _limits_of(session, name)
+    conn = connection_of(session)
+    conn.execute(queues_sql.set_concurrency(), {"b_queue": name, "b_concurrency": cap})
+    wake(conn, name)
+    return before
+
+
+def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | None) -> QueueLimits:
+    """Let at most ``rate`` of ``queue``'s jobs start per period across all workers (None: no
+    rate limit), in the caller's transaction; returns the queue's limits as they were.
+
+    >>> with engine.begin() as conn:
+    ...     set_queue_rate(conn, "emails", "50/s")
+    QueueLimits(concurrency=3, rate=None)
+
+    ``rate`` is a :class:`RateLimit` or its text (``"50/s"``, ``"1000/h"``, ``"10/5m"``); an
+    invalid one raises :class:`~sa_jobqueue.errors.InvalidLimitError` before any SQL.
+    """
+    name = check_queue_name(queue)
+    limit = RateLimit.parse(rate) if isinstance(rate, str) else rate
+    if limit is not None and not isinstance(limit, RateLimit):
+        raise InvalidLimitError(f"a rate must be a RateLimit or text like '50/s', not {rate!r}")
+    before = _limits_of(session, name)
+    conn = connection_of(session)
+    params = {
+        "b_queue": name,
+        "b_rate_limit": None if limit is None else limit.limit,
+        "b_rate_period": None if limit is None else limit.period,
+    }
+    conn.execute(queues_sql.set_rate(), params)
+    wake(conn, name)
+    return before
+
+
+def clear_queue_limits(session: SessionLike, queue: str) -> QueueLimits:
+    """Remove ``queue``'s cap and rate limit in the caller's transaction; returns them."""
+    before = set_queue_concurrency(session, queue, None)
+    set_queue_rate(session, queue, None)
+    return before
+
+
+def queue_limits(session: SessionLike) -> dict[str, QueueLimits]:
+    """The queues with a limit, each with its limits."""
+    rows = connection_of(session).execute(queues_sql.all_limits())
+    return {
+        name: QueueLimits(cap, None if count is None else RateLimit(count, period))
+        for name, cap, count, period, _ in rows
+    }
+
+
 def paused_queues(session: SessionLike) -> dict[str, datetime]:
     """The paused queues, each with when it was paused (database clock)."""
     rows = connection_of(session).execute(queues_sql.paused_queues())
@@ -76,14 +253,24 @@ def paused_queues(session: SessionLike) -> dict[str, datetime]:
 
 
 def list_queues(session: SessionLike) -> list[QueueInfo]:
-    """Every queue with queued or running jobs, or paused, sorted by name.
+    """Every queue with queued or running jobs, paused, or limited, sorted by name.
 
     Reads the claim index (live jobs only, never finished history) and the queues table.
     """
     conn = connection_of(session)
     live = {row[0]: row[1:] for row in conn.execute(live_per_queue())}
     paused = paused_queues(conn)
+    limited = {
+        name: (QueueLimits(cap, None if count is None else RateLimit(count, period)), used)
+        for name, cap, count, period, used in conn.execute(queues_sql.all_limits())
+    }
     return [
-        QueueInfo(name, *live.get(name, (0, 0, 0, None)), paused_at=paused.get(name))
-        for name in sorted(live.keys() | paused.keys())
+        QueueInfo(
+            name,
+            *live.get(name, (0, 0, 0, None)),
+            paused_at=paused.get(name),
+            limits=limited.get(name, (QueueLimits(), 0))[0],
+            rate_used=limited.get(name, (QueueLimits(), 0))[1],
+        )
+        for name in sorted(live.keys() | paused.keys() | limited.keys())
     ]

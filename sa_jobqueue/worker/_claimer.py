@@ -10,10 +10,12 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
 from .._sql import claiming
+from .._sql import queues as queues_sql
 from ..database import HeldConnection
 from ..models import RUNNING
 from ._claimed import Claimed
@@ -29,8 +31,41 @@ OUTAGE_RETRY_CAP = 5.0
 #: ``visible_at``) waits behind a saturated backlog for it, over the claim round's own time.
 HEAD_EVERY: Final = 1.0
 
+#: How long the worker trusts what it last read of which queues have a limit (seconds): a
+#: limit set or removed reaches its claims within this, without a restart.
+LIMITS_EVERY: Final = 1.0
+
 #: Where in a queue's claim order the next claim starts: (priority, visible_at, id).
 Position = tuple[int, datetime, int]
+
+
+class LimitedQueues:
+    """Which queues have a limit (a cap or a rate), read at most once per ``LIMITS_EVERY``.
+
+    Exactness does not rest on this being fresh: the plain claim takes nothing from a queue
+    with a limit, so a worker that has not yet seen a new limit only claims nothing from that
+    queue for up to a second, and one that still thinks a removed limit is there claims
+    through the limited claim, which works for any queue with a settings row.
+    """
+
+    def __init__(self, conn: HeldConnection, limited: HeldConnection) -> None:
+        self._conn = conn
+        #: The connection limited claims run their transactions on (connects on first use).
+        self.limited_conn = limited
+        self._names: frozenset[str] = frozenset()
+        self._read_at = float("-inf")
+
+    def __contains__(self, queue: str) -> bool:
+        now = time.monotonic()
+        if now - self._read_at >= LIMITS_EVERY:
+            rows = self._conn.rows(queues_sql.limited(), {}, again=True)
+            self._names = frozenset(row[0] for row in rows)
+            self._read_at = now
+        return queue in self._names
+
+    def forget(self) -> None:
+        """Read the limits again at the next question (a limited claim found none)."""
+        self._read_at = float("-inf")
 
 
 class LaneClaimer:
@@ -47,8 +82,10 @@ class LaneClaimer:
         worker: str,
         leases: LeaseTable,
         submit: Callable[[Lane, Claimed], None],
+        limited: LimitedQueues | None = None,
     ) -> None:
         self.lane = lane
+        self._limited = limited
         self._conn = conn
         self._worker = worker
         self._leases = leases
@@ -57,6 +94,12 @@ class LaneClaimer:
         # last claim from the head was (time.monotonic()).
         self._positions: dict[str, Position] = {}
         self._head_at: dict[str, float] = {}
+        # Per rate-limited queue whose window is used up: when the next window opens, as the
+        # database said (time.monotonic()). The lane claims from its other queues meanwhile.
+        self.not_before: dict[str, float] = {}
+        #: The last round found a queue at its cap (or all threads busy with a limited queue
+        #: waiting): due jobs are held back, not missing.
+        self.capped = False
 
     def _claim_jobs(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
         """Claim up to ``limit`` jobs of ``queue``; the jobs, and whether this was from the head.
@@ -86,6 +129,46 @@ class LaneClaimer:
             )
         return jobs, head
 
+    def _claim_limited(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
+        """Claim up to ``limit`` jobs of a queue with a limit; the jobs, and whether the cap
+        (rather than an empty queue) may have cut the claim short.
+
+        Two statements in one transaction (see ``claiming.claim_limited``). With the rate
+        window used up, nothing is claimed and the queue is not asked again until the next
+        window opens, at the time the database gave.
+        """
+        assert self._limited is not None
+
+        def work(conn: Connection) -> tuple[list[Any], bool]:
+            state = conn.execute(claiming.limits(), {"from_queue": queue}).first()
+            if state is None:  # no settings row: no limit either
+                assert self._limited is not None
+                self._limited.forget()
+                return [], False
+            paused, cap, holders, recount, rate_limit, left, window, wait = state
+            if paused:
+                return [], False
+            if left is not None and left <= 0:
+                self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
+                return [], False
+            n = limit if left is None else min(limit, left)
+            params = {
+                "from_queue": queue,
+                "limit": n,
+                "worker": self._worker,
+                "cap": cap,
+                "holders": holders or [],
+                "window": window,
+                "rate_used": 0 if rate_limit is None else rate_limit - left,
+            }
+            rows = conn.execute(claiming.claim_limited(recount=recount), params).all()
+            room = rows[0][0]
+            jobs = [row[1:] for row in rows if row[1] is not None]
+            return jobs, room < n and len(jobs) == room
+
+        rows, at_cap = self._limited.limited_conn.in_transaction(work)
+        return [Claimed(*row) for row in rows], at_cap
+
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
 
@@ -107,14 +190,29 @@ class LaneClaimer:
         n = len(lane.queues)
         start, lane.rotation = lane.rotation, (lane.rotation + 1) % n
         more = False
+        capped = False  # a queue at its cap: only a finished job can let more start
         for queue in (lane.queues[(start + i) % n] for i in range(n)):
             free = lane.capacity - lane.held
             if free <= 0:
                 more = True
                 break
-            jobs, head = self._claim_jobs(queue, free)
-            # A short claim past a position says nothing of the head: claim from there next.
-            more = more or len(jobs) == free or not head
+            if self._limited is not None and queue in self._limited:
+                if self.not_before.get(queue, 0.0) > time.monotonic():
+                    continue
+                # No buffer for a limited queue: a claimed job holds a slot of the cap (and
+                # its start counts against the rate) from the claim, so claim for idle
+                # threads only. A job that ends wakes the loop to claim again.
+                idle = lane.concurrency * lane.kinds - lane.held
+                if idle <= 0:
+                    capped = True
+                    continue
+                jobs, at_cap = self._claim_limited(queue, idle)
+                more = more or len(jobs) == idle
+                capped = capped or at_cap
+            else:
+                jobs, head = self._claim_jobs(queue, free)
+                # A short claim past a position says nothing of the head: claim from there.
+                more = more or len(jobs) == free or not head
             for job in jobs:
                 if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
                     log.error(
@@ -125,11 +223,22 @@ class LaneClaimer:
                     )
                     continue
                 self._submit(lane, job)
+        self.capped = capped
         if more and not lane.filled_at:
             lane.filled_at = time.monotonic()
-        # Tell the lease table whether a freed slot is worth waking the claim loop for.
-        self._leases.saturate(lane, more)
+        # Tell the lease table whether a freed slot is worth waking the claim loop for. At a
+        # queue's cap, one of this lane's own jobs ending frees a slot of the cap, so it wakes
+        # the loop too; the round still says "nothing more" (no claiming again at once, no
+        # spinning at the cap). A lane holding none of the queue's jobs waits for its poll.
+        self._leases.saturate(lane, more or capped)
         return more
+
+    def next_window(self) -> float | None:
+        """When the earliest used-up rate window of the lane's queues opens (monotonic)."""
+        now = time.monotonic()
+        for queue in [q for q, at in self.not_before.items() if at <= now]:
+            del self.not_before[queue]
+        return min(self.not_before.values(), default=None)
 
 
 class ClaimLoop:
@@ -178,17 +287,23 @@ class ClaimLoop:
                     log.info("claiming again: the database is back")
                 outage = 0
             running, room = self._leases.busy(self._lanes)
+            held_back = any(c.capped or c.not_before for c in self._claimers)
+            self._leases.at_cap = held_back
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
-            if burst and not more and not running:
+            if burst and not more and not running and not held_back:
                 return
             # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
             # the poll, jittered so idle workers do not poll in lockstep) can bring more.
             # During an outage the retries back off, up to OUTAGE_RETRY_CAP.
-            interval = self._poll_interval.total_seconds()
+            interval = self._poll_interval.total_seconds() * random.uniform(0.8, 1.2)
             if outage:
                 interval = min(interval * 2 ** min(outage - 1, 10), OUTAGE_RETRY_CAP)
-            self._wake.wait(interval * random.uniform(0.8, 1.2))
+            # A rate limit's next window opens at a time the database gave: wake for it.
+            windows = [w for w in (c.next_window() for c in self._claimers) if w is not None]
+            if windows:
+                interval = max(min(interval, min(windows) - time.monotonic()), 0.0)
+            self._wake.wait(interval)
 
     def _round(self) -> bool:
         """Claim into every lane's free slots. True if more work is probably waiting."""

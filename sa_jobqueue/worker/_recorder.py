@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Row
@@ -53,8 +54,10 @@ class Reports:
     attempt was reported with it, and the handler's later return reports nothing.
     """
 
-    def __init__(self, observe: Observers) -> None:
+    def __init__(self, observe: Observers, committed: Callable[[], None] | None = None) -> None:
         self.observe = observe
+        # Told after each batch of completions commits (a queue's cap counts committed ends).
+        self._committed = committed
         self._lock = threading.Lock()  # between a handler's return and its timeout
         self._settling: dict[_Key, tuple[JobRun, float | None]] = {}
         self._timed_out: set[_Key] = set()
@@ -89,6 +92,8 @@ class Reports:
 
     def completed(self, done: list[_Key]) -> None:
         """Batched completions recorded."""
+        if self._committed is not None:
+            self._committed()
         for job_id, attempt in done:
             self.report(job_id, attempt, Outcome.SUCCEEDED)
 

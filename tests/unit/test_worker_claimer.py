@@ -183,6 +183,8 @@ class FakeLaneClaimer:
         self.lane = lane
         self.answers = answers
         self.rounds = 0
+        self.capped = False
+        self.not_before: dict[str, float] = {}
 
     def claim(self) -> bool:
         self.rounds += 1
@@ -190,6 +192,9 @@ class FakeLaneClaimer:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+    def next_window(self) -> float | None:
+        return None
 
 
 def test_a_burst_claims_until_a_round_finds_nothing_and_nothing_runs() -> None:
