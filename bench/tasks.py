@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import text
@@ -22,3 +23,10 @@ def write(ctx: JobContext, payload: dict[str, Any]) -> None:
     record(payload["n"])
     # Through the job's session: commits with the job's completion, exactly once.
     ctx.session.execute(text("INSERT INTO bench_results (n) VALUES (:n)"), {"n": payload["n"]})
+
+
+@queue.task
+def sleep(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Waits ``payload["ms"]`` milliseconds, as a job calling a remote service would."""
+    record(payload["n"])
+    time.sleep(payload["ms"] / 1000)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, event, inspect
@@ -20,8 +20,6 @@ from .models import BRANCH_LABEL, SCHEMA_REVISION, jobs_table
 
 #: Where a revision of ours may be recorded: our own table (``sa-jobqueue migrate``), or the
 #: application's when our revisions joined its Alembic history.
-T = TypeVar("T")
-
 VERSION_TABLES = ("sa_jobqueue_alembic_version", "alembic_version")
 MIGRATE_HINT = "run `sa-jobqueue migrate` (or `alembic upgrade heads` in your Alembic setup)"
 
@@ -224,20 +222,6 @@ class HeldConnection:
             self._conn = self._engine.connect()
         try:
             return list(self._conn.execute(statement, params).all())
-        except BaseException:
-            self.close()
-            raise
-
-    def in_transaction(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in one transaction, committed when it returns (rolled back if it raises).
-
-        For an engine that is not in autocommit; on any error the connection is dropped too.
-        """
-        if self._conn is None:
-            self._conn = self._engine.connect()
-        try:
-            with self._conn.begin():
-                return work(self._conn)
         except BaseException:
             self.close()
             raise

@@ -204,7 +204,8 @@ class WorkerRecord(Base):
 
 
 class QueueSettings(Base):
-    """One row per queue whose flow an operator has set: paused, capped, rate-limited.
+    """One row per queue whose flow an operator has set: paused, capped (in all or per key),
+    rate-limited.
 
     A queue without a row runs as it always did; the claim looks its queue up here by primary
     key (one index probe) and claims nothing from a paused one, nor from one with a limit: a
@@ -227,6 +228,10 @@ class QueueSettings(Base):
     #: The start of the rate window ``rate_count`` counts the starts of.
     rate_window: Mapped[datetime | None]
     rate_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: At most this many jobs of one task with the same key run at once, the key being the
+    #: payload's top-level ``key_field`` (as text); jobs without it are not limited by key.
+    key_concurrency: Mapped[int | None] = mapped_column(Integer)
+    key_field: Mapped[str | None] = mapped_column(Text)
     #: The jobs holding the cap's slots, as the last limited claim left them: each holds one
     #: while it is running with a live lease. NULL: not known (no cap until now), recounted
     #: from the jobs table.
@@ -242,6 +247,9 @@ class QueueSettings(Base):
         CheckConstraint("rate_period >= interval '1 millisecond'", name="rate_period"),
         CheckConstraint("(rate_limit IS NULL) = (rate_period IS NULL)", name="rate"),
         CheckConstraint("rate_count >= 0", name="rate_count"),
+        CheckConstraint("key_concurrency >= 1", name="key_concurrency"),
+        CheckConstraint("char_length(key_field) BETWEEN 1 AND 200", name="key_field"),
+        CheckConstraint("(key_concurrency IS NULL) = (key_field IS NULL)", name="key"),
     )
 
 

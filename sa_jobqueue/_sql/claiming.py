@@ -9,8 +9,10 @@ from typing import Any, Final
 from sqlalchemy import (
     CTE,
     BigInteger,
+    Boolean,
     ColumnElement,
     DateTime,
+    Float,
     Integer,
     Select,
     SmallInteger,
@@ -20,6 +22,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     exists,
     func,
     literal,
@@ -29,7 +32,6 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -138,7 +140,12 @@ def _picked(*, after: bool, limit: ColumnElement[int], unlimited_only: bool) -> 
     # that probe and nothing else; a paused or limited one makes the scan never start.
     held_back = exists().where(
         q.queue == bindparam("from_queue", type_=Text),
-        or_(q.paused_at.is_not(None), q.concurrency.is_not(None), q.rate_limit.is_not(None)),
+        or_(
+            q.paused_at.is_not(None),
+            q.concurrency.is_not(None),
+            q.rate_limit.is_not(None),
+            q.key_concurrency.is_not(None),
+        ),
     )
     return (
         select(j.id, j.priority, j.visible_at)
@@ -157,8 +164,63 @@ def _picked(*, after: bool, limit: ColumnElement[int], unlimited_only: bool) -> 
     )
 
 
-def _claim_picked(picked: CTE) -> Update:
-    """The UPDATE that starts (or ends, for a lost last attempt) each picked row."""
+#: How many of a key-capped queue's due jobs one claim looks at, in claim order, for jobs whose
+#: key has room: jobs further back wait until the ones in front start (or their keys free up).
+KEY_SCAN: Final = 1000
+
+
+def _picked_keyed(
+    live: CTE, key: ColumnElement[str], key_cap: ColumnElement[int], room: ColumnElement[int]
+) -> CTE:
+    """:func:`_picked` for a queue with a cap per key: only jobs whose key has room."""
+    from_queue = bindparam("from_queue", type_=Text)
+    due = [claimable(), j.queue == from_queue, j.visible_at <= func.now()]
+    head = (
+        select(j.id, j.priority, j.visible_at, j.task, key.label("k"))
+        .where(*due)
+        .order_by(j.priority, j.visible_at, j.id)
+        .limit(KEY_SCAN)
+        .subquery("head")
+    )
+    rank = func.row_number().over(
+        partition_by=(head.c.task, head.c.k),
+        order_by=(head.c.priority, head.c.visible_at, head.c.id),
+    )
+    ranked = select(head, rank.label("rank")).subquery("ranked")
+    per_key = (
+        select(live.c.task, live.c.k, func.count().label("n"))
+        .where(live.c.k.is_not(None))
+        .group_by(live.c.task, live.c.k)
+        .subquery("per_key")
+    )
+    joined = ranked.outerjoin(
+        per_key, and_(per_key.c.task == ranked.c.task, per_key.c.k == ranked.c.k)
+    )
+    eligible = (
+        select(ranked.c.id)
+        .select_from(joined)
+        .where(or_(ranked.c.k.is_(None), ranked.c.rank + func.coalesce(per_key.c.n, 0) <= key_cap))
+    )
+    return (
+        select(j.id, j.priority, j.visible_at)
+        .where(j.id.in_(eligible), *due)
+        .order_by(j.priority, j.visible_at, j.id)
+        .limit(room)
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def _claim_picked(picked: CTE, *, few: bool = False) -> Update:
+    """The UPDATE that starts (or ends, for a lost last attempt) each picked row.
+
+    ``few``: the picked rows' LIMIT is not a constant (the limited claim's room), so the
+    planner cannot tell they are few and may join them to the whole jobs table with a hash or
+    merge join, reading all of it. Matched as ``id = ANY (ARRAY(...))`` instead, each is one
+    primary-key probe; the claim position (``visible_at`` before the claim) then comes back
+    NULL, which the limited claim, always from the head, does not use.
+    """
     cancelled = and_(j.status == RUNNING, j.cancel_requested)
     exhausted = and_(j.status == RUNNING, j.attempts >= j.max_attempts)
     ends = or_(cancelled, exhausted)  # a lost attempt that is not to be run again
@@ -167,7 +229,12 @@ def _claim_picked(picked: CTE) -> Update:
     )
     return (
         update(jobs_table)
-        .where(j.id == picked.c.id, claim_commits_async())
+        .where(
+            j.id == func.any(func.array(select(picked.c.id).scalar_subquery()))
+            if few
+            else j.id == picked.c.id,
+            claim_commits_async(),
+        )
         .values(
             status=case((cancelled, CANCELLED), (exhausted, DEAD), else_=RUNNING),
             attempts=case((ends, j.attempts), else_=j.attempts + 1),
@@ -192,8 +259,8 @@ def _claim_picked(picked: CTE) -> Update:
             j.lease,
             j.trace_context,
             j.backoff,
-            picked.c.priority,
-            picked.c.visible_at,
+            j.priority if few else picked.c.priority,
+            null().label("visible_at") if few else picked.c.visible_at,
         )
     )
 
@@ -203,127 +270,129 @@ def _claim(*, after: bool) -> Update:
     return _claim_picked(_picked(after=after, limit=limit, unlimited_only=True))
 
 
-def rate_window() -> ColumnElement[datetime]:
-    """The start of the rate window ``now()`` falls in: windows of ``rate_period`` from the
-    Unix epoch, so a limit of N per second counts whole seconds of the database clock."""
-    period = func.extract("epoch", q.rate_period)
-    start = func.floor(func.extract("epoch", func.now()) / period) * period
+def rate_window(period: ColumnElement[timedelta] | None = None) -> ColumnElement[datetime]:
+    """The start of the rate window ``now()`` falls in: windows of ``period`` (the queue's
+    ``rate_period``) from the Unix epoch, so a limit of N per second counts whole seconds of
+    the database clock."""
+    seconds = func.extract("epoch", q.rate_period if period is None else period)
+    start = func.floor(func.extract("epoch", func.now()) / seconds) * seconds
     return func.to_timestamp(start)
 
 
-@cache
-def limits() -> Select[Any]:
-    """Lock ``:from_queue``'s settings row and read what its limited claim needs.
+#: The SQL function (revision sajq_0009) a limited claim starts with; see :func:`claim_limited`.
+LOCK_FUNCTION: Final = "sa_jobqueue_lock_queue"
 
-    The first statement of a limited claim's transaction. The lock makes the queue's claims
-    take turns (queues without limits never take it); the row comes back as the last claim
-    committed it, so the rate window is read exactly. Returns: paused, the cap, the recorded
-    holders, whether to recount them, the rate limit, the starts its window has left (NULL: no rate
-    limit; 0 or less: none), that window's start, and the seconds until the next window.
-    """
-    window = rate_window()
-    left = case(
-        (q.rate_limit.is_(None), null()),
-        (q.rate_window == window, q.rate_limit - q.rate_count),
-        # The window moved on past this transaction's now(): a claim that started earlier
-        # and waited for the lock. It takes nothing; the next claim has a fresh clock.
-        (q.rate_window > window, literal(0)),
-        else_=q.rate_limit,
+
+def _locked_state() -> CTE:
+    """The queue's settings row, locked, with its live holders: :data:`LOCK_FUNCTION`'s row."""
+    state = getattr(func, LOCK_FUNCTION)(bindparam("from_queue", type_=Text)).table_valued(
+        column("is_paused", Boolean),
+        column("cap", Integer),
+        column("key_cap", Integer),
+        column("key_name", Text),
+        column("tracked", Boolean),
+        column("rate_left", Integer),
+        column("rate_wait", Float),
+        column("window_start", DateTime(timezone=True)),
+        column("window_used", Integer),
+        column("live_ids", ARRAY(BigInteger)),
     )
-    next_window = func.greatest(window, func.coalesce(q.rate_window, window)) + q.rate_period
-    wait = func.extract("epoch", next_window - func.clock_timestamp())
-    recount = or_(q.holders.is_(None), q.recount_until.is_(None), q.recount_until > func.now())
-    return (
-        select(
-            q.paused_at.is_not(None),
-            q.concurrency,
-            q.holders,
-            recount,
-            q.rate_limit,
-            left,
-            window,
-            wait,
-        )
-        .where(q.queue == bindparam("from_queue", type_=Text), _frozen_claims_end())
-        .with_for_update()
-    )
-
-
-#: How long a limited claim's transaction may sit idle (between its statements, or before its
-#: COMMIT) before the server ends the session: a worker frozen there holds the queue's lock.
-IDLE_LIMIT_MS: Final = 2000
-
-
-def _frozen_claims_end() -> ColumnElement[bool]:
-    """Always true; sets ``idle_in_transaction_session_timeout`` for this transaction only."""
-    setting = func.set_config(
-        literal_column("'idle_in_transaction_session_timeout'"),
-        literal_column(f"'{IDLE_LIMIT_MS}'"),
-        true(),
-    )
-    return select(setting).scalar_subquery().is_not(None)
+    return select(state).cte("state")
 
 
 @cache
-def claim_limited(*, recount: bool) -> Select[Any]:
-    """Claim up to ``:limit`` jobs of the limited queue ``:from_queue``, within its cap.
+def claim_limited(*, keyed: bool) -> Select[Any]:
+    """Claim up to ``:limit`` jobs of the limited queue ``:from_queue``, within its limits.
 
-    The second statement of the limited claim's transaction, after :func:`limits` locked the
-    queue's row: its snapshot is taken after the lock was granted, so it sees every claim of
-    the queue that committed before (they took turns on the row) and every job that finished.
+    One statement in autocommit, like :func:`claim`. It starts with :data:`LOCK_FUNCTION`,
+    which locks the queue's settings row (the claims of a limited queue take turns; queues
+    without limits never take the lock) and then, in a statement of its own and so with a
+    snapshot taken after the lock was granted, reads the row as the last claim committed it
+    and the queue's live holders. A slot is held by a job of the queue that is running with a
+    live lease: the recorded holders still running (a primary-key probe each, at most the
+    cap), or, in the first seconds after a cap is set (``recount_until``), every running job
+    of the queue (a scan of its range of the claim index: a claim that began before the cap
+    was committed took no slot, so it is counted once it has). A job whose lease expired holds
+    none: its worker is gone or stalled, and the job is claimable again, into a slot like any
+    other. Counted in this statement's own snapshot, taken before the lock wait, a claim that
+    committed meanwhile would look undone and its slots free: hence the function.
 
-    A slot is held by a job of the queue that is running with a live lease: ``:cap`` minus
-    those is the room. They are the recorded ``:holders`` still running (a primary-key probe
-    each, at most the cap), or, with ``recount``, every running job of the queue (a scan of
-    its range of the claim index, for the first seconds of a new cap). A job whose lease has
-    expired holds none: its worker is gone or stalled, and the job is claimable again, into a
-    slot like any other. With ``:cap`` NULL (a rate limit alone) there is no room to count.
+    The room is ``:limit``, cut to the cap's free slots and to the rate window's starts left;
+    0 for a paused queue or one without a settings row. The rest is :func:`claim`'s scan and
+    update (its snapshot may predate the lock, but every row it takes is re-checked against
+    its latest version, so a job another claim took is skipped).
 
-    The queue's row is updated in the same statement: the holders (those still running, and
-    the jobs this claim started) and the rate window's count (``:window``, the starts
-    ``:rate_used`` already in it, and this claim's).
+    With ``keyed``, a job whose payload has the top-level field ``key_field`` also needs room
+    under ``key_concurrency`` among the live holders of its task with the same key: the claim
+    ranks the first ``KEY_SCAN`` due jobs per (task, key) in claim order and takes a job only
+    if its rank plus its key's live holders is within the cap, so one key's jobs start one
+    after another in claim order at a cap of 1.
 
-    Each row is the room the claim had, then a claimed job as :func:`claim` returns it; when
-    it took none, one row of the room and NULLs. Fewer jobs than the room: the queue had no
-    more due; as many as the room, and the room below ``:limit``: the queue is at its cap.
+    The queue's row is updated in the same statement: the holders (those still live, and the
+    jobs this claim started) and the rate window's count.
+
+    Each row is the room, the seconds until the next rate window when the current one is used
+    up (else NULL), whether the queue has a settings row, whether it has a cap per key (the
+    variant without ``keyed`` takes nothing from such a queue), then a claimed job as :func:`claim`
+    returns it; when the claim took none, one row with NULL job columns. Fewer jobs than the
+    room: the queue had no more due; as many as the room, and the room below ``:limit``: the
+    queue is at a limit.
     """
-    cap = bindparam("cap", type_=Integer)
     limit = bindparam("limit", type_=Integer)
-    running = [j.status == RUNNING, j.visible_at > func.now()]
-    if recount:
-        where = [claimable(), j.queue == bindparam("from_queue", type_=Text), *running]
+    state = _locked_state()
+    s = state.c
+    fits = func.least(
+        limit,
+        func.coalesce(s.cap - func.cardinality(s.live_ids), limit),
+        func.coalesce(s.rate_left, limit),
+    )
+    # The variant without keys claims nothing from a queue that has a cap per key: the
+    # worker read its limits before it was set, and asks again with the keyed variant.
+    held = s.is_paused if keyed else or_(s.is_paused, s.key_cap.is_not(None))
+    one = select(literal(1).label("one")).subquery("one")
+    room = (
+        select(
+            func.coalesce(case((held, 0), else_=func.greatest(fits, 0)), 0).label("room"),
+            s.rate_wait.label("wait"),
+            s.is_paused.is_not(None).label("limited"),
+            s.key_cap.is_not(None).label("keyed"),
+        )
+        .select_from(one.outerjoin(state, true()))
+        .cte("room")
+    )
+    room_left = select(room.c.room).scalar_subquery()
+    if keyed:
+        key = j.payload.op("->>")(select(s.key_name).scalar_subquery())
+        live = (
+            select(j.task, key.label("k"))
+            # Cast: ``= ANY ((SELECT ...))`` would be read as ANY over the subquery's rows.
+            .where(j.id == func.any(cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)))
+            .cte("live")
+        )
+        key_cap = select(s.key_cap).scalar_subquery()
+        picked = _picked_keyed(live, key, key_cap, room_left)
     else:
-        where = [j.id == func.any(bindparam("holders", type_=ARRAY(BigInteger))), *running]
-    live = select(j.id).where(*where).cte("live")
-    holding = select(func.count()).select_from(live).scalar_subquery()
-    room = select(
-        func.greatest(func.least(limit, func.coalesce(cap - holding, limit)), 0).label("room")
-    ).cte("room")
-    picked = _picked(after=False, limit=select(room.c.room).scalar_subquery(), unlimited_only=False)
-    claimed = _claim_picked(picked).cte("claimed")
+        picked = _picked(after=False, limit=room_left, unlimited_only=False)
+    claimed = _claim_picked(picked, few=True).cte("claimed")
     started = select(claimed.c.id).where(claimed.c.status == RUNNING)
     starts = select(func.count()).select_from(started.subquery()).scalar_subquery()
-    window = bindparam("window", type_=DateTime(timezone=True))
-    used = bindparam("rate_used", type_=Integer)
+    holders = func.array_cat(s.live_ids, func.array(started.scalar_subquery()))
+    recount_until = func.coalesce(q.recount_until, func.now() + RECOUNT_FOR)
     noted = (
         update(queues_table)
         .where(q.queue == bindparam("from_queue", type_=Text))
         .values(
-            holders=case(
-                (cap.is_(None), null()),
-                else_=func.array(union_all(select(live.c.id), started).scalar_subquery()),
-            ),
-            recount_until=case(
-                (cap.is_(None), null()),
-                else_=func.coalesce(q.recount_until, func.now() + RECOUNT_FOR),
-            ),
-            rate_window=case((q.rate_limit.is_(None), null()), else_=window),
-            rate_count=case((q.rate_limit.is_(None), 0), else_=used + starts),
+            holders=select(case((s.tracked, holders), else_=null())).scalar_subquery(),
+            recount_until=select(case((s.tracked, recount_until), else_=null())).scalar_subquery(),
+            rate_window=select(s.window_start).scalar_subquery(),
+            rate_count=select(
+                case((s.rate_left.is_(None), 0), else_=s.window_used + starts)
+            ).scalar_subquery(),
         )
     )
     # One row at least: the room, with no job when the claim took none.
     return (
-        select(room.c.room, *claimed.c)
+        select(room.c.room, room.c.wait, room.c.limited, room.c.keyed, *claimed.c)
         .select_from(room.outerjoin(claimed, true()))
         .add_cte(noted.cte("noted"))
     )

@@ -7,6 +7,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Insert,
     Integer,
     Interval,
@@ -69,16 +70,23 @@ def paused_for() -> Select[str, timedelta]:
 
 
 @cache
-def limited() -> Select[tuple[str]]:
-    """Every queue with a limit: a cap, a rate limit, or both."""
-    return select(q.queue).where(or_(q.concurrency.is_not(None), q.rate_limit.is_not(None)))
+def limited() -> Select[tuple[str, bool]]:
+    """Every queue with a limit (a cap, a cap per key, a rate limit), and whether it has a cap
+    per key."""
+    return select(q.queue, q.key_concurrency.is_not(None)).where(_limited())
+
+
+def _limited() -> ColumnElement[bool]:
+    return or_(
+        q.concurrency.is_not(None), q.rate_limit.is_not(None), q.key_concurrency.is_not(None)
+    )
 
 
 @cache
 def settings() -> Select[Any]:
     """``:b_queue``'s limits, its row locked for the change that follows (no row: none)."""
     return (
-        select(q.concurrency, q.rate_limit, q.rate_period)
+        select(q.concurrency, q.rate_limit, q.rate_period, q.key_concurrency, q.key_field)
         .where(q.queue == bindparam("b_queue", type_=Text))
         .with_for_update()
     )
@@ -95,11 +103,33 @@ def set_concurrency() -> Insert:
         queue=bindparam("b_queue", type_=Text),
         concurrency=bindparam("b_concurrency", type_=Integer),
     )
-    had_cap = q.concurrency.is_not(None)
+    had_cap = or_(q.concurrency.is_not(None), q.key_concurrency.is_not(None))
     return stmt.on_conflict_do_update(
         index_elements=[q.queue],
         set_={
             "concurrency": stmt.excluded.concurrency,
+            "holders": case((had_cap, q.holders), else_=null()),
+            "recount_until": case((had_cap, q.recount_until), else_=null()),
+        },
+    )
+
+
+@cache
+def set_key_concurrency() -> Insert:
+    """Set ``:b_queue``'s cap per key to ``:b_key_concurrency`` jobs with the same value of the
+    payload's ``:b_key_field`` (both NULL: none), making its row if need be; holders are
+    recounted as for :func:`set_concurrency`."""
+    stmt = insert(queues_table).values(
+        queue=bindparam("b_queue", type_=Text),
+        key_concurrency=bindparam("b_key_concurrency", type_=Integer),
+        key_field=bindparam("b_key_field", type_=Text),
+    )
+    had_cap = or_(q.concurrency.is_not(None), q.key_concurrency.is_not(None))
+    return stmt.on_conflict_do_update(
+        index_elements=[q.queue],
+        set_={
+            "key_concurrency": stmt.excluded.key_concurrency,
+            "key_field": stmt.excluded.key_field,
             "holders": case((had_cap, q.holders), else_=null()),
             "recount_until": case((had_cap, q.recount_until), else_=null()),
         },
@@ -127,7 +157,15 @@ def all_limits() -> Select[Any]:
     window = rate_window()
     used = case((q.rate_window == window, q.rate_count), else_=0)
     return (
-        select(q.queue, q.concurrency, q.rate_limit, q.rate_period, used)
-        .where(or_(q.concurrency.is_not(None), q.rate_limit.is_not(None)))
+        select(
+            q.queue,
+            q.concurrency,
+            q.rate_limit,
+            q.rate_period,
+            used,
+            q.key_concurrency,
+            q.key_field,
+        )
+        .where(_limited())
         .order_by(q.queue)
     )

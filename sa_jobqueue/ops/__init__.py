@@ -7,7 +7,8 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
   Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
 * :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues`,
-  :func:`set_queue_concurrency`, :func:`set_queue_rate` (a :class:`RateLimit`),
+  :func:`set_queue_concurrency`, :func:`set_queue_key_concurrency`, :func:`set_queue_rate`
+  (a :class:`RateLimit`),
   :func:`clear_queue_limits`, :func:`queue_limits` (returning :class:`QueueLimits`) and
   :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
   in the caller's transaction.
@@ -43,6 +44,7 @@ from .queues import (
     queue_limits,
     resume_queue,
     set_queue_concurrency,
+    set_queue_key_concurrency,
     set_queue_rate,
 )
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
@@ -74,6 +76,7 @@ __all__ = [
     "requeue_job",
     "resume_queue",
     "set_queue_concurrency",
+    "set_queue_key_concurrency",
     "set_queue_rate",
     "stats",
     "worst",

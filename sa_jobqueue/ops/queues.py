@@ -96,10 +96,25 @@ class RateLimit:
 
 @dataclass(frozen=True)
 class QueueLimits:
-    """A queue's limits: its cap and its rate (None: that limit is not set)."""
+    """A queue's limits (None: that limit is not set): its cap, its rate, and its cap per key
+    (at most ``key_concurrency`` jobs of one task with the same payload ``key_field`` value)."""
 
     concurrency: int | None = None
     rate: RateLimit | None = None
+    key_concurrency: int | None = None
+    key_field: str | None = None
+
+    @classmethod
+    def _of(
+        cls,
+        cap: int | None,
+        count: int | None,
+        period: timedelta | None,
+        key_cap: int | None,
+        key_field: str | None,
+    ) -> QueueLimits:
+        rate = None if count is None or period is None else RateLimit(count, period)
+        return cls(cap, rate, key_cap, key_field)
 
 
 @dataclass(frozen=True)
@@ -176,19 +191,14 @@ def _check_cap(concurrency: int | None) -> int | None:
 def _limits_of(session: SessionLike, name: str) -> QueueLimits:
     """``name``'s limits, its settings row locked until the caller's transaction ends."""
     row = connection_of(session).execute(queues_sql.settings(), {"b_queue": name}).first()
-    if row is None:
-        return QueueLimits()
-    cap, count, period = row
-    return QueueLimits(cap, None if count is None else RateLimit(count, period))
+    return QueueLimits() if row is None else QueueLimits._of(*row)
 
 
 def set_queue_concurrency(session: SessionLike, queue: str, concurrency: int | None) -> QueueLimits:
     """Cap ``queue`` at ``concurrency`` jobs running at once across all workers (None: no cap),
     in the caller's transaction; returns the queue's limits as they were.
 
-    >>> with engine.begin() as conn:
-    ...     set_queue_concurrency(conn, "emails", 3)
-    QueueLimits(concurrency=None, rate=None)
+    For example ``set_queue_concurrency(session, "emails", 3)``.
 
     ``concurrency`` must be an int from 1 up (:class:`~sa_jobqueue.errors.InvalidLimitError`
     before any SQL otherwise; to stop a queue, pause it). The queue need not have jobs yet, or
@@ -207,9 +217,7 @@ def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | Non
     """Let at most ``rate`` of ``queue``'s jobs start per period across all workers (None: no
     rate limit), in the caller's transaction; returns the queue's limits as they were.
 
-    >>> with engine.begin() as conn:
-    ...     set_queue_rate(conn, "emails", "50/s")
-    QueueLimits(concurrency=3, rate=None)
+    For example ``set_queue_rate(session, "emails", "50/s")``.
 
     ``rate`` is a :class:`RateLimit` or its text (``"50/s"``, ``"1000/h"``, ``"10/5m"``); an
     invalid one raises :class:`~sa_jobqueue.errors.InvalidLimitError` before any SQL.
@@ -230,10 +238,41 @@ def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | Non
     return before
 
 
+def set_queue_key_concurrency(
+    session: SessionLike, queue: str, per_key: int | None, *, key: str | None = None
+) -> QueueLimits:
+    """Let at most ``per_key`` jobs of one task run at once across all workers for each value
+    of the payload's top-level field ``key`` (None: no cap per key), in the caller's
+    transaction; returns the queue's limits as they were.
+
+    For example ``set_queue_key_concurrency(session, "emails", 1, key="customer_id")``.
+
+    At 1, the jobs of a task that share a key run one at a time, in claim order (priority,
+    due time, id). Jobs whose payload has no such field (or not an object) are not limited
+    by key. The value is compared as text (``payload ->> key``): ``42`` and ``"42"`` match.
+    """
+    name = check_queue_name(queue)
+    cap = _check_cap(per_key)
+    if cap is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
+        raise InvalidLimitError(f"a cap per key needs the payload field of the key, not {key!r}")
+    before = _limits_of(session, name)
+    conn = connection_of(session)
+    params = {
+        "b_queue": name,
+        "b_key_concurrency": cap,
+        "b_key_field": None if cap is None else key,
+    }
+    conn.execute(queues_sql.set_key_concurrency(), params)
+    wake(conn, name)
+    return before
+
+
 def clear_queue_limits(session: SessionLike, queue: str) -> QueueLimits:
-    """Remove ``queue``'s cap and rate limit in the caller's transaction; returns them."""
+    """Remove ``queue``'s cap, rate limit and cap per key in the caller's transaction; returns
+    them."""
     before = set_queue_concurrency(session, queue, None)
     set_queue_rate(session, queue, None)
+    set_queue_key_concurrency(session, queue, None)
     return before
 
 
@@ -241,8 +280,8 @@ def queue_limits(session: SessionLike) -> dict[str, QueueLimits]:
     """The queues with a limit, each with its limits."""
     rows = connection_of(session).execute(queues_sql.all_limits())
     return {
-        name: QueueLimits(cap, None if count is None else RateLimit(count, period))
-        for name, cap, count, period, _ in rows
+        name: QueueLimits._of(cap, count, period, key_cap, key_field)
+        for name, cap, count, period, _, key_cap, key_field in rows
     }
 
 
@@ -261,8 +300,10 @@ def list_queues(session: SessionLike) -> list[QueueInfo]:
     live = {row[0]: row[1:] for row in conn.execute(live_per_queue())}
     paused = paused_queues(conn)
     limited = {
-        name: (QueueLimits(cap, None if count is None else RateLimit(count, period)), used)
-        for name, cap, count, period, used in conn.execute(queues_sql.all_limits())
+        name: (QueueLimits._of(cap, count, period, key_cap, key_field), used)
+        for name, cap, count, period, used, key_cap, key_field in conn.execute(
+            queues_sql.all_limits()
+        )
     }
     return [
         QueueInfo(

@@ -27,6 +27,8 @@ class Claimed:
     #: before the claim (where the lane's next claim can start; see ``claiming.claim_after``).
     priority: int = 0
     due_at: datetime | None = None
+    #: Claimed from a queue with a cap: its completion frees a slot, so it is sent at once.
+    holds_slot: bool = False
 
     def run(self) -> JobRun:
         """What observers are told about this attempt."""

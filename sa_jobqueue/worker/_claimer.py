@@ -7,10 +7,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
@@ -48,20 +48,24 @@ class LimitedQueues:
     through the limited claim, which works for any queue with a settings row.
     """
 
-    def __init__(self, conn: HeldConnection, limited: HeldConnection) -> None:
+    def __init__(self, conn: HeldConnection) -> None:
         self._conn = conn
-        #: The connection limited claims run their transactions on (connects on first use).
-        self.limited_conn = limited
         self._names: frozenset[str] = frozenset()
+        self._keyed: frozenset[str] = frozenset()
         self._read_at = float("-inf")
 
     def __contains__(self, queue: str) -> bool:
         now = time.monotonic()
         if now - self._read_at >= LIMITS_EVERY:
             rows = self._conn.rows(queues_sql.limited(), {}, again=True)
-            self._names = frozenset(row[0] for row in rows)
+            self._names = frozenset(name for name, _ in rows)
+            self._keyed = frozenset(name for name, keyed in rows if keyed)
             self._read_at = now
         return queue in self._names
+
+    def keyed(self, queue: str) -> bool:
+        """Whether ``queue`` had a cap per key when the limits were last read."""
+        return queue in self._keyed
 
     def forget(self) -> None:
         """Read the limits again at the next question (a limited claim found none)."""
@@ -130,44 +134,25 @@ class LaneClaimer:
         return jobs, head
 
     def _claim_limited(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
-        """Claim up to ``limit`` jobs of a queue with a limit; the jobs, and whether the cap
+        """Claim up to ``limit`` jobs of a queue with a limit; the jobs, and whether a limit
         (rather than an empty queue) may have cut the claim short.
 
-        Two statements in one transaction (see ``claiming.claim_limited``). With the rate
-        window used up, nothing is claimed and the queue is not asked again until the next
-        window opens, at the time the database gave.
+        One statement (see ``claiming.claim_limited``). With the rate window used up, nothing
+        is claimed and the queue is not asked again until the next window opens, at the time
+        the database gave.
         """
         assert self._limited is not None
-
-        def work(conn: Connection) -> tuple[list[Any], bool]:
-            state = conn.execute(claiming.limits(), {"from_queue": queue}).first()
-            if state is None:  # no settings row: no limit either
-                assert self._limited is not None
-                self._limited.forget()
-                return [], False
-            paused, cap, holders, recount, rate_limit, left, window, wait = state
-            if paused:
-                return [], False
-            if left is not None and left <= 0:
-                self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
-                return [], False
-            n = limit if left is None else min(limit, left)
-            params = {
-                "from_queue": queue,
-                "limit": n,
-                "worker": self._worker,
-                "cap": cap,
-                "holders": holders or [],
-                "window": window,
-                "rate_used": 0 if rate_limit is None else rate_limit - left,
-            }
-            rows = conn.execute(claiming.claim_limited(recount=recount), params).all()
-            room = rows[0][0]
-            jobs = [row[1:] for row in rows if row[1] is not None]
-            return jobs, room < n and len(jobs) == room
-
-        rows, at_cap = self._limited.limited_conn.in_transaction(work)
-        return [Claimed(*row) for row in rows], at_cap
+        keyed = self._limited.keyed(queue)
+        params = {"from_queue": queue, "limit": limit, "worker": self._worker}
+        statement = claiming.claim_limited(keyed=keyed)
+        rows = self._conn.rows(statement, params)
+        room, wait, limited, has_keys = rows[0][:4]
+        if not limited or has_keys != keyed:  # the limits changed since they were read
+            self._limited.forget()
+        if wait is not None:
+            self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
+        jobs = [replace(Claimed(*row[4:]), holds_slot=True) for row in rows if row[4] is not None]
+        return jobs, room < limit and len(jobs) == room
 
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
@@ -288,7 +273,6 @@ class ClaimLoop:
                 outage = 0
             running, room = self._leases.busy(self._lanes)
             held_back = any(c.capped or c.not_before for c in self._claimers)
-            self._leases.at_cap = held_back
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
             if burst and not more and not running and not held_back:

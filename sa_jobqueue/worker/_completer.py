@@ -58,6 +58,9 @@ class Completer:
         self._batch_size = batch_size
         self._max_delay = max_delay
         self._pending: queue.Queue[tuple[int, int] | None] = queue.Queue(MAX_PENDING)
+        self._at_once = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[int, int], threading.Event] = {}
         self._thread = threading.Thread(target=self._loop, name="sa_jobqueue-completer")
         self._thread.daemon = True
         self._thread.start()
@@ -65,6 +68,20 @@ class Completer:
     def add(self, job_id: int, attempt: int) -> None:
         """Queue one attempt's completion (blocks while MAX_PENDING are waiting)."""
         self._pending.put((job_id, attempt))
+
+    def add_and_wait(self, job_id: int, attempt: int, timeout: float) -> None:
+        """Queue one attempt's completion, send its batch without waiting for more, and return
+        once that batch has been written (or failed), or after ``timeout`` seconds.
+
+        For a job holding a slot of a queue's cap: the slot is free for the next claim only
+        once its completion has committed, so its thread lets go of the job after that.
+        """
+        written = threading.Event()
+        with self._lock:
+            self._waiting[(job_id, attempt)] = written
+        self._at_once.set()
+        self._pending.put((job_id, attempt))
+        written.wait(timeout)
 
     def close(self) -> None:
         """Flush what is pending and stop the thread."""
@@ -80,17 +97,27 @@ class Completer:
             batch = [first]
             try:
                 while len(batch) < self._batch_size:
-                    item = self._pending.get(timeout=self._max_delay)
+                    # What is already waiting joins the batch; more is waited for only when
+                    # no completion in it is wanted at once.
+                    wait = not self._at_once.is_set()
+                    item = self._pending.get(block=wait, timeout=self._max_delay if wait else None)
                     if item is None:
                         closing = True
                         break
                     batch.append(item)
             except queue.Empty:
                 pass
+            self._at_once.clear()
             try:
                 self._flush(batch)
             except Exception as exc:  # never let the thread die: later batches must still go
                 log.error("completing %d jobs failed: %s", len(batch), exc)
+            finally:
+                with self._lock:
+                    for pair in batch:
+                        written = self._waiting.pop(pair, None)
+                        if written is not None:
+                            written.set()
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:

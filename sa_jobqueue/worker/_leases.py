@@ -84,8 +84,6 @@ class LeaseTable:
         self.tickets: dict[Ticket, None] = {}
         self.groups_open = 0  # groups whose commit is still to come (a burst waits for them)
         self.burst = False
-        #: The last claim round left a queue at its cap: a completion that commits wakes it.
-        self.at_cap = False
 
     def _current(self, job_id: int, attempt: int) -> Held | None:
         """The held attempt, if it is this one (call with the lock held).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Row
@@ -54,10 +53,8 @@ class Reports:
     attempt was reported with it, and the handler's later return reports nothing.
     """
 
-    def __init__(self, observe: Observers, committed: Callable[[], None] | None = None) -> None:
+    def __init__(self, observe: Observers) -> None:
         self.observe = observe
-        # Told after each batch of completions commits (a queue's cap counts committed ends).
-        self._committed = committed
         self._lock = threading.Lock()  # between a handler's return and its timeout
         self._settling: dict[_Key, tuple[JobRun, float | None]] = {}
         self._timed_out: set[_Key] = set()
@@ -92,8 +89,6 @@ class Reports:
 
     def completed(self, done: list[_Key]) -> None:
         """Batched completions recorded."""
-        if self._committed is not None:
-            self._committed()
         for job_id, attempt in done:
             self.report(job_id, attempt, Outcome.SUCCEEDED)
 
@@ -130,7 +125,12 @@ class Recorder:
         """
         if isinstance(verdict, Complete):
             # Nothing to commit with the completion: it goes out in a batch with others'.
-            self._completer.add(job.id, job.attempts)
+            if job.holds_slot:
+                # The slot of the queue's cap is free once this commits: the job's thread,
+                # and so its lane's next claim, waits for that (the lease covers the wait).
+                self._completer.add_and_wait(job.id, job.attempts, job.lease.total_seconds())
+            else:
+                self._completer.add(job.id, job.attempts)
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
         elif isinstance(verdict, Fail):

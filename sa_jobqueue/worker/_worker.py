@@ -120,13 +120,6 @@ class Worker:
         self._halt = threading.Event()  # run() is over: stop renewing leases
         self._leases = LeaseTable()
         self._claimer = HeldConnection(self._single)
-        # A queue with a limit is claimed in a short transaction of two statements (the lock
-        # on the queue's settings row, then the claim), on a connection made on first use.
-        # The transaction sets idle_in_transaction_session_timeout, so a worker frozen in it
-        # loses the lock (and the claim) in seconds rather than stalling the queue.
-        limited = (control_engine or engine).execution_options(isolation_level="READ COMMITTED")
-        guard_statements(limited)
-        self._limited_claimer = HeldConnection(limited)
         self._pruner = Pruner(engine, retention, poll_interval)
         # Observers see each attempt's outcome once it is recorded (see Reports).
         self._observe = Observers(observers)
@@ -158,13 +151,7 @@ class Worker:
         )
         self._leases.burst = burst
 
-        # A lane at a queue's cap claims again once a job of its own has ended: a batched
-        # completion ends it when its batch commits, not when its thread lets go of it.
-        def committed() -> None:
-            if self._leases.at_cap:
-                self._wake.set()
-
-        recorder = Recorder(self._single, Reports(self._observe, committed))
+        recorder = Recorder(self._single, Reports(self._observe))
         loop = None
         if self._has_async:
             loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
@@ -178,7 +165,7 @@ class Worker:
             stopping=self._stopping,
             wake=self._wake,
         )
-        limits = LimitedQueues(self._claimer, self._limited_claimer)
+        limits = LimitedQueues(self._claimer)
         claims = ClaimLoop(
             [
                 LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit, limits)
@@ -230,7 +217,6 @@ class Worker:
             claims.run(burst)
         finally:
             self._claimer.close()
-            self._limited_claimer.close()
             self._stopping.set()
             self._release_unstarted(recorder)
             not_done = self._leases.wait_all_done(self.shutdown_grace.total_seconds())
