@@ -4,13 +4,13 @@
         [--threads T] [--cap C] [--rounds R] [--ms MS]
 
 Uses $DATABASE_URL's server (a database ``bench_cap_drain`` is created and dropped). Each run
-enqueues ``--jobs`` jobs of ``bench.tasks:<task>`` (``sleep``: each waits ``--ms``) into queue ``bench`` and drains them with
-``--procs`` ``sa-jobqueue worker --burst`` processes of ``--threads`` threads each. Three
-shapes alternate: the queue without a cap; capped at ``--cap`` (``ops.set_queue_concurrency``);
-and without a cap but with ``--cap`` threads in all (the same concurrency the cap allows,
-reached locally, spread over the processes). The rate is jobs over the database's span from
-the first start to the last finish; the workers' CPU per job is their children's rusage.
-Prints each run, then the medians and their ratios.
+enqueues ``--jobs`` jobs of ``bench.tasks:<task>`` (``sleep``: each waits ``--ms``) into queue
+``bench`` and drains them with ``--procs`` ``sa-jobqueue worker --burst`` processes of
+``--threads`` threads each. Three shapes alternate: the queue without a cap; capped at
+``--cap`` (``ops.set_queue_concurrency``); and without a cap but with ``--cap`` threads in all
+(the same concurrency the cap allows, reached locally, spread over the processes). The rate is
+jobs over the database's span from the first start to the last finish; the workers' CPU per job
+is their children's rusage. Prints each run, then the medians and their ratios.
 """
 
 from __future__ import annotations
