@@ -315,7 +315,7 @@ def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help="cap how many of the queue's jobs run at once, or start per period, across all"
         " workers",
         description="Set or remove the queue's limits, for every worker, in one transaction;"
-        " prints the limits before and after. Give at least one option; --clear goes alone.",
+        " prints the new limits and the old. Give at least one option; --clear goes alone.",
     )
     _database_option(limit)
     limit.add_argument("name", type=_values.queue, metavar="NAME", help="the queue")
