@@ -6,6 +6,9 @@
     sa-jobqueue stats [--json] [--watch SECONDS] [--window DURATION]
     sa-jobqueue jobs list|show|retry|cancel|purge [filters]
     sa-jobqueue queues list [--json] | pause NAME | resume NAME
+    sa-jobqueue queues limit NAME [--concurrency N | --no-concurrency]
+                                  [--rate N/PERIOD | --no-rate]
+    sa-jobqueue queues limit NAME --clear
     sa-jobqueue check [--max-wait DURATION ...] [--json]
     sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]
     sa-jobqueue web [--host 127.0.0.1] [--port 8080] [--allow-actions] [--app module:queue]
@@ -45,7 +48,7 @@ from collections.abc import Sequence
 from ..errors import JobQueueError
 from ..ops.verify.command import run as run_verify
 from ._app import load_app
-from ._arguments import DEFAULT_LOG_LEVEL, build_parser
+from ._arguments import DEFAULT_LOG_LEVEL, parse_args
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
 from ._schema import migrate
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     _configure_logging(args.log_level, args.log_format)
     if not args.database_url:
         print("sa-jobqueue: no database: pass --database-url or set DATABASE_URL", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The command line's grammar: every command, option, default and help text.
 
-:func:`build_parser` is the whole of it; the options' values are read by :mod:`._values`.
+:func:`build_parser` is the whole of it, and :func:`parse_args` refuses options that do not go
+together; the options' values are read by :mod:`._values`.
 ``verify`` and ``web`` bring their own options (:func:`sa_jobqueue.ops.verify.add_parser`,
 :func:`._web.add_parser`).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -74,6 +76,34 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_parser(commands, _database_option)
     add_web_parser(commands, _database_option)
     _add_global_options(parser)  # last: every subcommand exists by now
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line read by :func:`build_parser`, and options that do not go together
+    refused as argparse refuses a bad value: the command's usage and exit status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "queues" and args.action == "limit":
+        changes = (args.concurrency, args.rate)
+        removals = (args.no_concurrency, args.no_rate)
+        if args.clear and (any(c is not None for c in changes) or any(removals)):
+            _subparser(parser, "queues", "limit").error(
+                "--clear removes both limits: give it alone"
+            )
+        if not args.clear and all(c is None for c in changes) and not any(removals):
+            _subparser(parser, "queues", "limit").error(
+                "say what to change: --concurrency N, --rate N/PERIOD, --no-concurrency,"
+                " --no-rate, or --clear"
+            )
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
+    """The parser of the subcommand at ``path`` (``"queues", "limit"``)."""
+    for name in path:
+        (choices,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = choices.choices[name]
     return parser
 
 
@@ -266,7 +296,7 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    queues_ = commands.add_parser("queues", help="list queues; pause or resume one")
+    queues_ = commands.add_parser("queues", help="list queues; pause, resume or limit one")
     actions = queues_.add_subparsers(dest="action", required=True)
     listing = actions.add_parser(
         "list", help="each queue: queued, due and running jobs, and what holds it back"
@@ -280,6 +310,33 @@ def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser
         sub = actions.add_parser(name, help=what)
         _database_option(sub)
         sub.add_argument("name", type=_values.queue, metavar="NAME", help="the queue")
+    limit = actions.add_parser(
+        "limit",
+        help="cap how many of the queue's jobs run at once, or start per period, across all"
+        " workers",
+        description="Set or remove the queue's limits, for every worker, in one transaction;"
+        " prints the new limits and the old. Give at least one option; --clear goes alone.",
+    )
+    _database_option(limit)
+    limit.add_argument("name", type=_values.queue, metavar="NAME", help="the queue")
+    cap = limit.add_mutually_exclusive_group()
+    cap.add_argument(
+        "--concurrency",
+        type=_values.cap,
+        metavar="N",
+        help="at most N of its jobs running at once (lowering it stops no running job)",
+    )
+    cap.add_argument("--no-concurrency", action="store_true", help="remove the cap")
+    rate = limit.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--rate",
+        type=_values.rate,
+        metavar="N/PERIOD",
+        help="at most N of its jobs start per period (50/s, 1000/h, 10/5m), windows aligned to"
+        " the epoch",
+    )
+    rate.add_argument("--no-rate", action="store_true", help="remove the rate limit")
+    limit.add_argument("--clear", action="store_true", help="remove both limits (alone)")
 
 
 def _check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,5 +1,5 @@
 """Operating the queue: ``stats``, ``jobs list|show|retry|cancel|purge``, ``queues
-list|pause|resume`` and ``check``.
+list|pause|resume|limit`` and ``check``.
 
 Each command opens a short-lived engine of its own with time limits on its statements
 (:data:`OPERATOR_SETTINGS`), so a query stuck behind a lock fails instead of hanging a
@@ -27,12 +27,22 @@ from ..models import DEAD, FINISHED_STATUSES, RUNNING
 from ..ops import count_purge, purge, stats
 from ..ops.admin import cancel_job, get_job, list_jobs, requeue_job
 from ..ops.health import Thresholds, check, span, worst
-from ..ops.queues import list_queues, pause_queue, resume_queue
+from ..ops.queues import (
+    QueueLimits,
+    clear_queue_limits,
+    list_queues,
+    pause_queue,
+    queue_limits,
+    resume_queue,
+    set_queue_concurrency,
+    set_queue_rate,
+)
 from ..ops.reports import (
     findings_json,
     findings_text,
     job_detail,
     job_list,
+    limits_text,
     queue_list,
     queues_json,
     stats_text,
@@ -264,6 +274,8 @@ def _queues(engine: Engine, args: argparse.Namespace) -> int:
             now = _now(conn)
         print(queues_json(found) if args.json else queue_list(found, now))
         return 0
+    if args.action == "limit":
+        return _queues_limit(engine, args)
     # One transaction: the change and, for a resume, the workers' wake-up commit together.
     with engine.begin() as conn:
         if args.action == "pause":
@@ -276,6 +288,23 @@ def _queues(engine: Engine, args: argparse.Namespace) -> int:
     else:
         # Not an error: the queue is in the state asked for, as after a retried command.
         print(f"queue {args.name}: already {'paused' if args.action == 'pause' else 'running'}")
+    return 0
+
+
+def _queues_limit(engine: Engine, args: argparse.Namespace) -> int:
+    # One transaction: both limits change together, with the workers' wake-up, at commit.
+    with engine.begin() as conn:
+        if args.clear:
+            before = clear_queue_limits(conn, args.name)
+        else:
+            changes: list[QueueLimits] = []
+            if args.concurrency is not None or args.no_concurrency:
+                changes.append(set_queue_concurrency(conn, args.name, args.concurrency))
+            if args.rate is not None or args.no_rate:
+                changes.append(set_queue_rate(conn, args.name, args.rate))
+            before = changes[0]  # the first change saw the limits as they were
+        after = queue_limits(conn).get(args.name, QueueLimits())
+    print(f"queue {args.name}: {limits_text(after)} (was: {limits_text(before)})")
     return 0
 
 

@@ -12,9 +12,10 @@ from datetime import timedelta
 from typing import Final
 
 from .._validation import check_queue_name, check_task_name
-from ..errors import JobQueueError
+from ..errors import InvalidLimitError, JobQueueError
 from ..models import STATUSES
 from ..ops.filters import MAX_PAGE
+from ..ops.queues import RateLimit, check_cap
 
 _DURATION: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
 _UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -126,6 +127,26 @@ def count(value: str) -> int:
     if number < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return number
+
+
+def cap(value: str) -> int:
+    """A queue's cap: a whole number from 1 up, as :func:`~sa_jobqueue.ops.set_queue_concurrency`
+    accepts it (``--concurrency`` of ``queues limit``)."""
+    number = whole(value)
+    try:
+        check_cap(number)
+    except InvalidLimitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return number
+
+
+def rate(value: str) -> RateLimit:
+    """A rate limit, ``N/PERIOD`` (``50/s``, ``1000/h``, ``10/5m``), as
+    :meth:`~sa_jobqueue.ops.RateLimit.parse` reads it."""
+    try:
+        return RateLimit.parse(value)
+    except InvalidLimitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def port(value: str) -> int:

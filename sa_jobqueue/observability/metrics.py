@@ -21,6 +21,10 @@ What the queue holds, from :class:`QueueCollector`, read from the database at ea
 * ``sa_jobqueue_queue_due_jobs{queue}``: queued jobs whose time has come (the backlog);
 * ``sa_jobqueue_queue_oldest_due_age_seconds{queue}``: how long the oldest of them has waited;
 * ``sa_jobqueue_queue_paused{queue}``: 1 while the queue is paused, else 0;
+* ``sa_jobqueue_queue_concurrency_limit{queue}``: the queue's cap (jobs running at once across
+  all workers), only for queues with one;
+* ``sa_jobqueue_queue_rate_limit{queue}``: the queue's rate limit in job starts per second
+  (``50/1m`` is 0.833...), only for queues with one;
 * ``sa_jobqueue_scrape_errors_total``: scrapes whose database query failed.
 
 Every worker reports the same queue gauges: aggregate them with ``max by (queue)``, not
@@ -62,7 +66,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from sqlalchemy import Engine
 
 from .._error_text import one_line
-from .._sql.queues import paused_queues
+from .._sql.queues import all_limits, paused_queues
 from .._sql.session import local_statement_timeout
 from .._sql.stats import live_per_queue
 from ..models import QUEUED, RUNNING
@@ -207,7 +211,7 @@ class QueueCollector:
         self._timeout_ms = str(max(1, round(timeout.total_seconds() * 1000)))
         self._min_interval = min_interval.total_seconds()
         self._lock = threading.Lock()  # one query at a time, whoever scrapes
-        self._rows: tuple[list[Any], set[str]] | None = None
+        self._rows: tuple[list[Any], set[str], list[Any]] | None = None
         self._read_at = 0.0
         self._errors = 0
         self._failing = False
@@ -217,10 +221,10 @@ class QueueCollector:
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
-        jobs, due, age, paused, errors = self._families()
+        jobs, due, age, paused, cap, rate, errors = self._families()
         read = self._read()
         if read is not None:
-            rows, paused_now = read
+            rows, paused_now, limits = read
             seen = set()
             for queue, queued, due_now, running, oldest in rows:
                 seen.add(queue)
@@ -236,14 +240,22 @@ class QueueCollector:
                     age.add_metric([queue], 0.0)
             for queue in sorted(seen | set(self.queues) | paused_now):
                 paused.add_metric([queue], 1 if queue in paused_now else 0)
+            # No series for a queue without the limit: 0 would read as "none may run".
+            for queue, concurrency, count, period, _ in limits:
+                if concurrency is not None:
+                    cap.add_metric([queue], concurrency)
+                if count is not None:
+                    rate.add_metric([queue], count / period.total_seconds())
         errors.add_metric([], self._errors)
         if read is None:
             return [errors]
-        return [jobs, due, age, paused, errors]
+        return [jobs, due, age, paused, cap, rate, errors]
 
     def _families(
         self,
     ) -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
@@ -271,6 +283,16 @@ class QueueCollector:
                 "1 while the queue is paused (its jobs do not start), else 0.",
                 labels=["queue"],
             ),
+            GaugeMetricFamily(
+                "sa_jobqueue_queue_concurrency_limit",
+                "The queue's cap: at most this many of its jobs run at once, across all workers.",
+                labels=["queue"],
+            ),
+            GaugeMetricFamily(
+                "sa_jobqueue_queue_rate_limit",
+                "The queue's rate limit, in job starts per second, across all workers.",
+                labels=["queue"],
+            ),
             CounterMetricFamily(
                 "sa_jobqueue_scrape_errors",
                 "Scrapes whose queue query failed (no queue gauges in that scrape).",
@@ -278,7 +300,7 @@ class QueueCollector:
             ),
         )
 
-    def _read(self) -> tuple[list[Any], set[str]] | None:
+    def _read(self) -> tuple[list[Any], set[str], list[Any]] | None:
         with self._lock:
             if self._rows is not None and time.monotonic() - self._read_at < self._min_interval:
                 return self._rows
@@ -287,6 +309,7 @@ class QueueCollector:
                     conn.execute(local_statement_timeout(), {"timeout_ms": self._timeout_ms})
                     rows = list(conn.execute(live_per_queue()).all())
                     paused = set(conn.execute(paused_queues()).scalars())
+                    limits = list(conn.execute(all_limits()).all())
             except Exception as exc:  # the database, the network, the pool: never the scrape
                 self._errors += 1
                 self._rows = None
@@ -297,7 +320,7 @@ class QueueCollector:
             if self._failing:
                 log.info("queue metrics: the database query works again")
             self._failing = False
-            self._rows, self._read_at = (rows, paused), time.monotonic()
+            self._rows, self._read_at = (rows, paused, limits), time.monotonic()
             return self._rows
 
 

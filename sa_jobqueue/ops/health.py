@@ -29,12 +29,13 @@ from .._sql.health import (
     table_vacuum,
     worker_freshness,
 )
-from .._sql.queues import paused_for
+from .._sql.queues import all_limits, paused_for
 from .._sql.stats import due_per_queue
 from ..database import MIGRATE_HINT, check_schema
 from ..errors import SchemaError
 from ..models import SCHEMA_REVISION, jobs_table
 from .filters import check_age
+from .queues import RateLimit
 
 Severity = Literal["ok", "warning", "critical"]
 OK: Final = "ok"
@@ -156,13 +157,32 @@ def _check_backlog(conn: Connection, t: Thresholds) -> Finding:
     if not late:
         return Finding("backlog", OK, f"no due job has waited over {span(t.max_wait)}")
     worst_age = max(age for _, _, age in late)
-    queues = ", ".join(f"{q} ({n} due, oldest {span(age)})" for q, n, age in late)
+    # A limited queue's due jobs may wait by design, but a backlog older than max_wait is
+    # still one: its limits are named, so that raising them is seen as a remedy.
+    limits = {
+        name: (cap, count, period) for name, cap, count, period, _ in conn.execute(all_limits())
+    }
+
+    def limited(q: str) -> str:
+        if q not in limits:
+            return ""
+        cap, count, period = limits[q]
+        named = [f"cap {cap}"] if cap is not None else []
+        named += [f"rate {RateLimit(count, period)}"] if count is not None else []
+        return ", " + ", ".join(named)
+
+    queues = ", ".join(f"{q} ({n} due, oldest {span(age)}{limited(q)})" for q, n, age in late)
+    action = (
+        "add workers or concurrency for these queues, check that some worker serves them"
+        " (--queues), or look for slow jobs (`sa-jobqueue stats`)"
+    )
+    if any(q in limits for q, _, _ in late):
+        action += "; or raise the limits of the limited ones (`sa-jobqueue queues limit`)"
     return Finding(
         "backlog",
         WARNING,
         f"due jobs waiting over {span(t.max_wait)}: {queues}",
-        "add workers or concurrency for these queues, check that some worker serves them"
-        " (--queues), or look for slow jobs (`sa-jobqueue stats`)",
+        action,
         value=worst_age.total_seconds(),
     )
 

@@ -176,7 +176,8 @@ def resume_queue(session: SessionLike, queue: str) -> bool:
     return True
 
 
-def _check_cap(concurrency: int | None) -> int | None:
+def check_cap(concurrency: int | None) -> int | None:
+    """``concurrency`` if it is a valid cap (an int from 1 up) or None; InvalidLimitError if not."""
     if concurrency is None:
         return None
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
@@ -205,7 +206,7 @@ def set_queue_concurrency(session: SessionLike, queue: str, concurrency: int | N
     workers. Its workers are woken at commit, so a raised cap is used at once.
     """
     name = check_queue_name(queue)
-    cap = _check_cap(concurrency)
+    cap = check_cap(concurrency)
     before = _limits_of(session, name)
     conn = connection_of(session)
     conn.execute(queues_sql.set_concurrency(), {"b_queue": name, "b_concurrency": cap})

@@ -17,7 +17,7 @@ from typing import Any
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
 from .admin import JobInfo
 from .health import Finding, span, worst
-from .queues import QueueInfo
+from .queues import QueueInfo, QueueLimits
 from .stats import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
@@ -147,18 +147,33 @@ def job_detail(job: JobInfo, now: datetime) -> str:
 # -- stats -----------------------------------------------------------------------------------
 
 
+def limits_text(limits: QueueLimits) -> str:
+    """A queue's limits in words: ``at most 3 running, 50/1s``, ``no cap, no rate``."""
+    cap = "no cap" if limits.concurrency is None else f"at most {limits.concurrency} running"
+    return f"{cap}, {'no rate' if limits.rate is None else limits.rate}"
+
+
+def _rate_cell(limits: QueueLimits, used: int) -> str:
+    return "-" if limits.rate is None else f"{limits.rate} (used {used})"
+
+
 def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
-    """One line per queue: what holds it back, its live jobs, the oldest due job's wait."""
+    """One line per queue: what holds it back, its limits, its live jobs, the oldest due job's
+    wait."""
 
     def held(q: QueueInfo) -> str:
-        if q.paused_at is None:
-            return "-"
-        return f"paused {span(now - q.paused_at)} ago"
+        reasons = [
+            f"paused {span(now - q.paused_at)} ago" if r == "paused" and q.paused_at else r
+            for r in q.held_back_by
+        ]
+        return ", ".join(reasons) or "-"
 
     rows = [
         (
             q.queue,
             held(q),
+            "-" if q.limits.concurrency is None else q.limits.concurrency,
+            _rate_cell(q.limits, q.rate_used),
             q.queued,
             q.due,
             q.running,
@@ -166,8 +181,10 @@ def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
         )
         for q in queues
     ]
-    headers = ("QUEUE", "HELD BACK BY", "QUEUED", "DUE", "RUNNING", "OLDEST DUE")
-    return table(headers, rows, right=4) if rows else "no queues: no live jobs, none paused"
+    headers = ("QUEUE", "HELD BACK BY", "CAP", "RATE", "QUEUED", "DUE", "RUNNING", "OLDEST DUE")
+    return (
+        table(headers, rows, right=4) if rows else "no queues: no live jobs, none paused or limited"
+    )
 
 
 def queues_json(queues: Sequence[QueueInfo]) -> str:
@@ -185,11 +202,14 @@ def stats_text(stats: Stats) -> str:
             q.due,
             span(q.oldest_due_age) if q.oldest_due_age is not None else "-",
             *(q.finished[s] for s in FINISHED_STATUSES),
+            "-" if q.limits.concurrency is None else q.limits.concurrency,
+            _rate_cell(q.limits, q.rate_used),
         )
         for q in stats.queues
     ]
     finished = tuple(f"{s.upper()}/{window}" for s in FINISHED_STATUSES)
     headers = ("QUEUE", *(s.upper() for s in STATUSES), "DUE", "OLDEST DUE", *finished)
+    headers += ("CAP", "RATE")
     parts = [
         table(headers, queue_rows, right=len(headers) - 1) if queue_rows else "no jobs",
         "",

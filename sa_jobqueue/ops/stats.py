@@ -7,17 +7,18 @@ ages come from separate statements).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
 from .._sql.admin import counts
 from .._sql.clock import database_now
-from .._sql.queues import paused_queues
+from .._sql.queues import all_limits, paused_queues
 from .._sql.stats import due_per_queue, finished_per_queue, live_workers, run_times
 from ..models import FINISHED_STATUSES, STATUSES
 from .filters import check_age
+from .queues import QueueLimits, RateLimit
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class QueueStats:
     finished: dict[str, int]
     #: When the queue was paused (see :func:`~sa_jobqueue.ops.pause_queue`); None if it runs.
     paused_at: datetime | None = None
+    #: Its cap and rate limit (see :func:`~sa_jobqueue.ops.set_queue_concurrency`).
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    #: Jobs started in the current rate window (0 without a rate limit).
+    rate_used: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,8 @@ def stats(
 ) -> Stats:
     """Counts per queue and status, backlog ages, recent outcomes, run times and live workers.
 
-    Paused queues are listed (with when they were paused) even when they hold no jobs.
+    Paused and limited queues are listed (with when they were paused, and their limits) even
+    when they hold no jobs.
 
     Jobs finished within ``window`` are counted per queue, and their run times give each
     task's p50 and p99 (``percentile_cont``). Workers are live if their heartbeat was seen
@@ -104,6 +110,10 @@ def stats(
     for queue, status, n in conn.execute(finished_per_queue(), params):
         finished.setdefault(queue, {})[status] = n
     paused = {name: at for name, at in conn.execute(paused_queues())}
+    limited = {
+        name: (QueueLimits(cap, None if count is None else RateLimit(count, period)), used)
+        for name, cap, count, period, used in conn.execute(all_limits())
+    }
     queues = [
         QueueStats(
             queue=queue,
@@ -112,8 +122,10 @@ def stats(
             oldest_due_age=due.get(queue, (0, None))[1],
             finished={s: finished.get(queue, {}).get(s, 0) for s in FINISHED_STATUSES},
             paused_at=paused.get(queue),
+            limits=limited.get(queue, (QueueLimits(), 0))[0],
+            rate_used=limited.get(queue, (QueueLimits(), 0))[1],
         )
-        for queue in sorted(per_status.keys() | finished.keys() | paused.keys())
+        for queue in sorted(per_status.keys() | finished.keys() | paused.keys() | limited.keys())
     ]
     tasks = [
         TaskRunTimes(task, n, p50, p99) for task, n, p50, p99 in conn.execute(run_times(), params)

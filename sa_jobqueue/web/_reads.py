@@ -17,11 +17,12 @@ from sqlalchemy import Connection
 from .._sql import dashboard as dashboard_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
-from .._sql.queues import paused_queues
+from .._sql.queues import all_limits, paused_queues
 from .._sql.stats import live_per_queue, live_workers
 from ..models import FINISHED_STATUSES
 from ..ops.filters import check_age
 from ..ops.health import Finding, Thresholds, check
+from ..ops.queues import RateLimit
 from ..ops.stats import WorkerInfo
 from ..periodic import Schedule, latest_tick, next_tick
 from ._filters import JobFilter
@@ -60,6 +61,12 @@ class QueueRow:
     per_minute: dict[str, list[int]] = field(default_factory=dict)
     #: When the queue was paused; None while it runs.
     paused_at: datetime | None = None
+    #: Its cap (jobs running at once across all workers); None: no cap.
+    concurrency: int | None = None
+    #: Its rate limit (``50/1s``); None: none.
+    rate: str | None = None
+    #: Jobs started in the rate limit's current window.
+    rate_used: int = 0
 
     @property
     def busiest_minute(self) -> int:
@@ -81,8 +88,8 @@ class Overview:
 
 
 def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
-    """Each queue's backlog, dead jobs, last hour and paused state, the live workers, and
-    ``check``."""
+    """Each queue's backlog, dead jobs, last hour, paused state and limits, the live workers,
+    and ``check``."""
     as_of = now(conn)
     rows: dict[str, dict[str, Any]] = {}
     for name, queued, due, running, oldest in conn.execute(live_per_queue()):
@@ -98,6 +105,9 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
         rows.setdefault(name, {})
     for name, paused_at in conn.execute(paused_queues()):
         rows.setdefault(name, {})["paused_at"] = paused_at
+    for name, cap, count, period, used in conn.execute(all_limits()):
+        rate = None if count is None else str(RateLimit(count, period))
+        rows.setdefault(name, {}).update(concurrency=cap, rate=rate, rate_used=used)
     queues = [
         QueueRow(
             name=name,

@@ -7,6 +7,7 @@ tables split into cells. What they change is asserted in the database.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -15,10 +16,11 @@ from sqlalchemy import update
 from sqlalchemy.engine import URL
 
 from sa_jobqueue import cli
+from sa_jobqueue._sql.claiming import rate_window
 from sa_jobqueue.cli import _jobs
 from sa_jobqueue.database import MIGRATE_HINT
 from sa_jobqueue.models import jobs_table, queues_table, workers_table
-from sa_jobqueue.ops import paused_queues
+from sa_jobqueue.ops import QueueLimits, RateLimit, paused_queues, queue_limits
 from tests.helpers.databases import url_string
 from tests.helpers.job_states import ERROR, add_dead, add_job, add_worker, ago
 from tests.helpers.jobs import row, status_by_id
@@ -82,7 +84,7 @@ def test_stats_table_and_json(run: Run, engine: sa.Engine) -> None:
     # QUEUE QUEUED RUNNING SUCCEEDED DEAD CANCELLED DUE OLDEST-DUE SUCCEEDED DEAD CANCELLED
     mail = cells(run.out, "mail")
     assert mail[1:7] == ["1", "1", "1", "1", "0", "1"]
-    assert mail[8:] == ["1", "1", "0"]
+    assert mail[8:] == ["1", "1", "0", "-", "-"]  # no cap, no rate
     assert cells(run.out, "send")[1] == "2"  # finished within the window
     assert cells(run.out, "w-1")[1:3] == ["host-a", "4242"]
 
@@ -388,11 +390,11 @@ def test_queues_list_table_and_json(run: Run, engine: sa.Engine) -> None:
 
     assert run("queues", "list") == 0, run.err
     assert cells(run.out, "QUEUE") == [
-        "QUEUE", "HELD", "BACK", "BY", "QUEUED", "DUE", "RUNNING", "OLDEST", "DUE"
+        "QUEUE", "HELD", "BACK", "BY", "CAP", "RATE", "QUEUED", "DUE", "RUNNING", "OLDEST", "DUE"
     ]  # fmt: skip
     assert cells(run.out, "emails")[:4] == ["emails", "paused", "2h", "ago"]
-    assert cells(run.out, "emails")[4:7] == ["2", "1", "1"]
-    assert cells(run.out, "reports")[1:5] == ["-", "1", "1", "0"]
+    assert cells(run.out, "emails")[4:9] == ["-", "-", "2", "1", "1"]
+    assert cells(run.out, "reports")[1:7] == ["-", "-", "-", "1", "1", "0"]
 
     found = {item["queue"]: item for item in run.json("queues", "list")}
     assert list(found) == ["emails", "reports"]
@@ -407,7 +409,7 @@ def test_queues_list_table_and_json(run: Run, engine: sa.Engine) -> None:
 
 def test_queues_list_of_an_empty_database(run: Run) -> None:
     assert run("queues", "list") == 0
-    assert run.out.strip() == "no queues: no live jobs, none paused"
+    assert run.out.strip() == "no queues: no live jobs, none paused or limited"
     assert run.json("queues", "list") == []
 
 
@@ -446,3 +448,115 @@ def test_a_database_without_the_schema_is_one_line(
     run = Run(empty_database_url, capsys)
     assert run("queues", "pause", "emails") == 1
     assert "sa-jobqueue migrate" in one_line_error(run)
+
+
+# -- queues limit ----------------------------------------------------------------------------
+
+
+def limits(engine: sa.Engine) -> dict[str, QueueLimits]:
+    with engine.connect() as conn:
+        return queue_limits(conn)
+
+
+def use_up_the_window(engine: sa.Engine, queue: str, starts: int) -> None:
+    """Record ``starts`` claims in ``queue``'s current rate window, as limited claims would."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(queues_table)
+            .where(queues_table.c.queue == queue)
+            .values(rate_window=rate_window(), rate_count=starts)
+        )
+
+
+def test_limit_sets_and_clears_limits_and_says_what_they_were(run: Run, engine: sa.Engine) -> None:
+    assert run("queues", "limit", "emails", "--concurrency", "3", "--rate", "50/s") == 0, run.err
+    assert run.out == "queue emails: at most 3 running, 50/1s (was: no cap, no rate)\n"
+    assert limits(engine) == {"emails": QueueLimits(3, RateLimit(50, timedelta(seconds=1)))}
+
+    assert run("queues", "limit", "emails", "--no-rate") == 0, run.err
+    assert run.out == "queue emails: at most 3 running, no rate (was: at most 3 running, 50/1s)\n"
+    assert run("queues", "limit", "emails", "--rate", "1000/h", "--no-concurrency") == 0
+    assert run.out == "queue emails: no cap, 1000/1h (was: at most 3 running, no rate)\n"
+    assert limits(engine) == {"emails": QueueLimits(None, RateLimit(1000, timedelta(hours=1)))}
+
+    assert run("queues", "limit", "emails", "--concurrency", "1") == 0  # the rate is kept
+    assert limits(engine) == {"emails": QueueLimits(1, RateLimit(1000, timedelta(hours=1)))}
+    assert run("queues", "limit", "emails", "--clear") == 0, run.err
+    assert run.out == "queue emails: no cap, no rate (was: at most 1 running, 1000/1h)\n"
+    assert limits(engine) == {}
+    assert run("queues", "limit", "emails", "--clear") == 0  # again: nothing to clear, not an error
+    assert run.out == "queue emails: no cap, no rate (was: no cap, no rate)\n"
+
+
+def test_limit_behind_a_held_settings_row_gives_up_and_changes_nothing(
+    run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run("queues", "limit", "emails", "--concurrency", "2") == 0
+    monkeypatch.setitem(_jobs.OPERATOR_SETTINGS, "lock_timeout", "200ms")
+    with engine.connect() as holder:
+        # The queue's settings row, locked as a limited claim or another change holds it.
+        holder.execute(sa.select(queues_table).with_for_update())
+        assert run("queues", "limit", "emails", "--no-concurrency", "--rate", "5/s") == 1
+        holder.rollback()
+    assert "lock timeout" in one_line_error(run)
+    assert limits(engine) == {"emails": QueueLimits(2, None)}
+
+
+def test_queues_list_and_stats_show_limits_and_what_they_hold_back(
+    run: Run, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        add_job(conn, queue="emails", visible_in=-60)
+        add_job(conn, queue="emails", status="running", attempts=1, started_ago=1, visible_in=29)
+        add_job(conn, queue="reports", visible_in=-60)
+    assert run("queues", "limit", "emails", "--concurrency", "1", "--rate", "2/1000d") == 0
+    assert run("queues", "limit", "reports", "--rate", "5/1000d") == 0
+    assert run("queues", "limit", "webhooks", "--concurrency", "4") == 0  # no jobs yet
+    use_up_the_window(engine, "emails", 2)
+    use_up_the_window(engine, "reports", 3)
+
+    assert run("queues", "list") == 0, run.err
+    emails = cells(run.out, "emails")
+    assert emails[1:10] == ["at", "cap,", "rate", "limit", "1", "2/1000d", "(used", "2)", "1"]
+    assert cells(run.out, "reports")[1:5] == ["-", "-", "5/1000d", "(used"]
+    assert cells(run.out, "webhooks")[1:4] == ["-", "4", "-"]
+
+    found = {item["queue"]: item for item in run.json("queues", "list")}
+    assert list(found) == ["emails", "reports", "webhooks"]
+    assert found["emails"]["held_back_by"] == ["at cap", "rate limit"]
+    assert found["emails"]["limits"] == {
+        "concurrency": 1,
+        "rate": {"limit": 2, "period": 1000 * 86400},
+    }
+    assert found["emails"]["rate_used"] == 2
+    assert (found["reports"]["held_back_by"], found["reports"]["rate_used"]) == ([], 3)
+    assert found["webhooks"]["limits"] == {"concurrency": 4, "rate": None}
+
+    assert run("stats") == 0, run.err
+    assert cells(run.out, "emails")[-4:] == ["1", "2/1000d", "(used", "2)"]
+    assert cells(run.out, "webhooks")[-2:] == ["4", "-"]
+    stats = {q["queue"]: q for q in run.json("stats")["queues"]}
+    assert stats["emails"]["limits"]["concurrency"] == 1
+    assert stats["emails"]["rate_used"] == 2
+    assert stats["webhooks"]["counts"]["queued"] == 0  # listed for its limit alone
+
+
+def test_check_names_the_limits_of_a_late_limited_queue(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_worker(conn, "w-1")
+        add_job(conn, queue="emails", visible_in=-600)
+        add_job(conn, queue="emails", status="running", attempts=1, started_ago=1, visible_in=29)
+        add_job(conn, queue="reports", visible_in=-600)
+    assert run("queues", "limit", "emails", "--concurrency", "1", "--rate", "50/s") == 0
+
+    assert run("check", "--max-wait", "5m", "--json") == 1, run.out  # a warning, as before
+    backlog = {f["check"]: f for f in json.loads(run.out)["findings"]}["backlog"]
+    assert "emails (1 due, oldest 10m, cap 1, rate 50/1s)" in backlog["message"]
+    assert "reports (1 due, oldest 10m)" in backlog["message"]
+    assert "sa-jobqueue queues limit" in backlog["action"]
+
+    with engine.begin() as conn:  # the only worker went quiet: nobody will start the due jobs
+        conn.execute(update(workers_table).values(last_seen_at=ago(3600)))
+    assert run("check", "--max-wait", "1h", "--json") == 2
+    workers = {f["check"]: f for f in json.loads(run.out)["findings"]}["workers"]
+    assert workers["severity"] == "critical"  # a cap does not make a dead cluster healthy

@@ -23,7 +23,12 @@ from sa_jobqueue.observability.metrics import (
     MetricsServer,
     start_metrics_server,
 )
-from sa_jobqueue.ops import pause_queue
+from sa_jobqueue.ops import (
+    clear_queue_limits,
+    pause_queue,
+    set_queue_concurrency,
+    set_queue_rate,
+)
 from tests.apps.observed import queue
 from tests.helpers.databases import url_string
 from tests.helpers.poolers import free_port
@@ -187,6 +192,35 @@ def test_a_paused_queue_is_one_in_the_paused_gauge(engine: sa.Engine) -> None:
         samples = scrape(server.port)
         assert value(samples, "sa_jobqueue_queue_paused", queue="reports") == 1
         assert value(samples, "sa_jobqueue_queue_paused", queue="default") == 0
+    finally:
+        server.close()
+
+
+def test_limits_are_gauges_of_the_limited_queues_only(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        set_queue_concurrency(conn, "reports", 3)  # no jobs yet, and no worker serves it
+        set_queue_rate(conn, "reports", "50/m")
+        set_queue_rate(conn, "emails", "10/s")
+    server = start_metrics_server(
+        0, engine, addr="127.0.0.1", queues=["default"], stats_interval=timedelta(0)
+    )
+    try:
+        samples = scrape(server.port)
+        cap, rate = "sa_jobqueue_queue_concurrency_limit", "sa_jobqueue_queue_rate_limit"
+        assert value(samples, cap, queue="reports") == 3
+        assert value(samples, rate, queue="reports") == pytest.approx(50 / 60)  # per second
+        assert value(samples, rate, queue="emails") == 10
+        # No series for a limit a queue does not have: 0 would read as "none may run".
+        assert value(samples, cap, queue="emails") is None
+        assert value(samples, cap, queue="default") is None
+        assert value(samples, rate, queue="default") is None
+
+        with engine.begin() as conn:
+            clear_queue_limits(conn, "reports")
+        samples = scrape(server.port)
+        assert value(samples, cap, queue="reports") is None
+        assert value(samples, rate, queue="reports") is None
+        assert value(samples, rate, queue="emails") == 10
     finally:
         server.close()
 

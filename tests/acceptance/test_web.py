@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table, periodic_table, workers_table
-from sa_jobqueue.ops import paused_queues
+from sa_jobqueue.ops import paused_queues, set_queue_concurrency, set_queue_rate
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._tokens import CSRF_FIELD
 from tests.helpers.databases import admin_engine, unique_name, url_string
@@ -208,6 +208,28 @@ def test_pause_and_resume_a_queue_from_the_overview(
         assert list(paused_queues(conn)) == []
     bad = client.post(emails.action, data={**emails.fields, "queue": "no such/queue"}).text
     assert "nothing changed: invalid queue name" in bad
+
+
+def test_the_overview_shows_each_queues_limits(
+    engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    with engine.begin() as conn:
+        set_queue_concurrency(conn, "emails", 3)
+        set_queue_rate(conn, "emails", "50/s")
+        set_queue_rate(conn, "webhooks", "10/5m")  # limited, with no job yet
+    cells = {
+        queue: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).strip()
+        for queue, html in re.findall(
+            r'<a href="/jobs\?queue=(\w+)">.*?<td class="queue-limits">(.*?)</td>',
+            read_only_client.get("/").text,
+            flags=re.S,
+        )
+    }
+    assert cells == {
+        "emails": "at most 3 running, 50/1s (used 0)",
+        "reports": "none",
+        "webhooks": "10/5m (used 0)",
+    }
 
 
 def test_without_actions_no_button_and_every_action_refused(

@@ -16,7 +16,9 @@ import sqlalchemy as sa
 from sa_jobqueue import JobQueue, Worker, cli
 from sa_jobqueue import worker as worker_module
 from sa_jobqueue.cli._arguments import build_parser as _parser
+from sa_jobqueue.cli._arguments import parse_args as _parse
 from sa_jobqueue.database import create_engine
+from sa_jobqueue.ops import RateLimit
 from tests.helpers.jobs import handler
 from tests.helpers.processes import run_cli
 
@@ -68,6 +70,7 @@ REQUIRED = {
     ("jobs", "purge"): ["--status", "dead", "--older-than", "1d"],
     ("queues", "pause"): ["emails"],
     ("queues", "resume"): ["emails"],
+    ("queues", "limit"): ["emails", "--clear"],
 }
 
 
@@ -272,3 +275,43 @@ def test_worker_warns_about_a_queue_no_task_declares(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "emials" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ([], "say what to change: --concurrency N, --rate N/PERIOD"),
+        (["--clear", "--rate", "5/s"], "--clear removes both limits: give it alone"),
+        (["--clear", "--no-concurrency"], "--clear removes both limits: give it alone"),
+        (["--concurrency", "0"], "argument --concurrency: a cap must be from 1 to 2147483647"),
+        (["--concurrency", "-3"], "argument --concurrency: a cap must be from 1"),
+        (["--concurrency", "2147483648"], "argument --concurrency: a cap must be from 1"),
+        (["--concurrency", "three"], "argument --concurrency: not a whole number: 'three'"),
+        (["--rate", "50"], "argument --rate: not a rate: '50' (N/PERIOD, e.g. 50/s"),
+        (["--rate", "0/s"], "argument --rate: a rate's count must be from 1"),
+        (["--rate", "5/0s"], "argument --rate: a rate's period must be 1 ms or longer"),
+        (["--rate", "5/fortnight"], "argument --rate: not a rate: '5/fortnight'"),
+        (["--rate", "5/s", "--no-rate"], "argument --no-rate: not allowed with argument --rate"),
+        (["--concurrency", "2", "--no-concurrency"], "not allowed with argument --concurrency"),
+    ],
+)
+def test_queues_limit_usage_errors_exit_2_before_connecting(
+    capsys: pytest.CaptureFixture[str], options: list[str], says: str
+) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["queues", "limit", "emails", *options, "--database-url", NOWHERE])
+    assert exited.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sa-jobqueue queues limit"), err
+    assert err.strip().splitlines()[-1].startswith("sa-jobqueue queues limit: error: ")
+    assert says in err
+    assert "Traceback" not in err
+
+
+def test_queues_limit_options_parse_as_the_ops_api_reads_them() -> None:
+    args = _parse(["queues", "limit", "emails", "--concurrency", "3", "--rate", "10/5m"])
+    assert (args.name, args.concurrency, args.rate) == ("emails", 3, RateLimit.parse("10/5m"))
+    assert (args.no_concurrency, args.no_rate, args.clear) == (False, False, False)
+    args = _parse(["queues", "limit", "emails", "--no-rate"])
+    assert (args.concurrency, args.rate, args.no_rate) == (None, None, True)
