@@ -85,17 +85,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "queues" and args.action == "limit":
-        changes = (args.concurrency, args.rate)
-        removals = (args.no_concurrency, args.no_rate)
+        changes = (args.concurrency, args.rate, args.per_key)
+        removals = (args.no_concurrency, args.no_rate, args.no_per_key)
+        limit_parser = _subparser(parser, "queues", "limit")
         if args.clear and (any(c is not None for c in changes) or any(removals)):
-            _subparser(parser, "queues", "limit").error(
-                "--clear removes both limits: give it alone"
-            )
+            limit_parser.error("--clear removes every limit: give it alone")
         if not args.clear and all(c is None for c in changes) and not any(removals):
-            _subparser(parser, "queues", "limit").error(
-                "say what to change: --concurrency N, --rate N/PERIOD, --no-concurrency,"
-                " --no-rate, or --clear"
+            limit_parser.error(
+                "say what to change: --concurrency N, --rate N/PERIOD, --per-key N --key FIELD,"
+                " --no-concurrency, --no-rate, --no-per-key, or --clear"
             )
+        if (args.per_key is None) != (args.key is None):
+            limit_parser.error("--per-key N and --key FIELD go together")
     return args
 
 
@@ -336,7 +337,21 @@ def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser
         " the epoch",
     )
     rate.add_argument("--no-rate", action="store_true", help="remove the rate limit")
-    limit.add_argument("--clear", action="store_true", help="remove both limits (alone)")
+    per_key = limit.add_mutually_exclusive_group()
+    per_key.add_argument(
+        "--per-key",
+        type=_values.cap,
+        metavar="N",
+        help="at most N jobs of one task with the same --key running at once",
+    )
+    per_key.add_argument("--no-per-key", action="store_true", help="remove the cap per key")
+    limit.add_argument(
+        "--key",
+        type=_values.key_field,
+        metavar="FIELD",
+        help="with --per-key: the payload's top-level field whose value is the key",
+    )
+    limit.add_argument("--clear", action="store_true", help="remove every limit (alone)")
 
 
 def _check_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -35,6 +35,7 @@ from ..ops.queues import (
     queue_limits,
     resume_queue,
     set_queue_concurrency,
+    set_queue_key_concurrency,
     set_queue_rate,
 )
 from ..ops.reports import (
@@ -302,6 +303,10 @@ def _queues_limit(engine: Engine, args: argparse.Namespace) -> int:
                 changes.append(set_queue_concurrency(conn, args.name, args.concurrency))
             if args.rate is not None or args.no_rate:
                 changes.append(set_queue_rate(conn, args.name, args.rate))
+            if args.per_key is not None or args.no_per_key:
+                changes.append(
+                    set_queue_key_concurrency(conn, args.name, args.per_key, key=args.key)
+                )
             before = changes[0]  # the first change saw the limits as they were
         after = queue_limits(conn).get(args.name, QueueLimits())
     print(f"queue {args.name}: {limits_text(after)} (was: {limits_text(before)})")

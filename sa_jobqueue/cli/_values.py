@@ -158,3 +158,10 @@ def port(value: str) -> int:
     if not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError("must be from 0 to 65535")
     return number
+
+
+def key_field(value: str) -> str:
+    """The payload field a cap per key reads (``queues limit --key``): 1 to 200 characters."""
+    if not 1 <= len(value) <= 200:
+        raise argparse.ArgumentTypeError("must be 1 to 200 characters")
+    return value

@@ -241,7 +241,7 @@ class QueueCollector:
             for queue in sorted(seen | set(self.queues) | paused_now):
                 paused.add_metric([queue], 1 if queue in paused_now else 0)
             # No series for a queue without the limit: 0 would read as "none may run".
-            for queue, concurrency, count, period, _ in limits:
+            for queue, concurrency, count, period, *_ in limits:
                 if concurrency is not None:
                     cap.add_metric([queue], concurrency)
                 if count is not None:

@@ -160,7 +160,7 @@ def _check_backlog(conn: Connection, t: Thresholds) -> Finding:
     # A limited queue's due jobs may wait by design, but a backlog older than max_wait is
     # still one: its limits are named, so that raising them is seen as a remedy.
     limits = {
-        name: (cap, count, period) for name, cap, count, period, _ in conn.execute(all_limits())
+        name: (cap, count, period) for name, cap, count, period, *_ in conn.execute(all_limits())
     }
 
     def limited(q: str) -> str:

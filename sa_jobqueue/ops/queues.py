@@ -253,7 +253,7 @@ def set_queue_key_concurrency(
     by key. The value is compared as text (``payload ->> key``): ``42`` and ``"42"`` match.
     """
     name = check_queue_name(queue)
-    cap = _check_cap(per_key)
+    cap = check_cap(per_key)
     if cap is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
         raise InvalidLimitError(f"a cap per key needs the payload field of the key, not {key!r}")
     before = _limits_of(session, name)
@@ -279,17 +279,22 @@ def clear_queue_limits(session: SessionLike, queue: str) -> QueueLimits:
 
 def queue_limits(session: SessionLike) -> dict[str, QueueLimits]:
     """The queues with a limit, each with its limits."""
-    rows = connection_of(session).execute(queues_sql.all_limits())
-    return {
-        name: QueueLimits._of(cap, count, period, key_cap, key_field)
-        for name, cap, count, period, _, key_cap, key_field in rows
-    }
+    return {name: found for name, (found, _) in limits_in_use(session).items()}
 
 
 def paused_queues(session: SessionLike) -> dict[str, datetime]:
     """The paused queues, each with when it was paused (database clock)."""
     rows = connection_of(session).execute(queues_sql.paused_queues())
     return {name: at for name, at in rows}
+
+
+def limits_in_use(session: SessionLike) -> dict[str, tuple[QueueLimits, int]]:
+    """Every queue with a limit: its limits, and the starts its current rate window used."""
+    rows = connection_of(session).execute(queues_sql.all_limits())
+    return {
+        name: (QueueLimits._of(cap, count, period, key_cap, key_field), used)
+        for name, cap, count, period, used, key_cap, key_field in rows
+    }
 
 
 def list_queues(session: SessionLike) -> list[QueueInfo]:
@@ -300,12 +305,7 @@ def list_queues(session: SessionLike) -> list[QueueInfo]:
     conn = connection_of(session)
     live = {row[0]: row[1:] for row in conn.execute(live_per_queue())}
     paused = paused_queues(conn)
-    limited = {
-        name: (QueueLimits._of(cap, count, period, key_cap, key_field), used)
-        for name, cap, count, period, used, key_cap, key_field in conn.execute(
-            queues_sql.all_limits()
-        )
-    }
+    limited = limits_in_use(conn)
     return [
         QueueInfo(
             name,

@@ -148,9 +148,17 @@ def job_detail(job: JobInfo, now: datetime) -> str:
 
 
 def limits_text(limits: QueueLimits) -> str:
-    """A queue's limits in words: ``at most 3 running, 50/1s``, ``no cap, no rate``."""
+    """A queue's limits in words: ``at most 3 running, 50/1s``, ``no cap, no rate``, with
+    ``, at most 1 per customer_id`` when it has a cap per key."""
     cap = "no cap" if limits.concurrency is None else f"at most {limits.concurrency} running"
-    return f"{cap}, {'no rate' if limits.rate is None else limits.rate}"
+    text = f"{cap}, {'no rate' if limits.rate is None else limits.rate}"
+    return text + _per_key(limits, ", at most {} per {}")
+
+
+def _per_key(limits: QueueLimits, form: str) -> str:
+    if limits.key_concurrency is None:
+        return ""
+    return form.format(limits.key_concurrency, limits.key_field)
 
 
 def _rate_cell(limits: QueueLimits, used: int) -> str:
@@ -172,7 +180,8 @@ def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:
         (
             q.queue,
             held(q),
-            "-" if q.limits.concurrency is None else q.limits.concurrency,
+            ("-" if q.limits.concurrency is None else str(q.limits.concurrency))
+            + _per_key(q.limits, " ({} per {})"),
             _rate_cell(q.limits, q.rate_used),
             q.queued,
             q.due,

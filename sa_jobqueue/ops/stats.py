@@ -14,11 +14,11 @@ from sqlalchemy import Connection
 
 from .._sql.admin import counts
 from .._sql.clock import database_now
-from .._sql.queues import all_limits, paused_queues
+from .._sql.queues import paused_queues
 from .._sql.stats import due_per_queue, finished_per_queue, live_workers, run_times
 from ..models import FINISHED_STATUSES, STATUSES
 from .filters import check_age
-from .queues import QueueLimits, RateLimit
+from .queues import QueueLimits, limits_in_use
 
 
 @dataclass(frozen=True)
@@ -110,10 +110,7 @@ def stats(
     for queue, status, n in conn.execute(finished_per_queue(), params):
         finished.setdefault(queue, {})[status] = n
     paused = {name: at for name, at in conn.execute(paused_queues())}
-    limited = {
-        name: (QueueLimits(cap, None if count is None else RateLimit(count, period)), used)
-        for name, cap, count, period, used in conn.execute(all_limits())
-    }
+    limited = limits_in_use(conn)
     queues = [
         QueueStats(
             queue=queue,

@@ -105,7 +105,7 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
         rows.setdefault(name, {})
     for name, paused_at in conn.execute(paused_queues()):
         rows.setdefault(name, {})["paused_at"] = paused_at
-    for name, cap, count, period, used in conn.execute(all_limits()):
+    for name, cap, count, period, used, *_ in conn.execute(all_limits()):
         rate = None if count is None else str(RateLimit(count, period))
         rows.setdefault(name, {}).update(concurrency=cap, rate=rate, rate_used=used)
     queues = [

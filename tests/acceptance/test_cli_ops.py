@@ -488,6 +488,22 @@ def test_limit_sets_and_clears_limits_and_says_what_they_were(run: Run, engine: 
     assert run.out == "queue emails: no cap, no rate (was: no cap, no rate)\n"
 
 
+def test_limit_sets_and_removes_a_cap_per_key(run: Run, engine: sa.Engine) -> None:
+    assert run("queues", "limit", "emails", "--per-key", "1", "--key", "customer_id") == 0
+    assert run.out == (
+        "queue emails: no cap, no rate, at most 1 per customer_id (was: no cap, no rate)\n"
+    )
+    assert limits(engine) == {"emails": QueueLimits(None, None, 1, "customer_id")}
+    assert run("queues", "list") == 0, run.err
+    assert cells(run.out, "emails")[1:5] == ["-", "-", "(1", "per"]
+    assert run("queues", "limit", "emails", "--concurrency", "5", "--no-per-key") == 0
+    assert limits(engine) == {"emails": QueueLimits(5, None)}
+    with pytest.raises(SystemExit) as exited:
+        run("queues", "limit", "emails", "--per-key", "2")  # needs --key
+    assert exited.value.code == 2
+    assert limits(engine) == {"emails": QueueLimits(5, None)}
+
+
 def test_limit_behind_a_held_settings_row_gives_up_and_changes_nothing(
     run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -527,10 +543,17 @@ def test_queues_list_and_stats_show_limits_and_what_they_hold_back(
     assert found["emails"]["limits"] == {
         "concurrency": 1,
         "rate": {"limit": 2, "period": 1000 * 86400},
+        "key_concurrency": None,
+        "key_field": None,
     }
     assert found["emails"]["rate_used"] == 2
     assert (found["reports"]["held_back_by"], found["reports"]["rate_used"]) == ([], 3)
-    assert found["webhooks"]["limits"] == {"concurrency": 4, "rate": None}
+    assert found["webhooks"]["limits"] == {
+        "concurrency": 4,
+        "rate": None,
+        "key_concurrency": None,
+        "key_field": None,
+    }
 
     assert run("stats") == 0, run.err
     assert cells(run.out, "emails")[-4:] == ["1", "2/1000d", "(used", "2)"]

@@ -281,8 +281,10 @@ def test_worker_warns_about_a_queue_no_task_declares(
     ("options", "says"),
     [
         ([], "say what to change: --concurrency N, --rate N/PERIOD"),
-        (["--clear", "--rate", "5/s"], "--clear removes both limits: give it alone"),
-        (["--clear", "--no-concurrency"], "--clear removes both limits: give it alone"),
+        (["--clear", "--rate", "5/s"], "--clear removes every limit: give it alone"),
+        (["--clear", "--no-concurrency"], "--clear removes every limit: give it alone"),
+        (["--per-key", "1"], "--per-key N and --key FIELD go together"),
+        (["--key", "customer_id", "--rate", "5/s"], "--per-key N and --key FIELD go together"),
         (["--concurrency", "0"], "argument --concurrency: a cap must be from 1 to 2147483647"),
         (["--concurrency", "-3"], "argument --concurrency: a cap must be from 1"),
         (["--concurrency", "2147483648"], "argument --concurrency: a cap must be from 1"),
