@@ -24,11 +24,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
-from ..models import queues_table
+from ..models import RUNNING, claimable, jobs_table, queues_table
 from .claiming import rate_window
 from .stats import elapsed
 
 q = queues_table.c
+j = jobs_table.c
 
 
 @cache
@@ -168,4 +169,14 @@ def all_limits() -> Select[Any]:
         )
         .where(_limited())
         .order_by(q.queue)
+    )
+
+
+@cache
+def live_leases() -> Select[Any]:
+    """Per queue: running jobs with a live lease (those holding slots), from the claim index."""
+    return (
+        select(j.queue, func.count())
+        .where(claimable(), j.status == RUNNING, j.visible_at > func.now())
+        .group_by(j.queue)
     )

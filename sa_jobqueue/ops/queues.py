@@ -135,6 +135,9 @@ class QueueInfo:
     limits: QueueLimits = QueueLimits()
     #: Jobs started in the current rate window (0 without a rate limit).
     rate_used: int = 0
+    #: Running jobs whose lease has not expired: those that hold slots of a cap (a job whose
+    #: worker died holds none once its lease is over).
+    holding: int = 0
 
     @property
     def held_back_by(self) -> list[str]:
@@ -143,7 +146,7 @@ class QueueInfo:
         are used up; empty if nothing does but the workers' free slots."""
         held = ["paused"] if self.paused_at is not None else []
         cap, rate = self.limits.concurrency, self.limits.rate
-        if cap is not None and self.running >= cap:
+        if cap is not None and self.holding >= cap:
             held.append("at cap")
         if rate is not None and self.rate_used >= rate.limit:
             held.append("rate limit")
@@ -306,6 +309,7 @@ def list_queues(session: SessionLike) -> list[QueueInfo]:
     live = {row[0]: row[1:] for row in conn.execute(live_per_queue())}
     paused = paused_queues(conn)
     limited = limits_in_use(conn)
+    holding = {name: n for name, n in conn.execute(queues_sql.live_leases())}
     return [
         QueueInfo(
             name,
@@ -313,6 +317,7 @@ def list_queues(session: SessionLike) -> list[QueueInfo]:
             paused_at=paused.get(name),
             limits=limited.get(name, (QueueLimits(), 0))[0],
             rate_used=limited.get(name, (QueueLimits(), 0))[1],
+            holding=holding.get(name, 0),
         )
         for name in sorted(live.keys() | paused.keys() | limited.keys())
     ]

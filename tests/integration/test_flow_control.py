@@ -21,6 +21,7 @@ from sa_jobqueue.ops import (
     pause_queue,
     paused_queues,
     resume_queue,
+    set_queue_concurrency,
     stats,
 )
 from tests.helpers.job_states import add_job
@@ -169,3 +170,15 @@ def test_check_accepts_a_short_pause_or_one_with_nothing_due(
     add_job(conn, queue="emails", visible_in=0 if due else 3600)
     _paused_ago(conn, "emails", paused_for)
     assert findings(conn, max_paused=timedelta(hours=1))["paused"].severity == "ok"
+
+
+def test_a_queue_whose_running_job_lost_its_lease_is_not_at_its_cap(conn: sa.Connection) -> None:
+    add_job(conn, queue="emails")
+    add_job(conn, queue="emails", status="running", attempts=1, started_ago=60, visible_in=-5)
+    set_queue_concurrency(conn, "emails", 1)
+    (emails,) = list_queues(conn)
+    # Its worker is gone: the job is running, but its slot is free for the next claim.
+    assert (emails.running, emails.holding, emails.held_back_by) == (1, 0, [])
+    add_job(conn, queue="emails", status="running", attempts=1, started_ago=1, visible_in=30)
+    (emails,) = list_queues(conn)
+    assert (emails.running, emails.holding, emails.held_back_by) == (2, 1, ["at cap"])
