@@ -1,0 +1,71 @@
+"""Tasks for the cluster-wide limits, run by real worker subprocesses (queue ``limited``).
+
+Each handler records its run in ``limited_runs`` through an autocommit connection of its own:
+when it started and when it was about to return, by the database's ``clock_timestamp()``, and
+the key it ran under. The exactly-once effect goes to ``limited_effects`` through
+``ctx.session`` and commits with the job's completion.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from sa_jobqueue import JobContext, JobQueue
+from tests.apps import common
+
+metadata = sa.MetaData()
+effects = common.effects_table("limited_effects", metadata, one_per_job=True)
+runs = common.runs_table(
+    "limited_runs",
+    metadata,
+    sa.Column("key", sa.Text),
+    sa.Column("started", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("ended", sa.DateTime(timezone=True)),
+)
+
+queue = JobQueue(default_queue="limited")
+recorder = common.Recorder(runs, effects, pool_size=10, max_overflow=10, pool_pre_ping=False)
+
+
+def _run(ctx: JobContext, payload: Any) -> None:
+    r = runs.c
+    engine = recorder.engine(ctx)
+    with engine.connect() as conn:
+        run_id = conn.execute(
+            runs.insert()
+            .values(
+                job_id=ctx.job_id,
+                attempt=ctx.attempt,
+                pid=os.getpid(),
+                key=None if payload.get("customer") is None else str(payload["customer"]),
+                started=sa.func.clock_timestamp(),
+            )
+            .returning(r.id)
+        ).scalar_one()
+    time.sleep(payload.get("ms", 0) / 1000)
+    recorder.write_effect(ctx)
+    with engine.connect() as conn:
+        conn.execute(runs.update().where(r.id == run_id).values(ended=sa.func.clock_timestamp()))
+
+
+@queue.task
+def work(ctx: JobContext, payload: Any) -> None:
+    """Waits ``payload["ms"]`` milliseconds between its start and end records."""
+    _run(ctx, payload)
+
+
+@queue.task(lease=timedelta(seconds=2))
+def short_lease(ctx: JobContext, payload: Any) -> None:
+    """:func:`work` with a 2 s lease: a killed worker's jobs come back quickly."""
+    _run(ctx, payload)
+
+
+@queue.task(queue="other")
+def other(ctx: JobContext, payload: Any) -> None:
+    """:func:`work`, in the queue ``other``."""
+    _run(ctx, payload)
