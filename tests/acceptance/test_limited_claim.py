@@ -1,0 +1,315 @@
+"""The limited claim across committed transactions and concurrent sessions, in this process.
+
+The claims are the worker's own (``LaneClaimer._claim_limited``: ``claiming.claim_limited``,
+one statement), each claimer on a connection of its own; jobs finish through the worker's
+completion statement. No worker runs: the tests decide when jobs end. Real workers with
+limits are in tests/acceptance/test_queue_limits_workers.py.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from sa_jobqueue.database import HeldConnection
+from sa_jobqueue.models import RUNNING, jobs_table, queues_table
+from sa_jobqueue.ops import set_queue_concurrency, set_queue_rate
+from sa_jobqueue.worker._claimer import LaneClaimer
+from tests.helpers.jobs import statuses
+from tests.helpers.limited_claims import (
+    Checked,
+    add_due,
+    claim_limited,
+    finish,
+    limited_claimer,
+    live,
+)
+from tests.helpers.waiting import wait_for
+
+j = jobs_table.c
+q = queues_table.c
+QUEUE = "capped"
+
+
+@pytest.fixture
+def held(engine: sa.Engine) -> Iterator[Callable[[], HeldConnection]]:
+    """Makes the worker's autocommit claiming connections; closes them after."""
+    made: list[HeldConnection] = []
+
+    def make() -> HeldConnection:
+        made.append(HeldConnection(engine.execution_options(isolation_level="AUTOCOMMIT")))
+        return made[-1]
+
+    yield make
+    for conn in made:
+        conn.close()
+
+
+def ids(jobs: list[Any]) -> list[int]:
+    return [job.id for job in jobs]
+
+
+def running_ids(engine: sa.Engine, queue: str = QUEUE) -> list[Any]:
+    with engine.connect() as conn:
+        query = sa.select(j.id, j.attempts).where(j.queue == queue, j.status == RUNNING)
+        return list(conn.execute(query.order_by(j.id)).all())
+
+
+def test_a_cap_holds_across_claimers_and_commits(
+    engine: sa.Engine, held: Callable[[], HeldConnection]
+) -> None:
+    with engine.begin() as conn:
+        add_due(conn, QUEUE, 10)
+        set_queue_concurrency(conn, QUEUE, 3)
+    one, two = limited_claimer(held(), "one"), limited_claimer(held(), "two")
+    first = claim_limited(one, QUEUE, 2)
+    assert len(first) == 2
+    assert len(claim_limited(two, QUEUE, 10)) == 1
+    assert one._claim_limited(QUEUE, 10) == ([], True)
+    assert claim_limited(two, QUEUE, 10) == []
+    with engine.begin() as conn:
+        assert finish(conn, first[:1]) == 1
+    assert len(claim_limited(two, QUEUE, 10)) == 1
+    assert claim_limited(one, QUEUE, 10) == []
+    with engine.connect() as conn:
+        assert live(conn, QUEUE) == 3
+        assert statuses(conn, queue=QUEUE) == Counter(running=3, succeeded=1, queued=6)
+
+
+# -- 4. exactness under concurrency --------------------------------------------------------------
+
+CAP = 3
+JOBS = 150
+CLAIMERS = 8
+FINISHERS = 2
+
+
+class Hammer:
+    """Claimers, finishers and a sampler on one capped queue, each thread on its connection."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.claimed: list[int] = []
+        self.claims = 0
+        self.at_cap = 0
+        self.samples: list[int] = []
+        self.violations: list[str] = []
+        self.threads: list[threading.Thread] = []
+
+    def check(self, conn: sa.Connection, rows: list[Any]) -> None:
+        """In the claim's transaction, after its statement, with the queue's row locked: the
+        jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
+        jobs = [row[4:] for row in rows if row[4] is not None]  # after room, wait, limited, keyed
+        running = set(
+            conn.execute(
+                sa.select(j.id).where(
+                    j.queue == QUEUE, j.status == RUNNING, j.visible_at > sa.func.now()
+                )
+            ).scalars()
+        )
+        holders = set(conn.execute(sa.select(q.holders).where(q.queue == QUEUE)).scalar_one())
+        claimed = {job[0] for job in jobs}
+        if len(running) > CAP:
+            self.violations.append(f"{len(running)} run after a claim: {sorted(running)}")
+        if not running <= holders or not claimed <= running:
+            self.violations.append(f"running {running}, holders {holders}, claimed {claimed}")
+
+    def guarded(self, loop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not self.stop.is_set():
+                    loop()
+            except BaseException as exc:
+                self.errors.append(exc)
+                self.stop.set()
+
+        return run
+
+    def claimer(self, n: int) -> Callable[[], None]:
+        on = Checked(self.engine, self.check)
+        claimer = limited_claimer(on, f"claimer-{n}")
+
+        def once() -> None:
+            jobs, at_cap = claimer._claim_limited(QUEUE, random.randint(1, 4))
+            with self.lock:
+                self.claimed.extend(ids(jobs))
+                self.claims += 1
+                self.at_cap += at_cap
+
+        def run() -> None:
+            try:
+                self.guarded(once)()
+            finally:
+                on.close()
+
+        return run
+
+    def finisher(self) -> Callable[[], None]:
+        def once() -> None:
+            with self.engine.begin() as conn:
+                query = sa.select(j.id, j.attempts).where(j.queue == QUEUE, j.status == RUNNING)
+                rows = conn.execute(query.order_by(sa.func.random()).limit(1)).all()
+                if rows and random.random() < 0.5:
+                    finish(conn, list(rows))
+
+        return self.guarded(once)
+
+    def sampler(self) -> Callable[[], None]:
+        def once() -> None:
+            with self.engine.connect() as conn:
+                n = live(conn, QUEUE)
+            with self.lock:
+                self.samples.append(n)
+
+        return self.guarded(once)
+
+    def run(self) -> None:
+        """Run all threads until every job has succeeded (or a thread failed)."""
+        targets = [self.claimer(n) for n in range(CLAIMERS)]
+        targets += [self.finisher() for _ in range(FINISHERS)] + [self.sampler()]
+        self.threads = [threading.Thread(target=t) for t in targets]
+        for thread in self.threads:
+            thread.start()
+        try:
+            wait_for(
+                lambda: (
+                    self.stop.is_set()
+                    or statuses(self.engine, queue=QUEUE) == Counter(succeeded=JOBS)
+                ),
+                timeout=90,
+                interval=0.1,
+            )
+        finally:
+            self.stop.set()
+            for thread in self.threads:
+                thread.join(30)
+        assert not any(thread.is_alive() for thread in self.threads)
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["recounting", "recorded-holders"])
+def test_eight_claimers_never_run_more_than_the_cap(engine: sa.Engine, recorded: bool) -> None:
+    """Eight claimers on a cap of 3, jobs finishing at random meanwhile: no claim ever leaves
+    more than 3 running (checked inside each claim, before it commits, and by sampling from
+    another session), and every job runs exactly once. ``recorded``: the cap's recount
+    period is over from the start, so every claim counts the recorded holders."""
+    with engine.begin() as conn:
+        add_due(conn, QUEUE, JOBS)
+        set_queue_concurrency(conn, QUEUE, CAP)
+        if recorded:
+            conn.execute(
+                sa.update(queues_table).values(
+                    holders=[], recount_until=sa.func.now() - sa.text("interval '1 minute'")
+                )
+            )
+    hammer = Hammer(engine)
+    hammer.run()
+    assert hammer.errors == []
+    assert hammer.violations == []
+    assert max(hammer.samples) <= CAP
+    # It can fail: the cap was reached, claims were cut short by it, claimers raced.
+    assert max(hammer.samples) == CAP
+    assert hammer.at_cap > 0
+    assert hammer.claims > JOBS / 4
+    with engine.connect() as conn:
+        all_ids = set(conn.execute(sa.select(j.id).where(j.queue == QUEUE)).scalars())
+        attempts = Counter(conn.execute(sa.select(j.attempts).where(j.queue == QUEUE)).scalars())
+    counted = Counter(hammer.claimed)
+    assert set(counted) == all_ids
+    assert set(counted.values()) == {1}
+    assert attempts == Counter({1: JOBS})
+
+
+# -- 5. rate -------------------------------------------------------------------------------------
+
+
+def db_second(engine: sa.Engine) -> int:
+    """The database clock's current whole second (a new transaction's ``now()``)."""
+    with engine.connect() as conn:
+        query = sa.select(sa.func.floor(sa.func.extract("epoch", sa.func.now())))
+        return int(conn.execute(query).scalar_one())
+
+
+def next_second(engine: sa.Engine, after: int) -> int:
+    """Poll the database clock until it is past the second ``after``; the second it is in."""
+    return wait_for(lambda: (s := db_second(engine)) > after and s, timeout=5, interval=0.01)
+
+
+def starts_per_second(engine: sa.Engine, job_ids: list[int]) -> Counter[int]:
+    with engine.connect() as conn:
+        second = sa.func.floor(sa.func.extract("epoch", j.started_at))
+        rows = conn.execute(sa.select(second).where(j.id.in_(job_ids))).scalars()
+        return Counter(int(s) for s in rows)
+
+
+def until_used_up(claimer: LaneClaimer, queue: str) -> list[int]:
+    """Limited claims asking for varied counts, until one is refused by the rate."""
+    taken: list[int] = []
+    claimer.not_before.clear()
+    for ask in (3, 1, 4, 10, 2, 10, 1, 7, 10, 10):
+        jobs = ids(claim_limited(claimer, queue, ask))
+        taken += jobs
+        if not jobs:
+            assert queue in claimer.not_before  # refused by the rate, not for want of jobs
+            return taken
+    raise AssertionError(f"the rate never stopped the claims: {taken}")
+
+
+def test_a_rate_of_5_per_second_starts_5_per_window(
+    engine: sa.Engine, held: Callable[[], HeldConnection]
+) -> None:
+    with engine.begin() as conn:
+        add_due(conn, "rated", 40)
+        set_queue_rate(conn, "rated", "5/s")
+    claimer = limited_claimer(held(), "rated-claimer")
+    next_second(engine, db_second(engine))  # start near the beginning of a window
+    taken = until_used_up(claimer, "rated")
+    waits = claimer.not_before["rated"] - time.monotonic()
+    assert 0 < waits <= 1.0
+    per_window = starts_per_second(engine, taken)
+    # The window the refused claim ran in had exactly 5 starts, whatever each claim asked;
+    # no window had more (a stall could spread the claims over two).
+    assert max(per_window.values()) == 5, per_window
+    assert len(taken) in (5, 10), per_window
+
+    # The lock function alone, while the window is used up: no starts left, and the wait
+    # until the next window is within one period.
+    state = wait_for(lambda: _used_up_state(engine, claimer, "rated"), timeout=5)
+    assert state is not None
+    left, wait = state
+    assert left <= 0, state
+    assert 0 <= wait <= 1, state
+
+    # The next window (by the database clock) lets 5 more start, in one claim asking for 10.
+    last = max(starts_per_second(engine, taken))
+    next_second(engine, last)
+    more = ids(claim_limited(claimer, "rated", 10))
+    assert len(more) == 5
+    assert list(starts_per_second(engine, more).values()) == [5]
+
+
+def _used_up_state(engine: sa.Engine, claimer: LaneClaimer, queue: str) -> tuple[int, float] | None:
+    """Use up the current window, then read ``sa_jobqueue_lock_queue``'s starts left and wait;
+    None if the window moved on in between (read again)."""
+    until_used_up(claimer, queue)
+    with engine.connect() as conn, conn.begin():
+        row = conn.execute(
+            sa.text(
+                "SELECT rate_left, window_start, rate_wait FROM sa_jobqueue_lock_queue(:queue)"
+            ),
+            {"queue": queue},
+        ).one()
+        left, window, wait = row
+        now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    if now.replace(microsecond=0) != window:  # the window moved on in between: read again
+        return None
+    return int(left), float(wait)
