@@ -7,6 +7,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    BindParameter,
     ColumnElement,
     Insert,
     Integer,
@@ -93,47 +94,38 @@ def settings() -> Select[Any]:
     )
 
 
-@cache
-def set_concurrency() -> Insert:
-    """Set ``:b_queue``'s cap to ``:b_concurrency`` (NULL: no cap), making its row if need be.
+def _set_caps(**caps: BindParameter[Any]) -> Insert:
+    """Upsert ``:b_queue``'s row with ``caps`` (column: bound value), making it if need be.
 
-    A queue that had no cap has no record of which jobs hold its slots: the record is
-    cleared, and the queue's limited claims count its running jobs afresh (``claiming``).
+    A queue that had no cap of either kind has no record of which jobs hold its slots: the
+    record is cleared, and the queue's limited claims count its running jobs afresh
+    (``claiming``). A queue that had one keeps it: its claims kept it up to date.
     """
-    stmt = insert(queues_table).values(
-        queue=bindparam("b_queue", type_=Text),
-        concurrency=bindparam("b_concurrency", type_=Integer),
-    )
+    stmt = insert(queues_table).values(queue=bindparam("b_queue", type_=Text), **caps)
     had_cap = or_(q.concurrency.is_not(None), q.key_concurrency.is_not(None))
     return stmt.on_conflict_do_update(
         index_elements=[q.queue],
         set_={
-            "concurrency": stmt.excluded.concurrency,
+            **{name: stmt.excluded[name] for name in caps},
             "holders": case((had_cap, q.holders), else_=null()),
             "recount_until": case((had_cap, q.recount_until), else_=null()),
         },
     )
+
+
+@cache
+def set_concurrency() -> Insert:
+    """Set ``:b_queue``'s cap to ``:b_concurrency`` (NULL: no cap); see :func:`_set_caps`."""
+    return _set_caps(concurrency=bindparam("b_concurrency", type_=Integer))
 
 
 @cache
 def set_key_concurrency() -> Insert:
     """Set ``:b_queue``'s cap per key to ``:b_key_concurrency`` jobs with the same value of the
-    payload's ``:b_key_field`` (both NULL: none), making its row if need be; holders are
-    recounted as for :func:`set_concurrency`."""
-    stmt = insert(queues_table).values(
-        queue=bindparam("b_queue", type_=Text),
+    payload's ``:b_key_field`` (both NULL: none); see :func:`_set_caps`."""
+    return _set_caps(
         key_concurrency=bindparam("b_key_concurrency", type_=Integer),
         key_field=bindparam("b_key_field", type_=Text),
-    )
-    had_cap = or_(q.concurrency.is_not(None), q.key_concurrency.is_not(None))
-    return stmt.on_conflict_do_update(
-        index_elements=[q.queue],
-        set_={
-            "key_concurrency": stmt.excluded.key_concurrency,
-            "key_field": stmt.excluded.key_field,
-            "holders": case((had_cap, q.holders), else_=null()),
-            "recount_until": case((had_cap, q.recount_until), else_=null()),
-        },
     )
 
 
