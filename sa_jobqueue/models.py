@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0009"
+SCHEMA_REVISION: Final = "sajq_0010"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -231,7 +231,13 @@ class QueueSettings(Base):
     #: At most this many jobs of one task with the same key run at once, the key being the
     #: payload's top-level ``key_field`` (as text); jobs without it are not limited by key.
     key_concurrency: Mapped[int | None] = mapped_column(Integer)
+    #: The key of the cap per key and of the rate per key: set while either is.
     key_field: Mapped[str | None] = mapped_column(Text)
+    #: At most ``key_rate_limit`` jobs of one task with the same key start in each
+    #: ``key_rate_period`` (windows aligned to the Unix epoch); both NULL: no rate per key. The
+    #: starts are counted in ``sa_jobqueue_key_starts``.
+    key_rate_limit: Mapped[int | None] = mapped_column(Integer)
+    key_rate_period: Mapped[timedelta | None] = mapped_column(Interval)
     #: The jobs holding the cap's slots, as the last limited claim left them: each holds one
     #: while it is running with a live lease. NULL: not known (no cap until now), recounted
     #: from the jobs table.
@@ -249,14 +255,38 @@ class QueueSettings(Base):
         CheckConstraint("rate_count >= 0", name="rate_count"),
         CheckConstraint("key_concurrency >= 1", name="key_concurrency"),
         CheckConstraint("char_length(key_field) BETWEEN 1 AND 200", name="key_field"),
-        CheckConstraint("(key_concurrency IS NULL) = (key_field IS NULL)", name="key"),
+        CheckConstraint(
+            "(key_field IS NULL) = (key_concurrency IS NULL AND key_rate_limit IS NULL)", name="key"
+        ),
+        CheckConstraint("key_rate_limit >= 1", name="key_rate_limit"),
+        CheckConstraint("key_rate_period >= interval '1 millisecond'", name="key_rate_period"),
+        CheckConstraint("(key_rate_limit IS NULL) = (key_rate_period IS NULL)", name="key_rate"),
     )
+
+
+class KeyStarts(Base):
+    """The starts of one key of a queue with a rate per key, in its current window.
+
+    One row per (queue, task, key) that has started a job, written by the limited claim that
+    started it (an upsert: a new window starts the count again). Rows of windows that are over
+    are deleted with the pruning of finished jobs.
+    """
+
+    __tablename__ = "sa_jobqueue_key_starts"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    task: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: The start of the window ``starts`` counts in (database clock).
+    window_start: Mapped[datetime]
+    starts: Mapped[int] = mapped_column(Integer)
 
 
 jobs_table: Final = cast(Table, Job.__table__)
 periodic_table: Final = cast(Table, Periodic.__table__)
 workers_table: Final = cast(Table, WorkerRecord.__table__)
 queues_table: Final = cast(Table, QueueSettings.__table__)
+key_starts_table: Final = cast(Table, KeyStarts.__table__)
 
 
 def prunable() -> ColumnElement[bool]:

@@ -34,7 +34,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, Insert, insert
 
 from ..models import (
     CANCELLED,
@@ -42,6 +42,7 @@ from ..models import (
     RUNNING,
     claimable,
     jobs_table,
+    key_starts_table,
     queues_table,
 )
 
@@ -144,7 +145,7 @@ def _picked(*, after: bool, limit: ColumnElement[int], unlimited_only: bool) -> 
             q.paused_at.is_not(None),
             q.concurrency.is_not(None),
             q.rate_limit.is_not(None),
-            q.key_concurrency.is_not(None),
+            q.key_field.is_not(None),  # a cap or a rate per key
         ),
     )
     return (
@@ -170,9 +171,12 @@ KEY_SCAN: Final = 1000
 
 
 def _picked_keyed(
-    live: CTE, key: ColumnElement[str], key_cap: ColumnElement[int], room: ColumnElement[int]
-) -> CTE:
-    """:func:`_picked` for a queue with a cap per key: only jobs whose key has room."""
+    state: CTE, key: ColumnElement[str], room: ColumnElement[int]
+) -> tuple[CTE, ColumnElement[Any]]:
+    """:func:`_picked` for a queue with limits per key: only jobs whose key has room under its
+    cap per key and its rate per key; and the seconds until the next window of the rate per
+    key when a due job was held back by it (else NULL)."""
+    s = state.c
     from_queue = bindparam("from_queue", type_=Text)
     due = [claimable(), j.queue == from_queue, j.visible_at <= func.now()]
     head = (
@@ -180,28 +184,61 @@ def _picked_keyed(
         .where(*due)
         .order_by(j.priority, j.visible_at, j.id)
         .limit(KEY_SCAN)
-        .subquery("head")
+        .cte("head")
+        .prefix_with("MATERIALIZED")
     )
     rank = func.row_number().over(
         partition_by=(head.c.task, head.c.k),
         order_by=(head.c.priority, head.c.visible_at, head.c.id),
     )
-    ranked = select(head, rank.label("rank")).subquery("ranked")
+    ranked = select(head, rank.label("rank")).where(head.c.k.is_not(None)).subquery("ranked")
+    # The live holders of each (task, key), for the cap per key.
+    live = (
+        select(j.task, key.label("k"))
+        # Cast: ``= ANY ((SELECT ...))`` would be read as ANY over the subquery's rows.
+        .where(j.id == func.any(cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)))
+        .subquery("live")
+    )
     per_key = (
         select(live.c.task, live.c.k, func.count().label("n"))
         .where(live.c.k.is_not(None))
         .group_by(live.c.task, live.c.k)
         .subquery("per_key")
     )
+    # The starts of each (task, key) in the rate per key's current window, read after the
+    # queue's row is locked (see KEY_STARTS_FUNCTION): only for the keys in the head.
+    key_rate, key_period = _key_rate()
+    window = rate_window(key_period)
+    used = getattr(func, KEY_STARTS_FUNCTION)(
+        from_queue,
+        window,
+        select(func.array_agg(head.c.task)).scalar_subquery(),
+        select(func.array_agg(head.c.k)).scalar_subquery(),
+    ).table_valued(column("task", Text), column("key", Text), column("starts", Integer))
+    used_by_key = select(used).where(key_rate.is_not(None)).subquery("used")
     joined = ranked.outerjoin(
         per_key, and_(per_key.c.task == ranked.c.task, per_key.c.k == ranked.c.k)
+    ).outerjoin(
+        used_by_key, and_(used_by_key.c.task == ranked.c.task, used_by_key.c.key == ranked.c.k)
     )
-    eligible = (
-        select(ranked.c.id)
+    key_cap = select(s.key_cap).scalar_subquery()
+    cap_room = or_(key_cap.is_(None), ranked.c.rank + func.coalesce(per_key.c.n, 0) <= key_cap)
+    rate_room = or_(
+        key_rate.is_(None), ranked.c.rank + func.coalesce(used_by_key.c.starts, 0) <= key_rate
+    )
+    checked = (
+        select(ranked.c.id, and_(cap_room, rate_room).label("fits"), rate_room.label("rate_fits"))
         .select_from(joined)
-        .where(or_(ranked.c.k.is_(None), ranked.c.rank + func.coalesce(per_key.c.n, 0) <= key_cap))
+        .cte("checked")
     )
-    return (
+    unkeyed = select(head.c.id).where(head.c.k.is_(None))
+    eligible = select(checked.c.id).where(checked.c.fits).union_all(unkeyed)
+    rate_held = exists().where(~checked.c.rate_fits)
+    key_wait = case(
+        (rate_held, func.extract("epoch", window + key_period - func.clock_timestamp())),
+        else_=null(),
+    )
+    picked = (
         select(j.id, j.priority, j.visible_at)
         .where(j.id.in_(eligible), *due)
         .order_by(j.priority, j.visible_at, j.id)
@@ -209,6 +246,18 @@ def _picked_keyed(
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
+    )
+    return picked, key_wait
+
+
+def _key_rate() -> tuple[ColumnElement[int], ColumnElement[timedelta]]:
+    """The queue's rate per key: its count and its period (NULL: none), as this statement's
+    snapshot has them (a rate set while the claim waited for the lock applies from the next)."""
+    from_queue = bindparam("from_queue", type_=Text)
+    row = select(q.key_rate_limit, q.key_rate_period).where(q.queue == from_queue)
+    return (
+        row.with_only_columns(q.key_rate_limit).scalar_subquery(),
+        row.with_only_columns(q.key_rate_period).scalar_subquery(),
     )
 
 
@@ -281,6 +330,9 @@ def rate_window(period: ColumnElement[timedelta] | None = None) -> ColumnElement
 
 #: The SQL function (revision sajq_0009) a limited claim starts with; see :func:`claim_limited`.
 LOCK_FUNCTION: Final = "sa_jobqueue_lock_queue"
+#: The SQL function (revision sajq_0010) that reads the starts per key in the current window of
+#: a queue's rate per key, with a snapshot taken after the queue's row was locked.
+KEY_STARTS_FUNCTION: Final = "sa_jobqueue_key_starts"
 
 
 def _locked_state() -> CTE:
@@ -346,31 +398,26 @@ def claim_limited(*, keyed: bool) -> Select[Any]:
         func.coalesce(s.cap - func.cardinality(s.live_ids), limit),
         func.coalesce(s.rate_left, limit),
     )
-    # The variant without keys claims nothing from a queue that has a cap per key: the
+    # The variant without keys claims nothing from a queue that has a limit per key: the
     # worker read its limits before it was set, and asks again with the keyed variant.
-    held = s.is_paused if keyed else or_(s.is_paused, s.key_cap.is_not(None))
+    has_keys = s.key_name.is_not(None)
+    held = s.is_paused if keyed else or_(s.is_paused, has_keys)
     one = select(literal(1).label("one")).subquery("one")
     room = (
         select(
             func.coalesce(case((held, 0), else_=func.greatest(fits, 0)), 0).label("room"),
             s.rate_wait.label("wait"),
             s.is_paused.is_not(None).label("limited"),
-            s.key_cap.is_not(None).label("keyed"),
+            has_keys.label("keyed"),
         )
         .select_from(one.outerjoin(state, true()))
         .cte("room")
     )
     room_left = select(room.c.room).scalar_subquery()
+    key_wait: ColumnElement[Any] = null()
     if keyed:
         key = j.payload.op("->>")(select(s.key_name).scalar_subquery())
-        live = (
-            select(j.task, key.label("k"))
-            # Cast: ``= ANY ((SELECT ...))`` would be read as ANY over the subquery's rows.
-            .where(j.id == func.any(cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)))
-            .cte("live")
-        )
-        key_cap = select(s.key_cap).scalar_subquery()
-        picked = _picked_keyed(live, key, key_cap, room_left)
+        picked, key_wait = _picked_keyed(state, key, room_left)
     else:
         picked = _picked(after=False, limit=room_left, unlimited_only=False)
     claimed = _claim_picked(picked, few=True).cte("claimed")
@@ -390,9 +437,56 @@ def claim_limited(*, keyed: bool) -> Select[Any]:
             ).scalar_subquery(),
         )
     )
+    ctes = [noted.cte("noted")]
+    if keyed:
+        ctes.append(
+            _note_key_starts(claimed, select(s.key_name).scalar_subquery()).cte("noted_keys")
+        )
     # One row at least: the room, with no job when the claim took none.
     return (
-        select(room.c.room, room.c.wait, room.c.limited, room.c.keyed, *claimed.c)
+        select(
+            room.c.room,
+            room.c.wait,
+            room.c.limited,
+            room.c.keyed,
+            key_wait.label("key_wait"),
+            *claimed.c,
+        )
         .select_from(room.outerjoin(claimed, true()))
-        .add_cte(noted.cte("noted"))
+        .add_cte(*ctes)
+    )
+
+
+def _note_key_starts(claimed: CTE, key_name: ColumnElement[str]) -> Insert:
+    """Count the jobs a claim started against their keys' current window of the rate per key:
+    an upsert per (task, key). A key whose row is in a later window already starts nothing in
+    this claim (see :data:`KEY_STARTS_FUNCTION`); were it to, the row would keep that window,
+    with these starts added, never going back to an earlier one."""
+    key_rate, key_period = _key_rate()
+    window = rate_window(key_period)
+    key = cast(claimed.c.payload, JSONB).op("->>")(key_name)
+    counted = (
+        select(
+            bindparam("from_queue", type_=Text),
+            claimed.c.task,
+            key,
+            window,
+            cast(func.count(), Integer),
+        )
+        .where(claimed.c.status == RUNNING, key.is_not(None), key_rate.is_not(None))
+        .group_by(claimed.c.task, key)
+    )
+    k = key_starts_table.c
+    stmt = insert(key_starts_table).from_select(
+        [k.queue, k.task, k.key, k.window_start, k.starts], counted
+    )
+    new = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[k.queue, k.task, k.key],
+        set_={
+            "window_start": func.greatest(k.window_start, new.window_start),
+            "starts": case(
+                (k.window_start >= new.window_start, k.starts + new.starts), else_=new.starts
+            ),
+        },
     )

@@ -73,59 +73,102 @@ def paused_for() -> Select[str, timedelta]:
 
 @cache
 def limited() -> Select[tuple[str, bool]]:
-    """Every queue with a limit (a cap, a cap per key, a rate limit), and whether it has a cap
-    per key."""
-    return select(q.queue, q.key_concurrency.is_not(None)).where(_limited())
+    """Every queue with a limit (a cap, a rate, a cap or rate per key), and whether it has a
+    limit per key."""
+    return select(q.queue, q.key_field.is_not(None)).where(_limited())
 
 
 def _limited() -> ColumnElement[bool]:
-    return or_(
-        q.concurrency.is_not(None), q.rate_limit.is_not(None), q.key_concurrency.is_not(None)
-    )
+    # A limit per key (a cap or a rate) sets the key field.
+    return or_(q.concurrency.is_not(None), q.rate_limit.is_not(None), q.key_field.is_not(None))
 
 
 @cache
 def settings() -> Select[Any]:
     """``:b_queue``'s limits, its row locked for the change that follows (no row: none)."""
     return (
-        select(q.concurrency, q.rate_limit, q.rate_period, q.key_concurrency, q.key_field)
+        select(
+            q.concurrency,
+            q.rate_limit,
+            q.rate_period,
+            q.key_concurrency,
+            q.key_field,
+            q.key_rate_limit,
+            q.key_rate_period,
+        )
         .where(q.queue == bindparam("b_queue", type_=Text))
         .with_for_update()
     )
 
 
-def _set_caps(**caps: BindParameter[Any]) -> Insert:
-    """Upsert ``:b_queue``'s row with ``caps`` (column: bound value), making it if need be.
+def _set_caps(
+    new: dict[str, ColumnElement[Any]], changed: dict[str, ColumnElement[Any]] | None = None
+) -> Insert:
+    """Upsert ``:b_queue``'s row: made with ``new`` (column: value), or updated with
+    ``changed`` (default: ``new``).
 
     A queue that had no cap of either kind has no record of which jobs hold its slots: the
     record is cleared, and the queue's limited claims count its running jobs afresh
     (``claiming``). A queue that had one keeps it: its claims kept it up to date.
     """
-    stmt = insert(queues_table).values(queue=bindparam("b_queue", type_=Text), **caps)
+    stmt = insert(queues_table).values(queue=bindparam("b_queue", type_=Text), **new)
     had_cap = or_(q.concurrency.is_not(None), q.key_concurrency.is_not(None))
     return stmt.on_conflict_do_update(
         index_elements=[q.queue],
         set_={
-            **{name: stmt.excluded[name] for name in caps},
+            **(new if changed is None else changed),
             "holders": case((had_cap, q.holders), else_=null()),
             "recount_until": case((had_cap, q.recount_until), else_=null()),
         },
     )
 
 
+def _key_field(limit: BindParameter[Any]) -> ColumnElement[str | None]:
+    """``:b_key_field`` for a new row: NULL unless ``limit`` (a limit per key) is set. An
+    existing row takes ``:b_key_field`` as it is (kept for its other limit per key), but a
+    new row has no other, and its checks are made before the conflict is found."""
+    return case((limit.is_(None), null()), else_=bindparam("b_key_field", type_=Text))
+
+
 @cache
 def set_concurrency() -> Insert:
     """Set ``:b_queue``'s cap to ``:b_concurrency`` (NULL: no cap); see :func:`_set_caps`."""
-    return _set_caps(concurrency=bindparam("b_concurrency", type_=Integer))
+    return _set_caps({"concurrency": bindparam("b_concurrency", type_=Integer)})
 
 
 @cache
 def set_key_concurrency() -> Insert:
     """Set ``:b_queue``'s cap per key to ``:b_key_concurrency`` jobs with the same value of the
-    payload's ``:b_key_field`` (both NULL: none); see :func:`_set_caps`."""
+    payload's ``:b_key_field`` (the field stays while the queue has a rate per key); see
+    :func:`_set_caps`."""
+    cap = bindparam("b_key_concurrency", type_=Integer)
+    field = bindparam("b_key_field", type_=Text)
     return _set_caps(
-        key_concurrency=bindparam("b_key_concurrency", type_=Integer),
-        key_field=bindparam("b_key_field", type_=Text),
+        {"key_concurrency": cap, "key_field": _key_field(cap)},
+        {"key_concurrency": cap, "key_field": field},
+    )
+
+
+@cache
+def set_key_rate() -> Insert:
+    """Set ``:b_queue``'s rate per key to ``:b_key_rate_limit`` starts per
+    ``:b_key_rate_period`` for each value of the payload's ``:b_key_field`` (both NULL: none;
+    the field stays while the queue has a cap per key), making its row if need be."""
+    count = bindparam("b_key_rate_limit", type_=Integer)
+    period = bindparam("b_key_rate_period", type_=Interval)
+    stmt = insert(queues_table).values(
+        queue=bindparam("b_queue", type_=Text),
+        key_rate_limit=count,
+        key_rate_period=period,
+        key_field=_key_field(count),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[q.queue],
+        set_={
+            "key_rate_limit": count,
+            "key_rate_period": period,
+            "key_field": bindparam("b_key_field", type_=Text),
+        },
     )
 
 
@@ -158,6 +201,8 @@ def all_limits() -> Select[Any]:
             used,
             q.key_concurrency,
             q.key_field,
+            q.key_rate_limit,
+            q.key_rate_period,
         )
         .where(_limited())
         .order_by(q.queue)

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Select,
     bindparam,
     delete,
+    exists,
     func,
     literal,
     select,
@@ -19,7 +20,9 @@ from sqlalchemy import (
 
 from ..models import (
     jobs_table,
+    key_starts_table,
     prunable,
+    queues_table,
 )
 from .clock import seconds
 
@@ -52,3 +55,27 @@ def prune() -> Delete:
         .prefix_with("MATERIALIZED")
     )
     return delete(jobs_table).where(j.id == doomed.c.id)
+
+
+@cache
+def prune_key_starts() -> Delete:
+    """Delete up to ``:limit`` counts of starts per key whose window is over, or whose queue no
+    longer has a rate per key: the next start of such a key writes a new row anyway."""
+    k = key_starts_table.c
+    q = queues_table.c
+    current = exists().where(
+        q.queue == k.queue,
+        q.key_rate_period.is_not(None),
+        k.window_start + q.key_rate_period > func.now(),
+    )
+    doomed = (
+        select(k.queue, k.task, k.key)
+        .where(~current)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(key_starts_table).where(
+        k.queue == doomed.c.queue, k.task == doomed.c.task, k.key == doomed.c.key
+    )

@@ -8,6 +8,8 @@
     sa-jobqueue queues list [--json] | pause NAME | resume NAME
     sa-jobqueue queues limit NAME [--concurrency N | --no-concurrency]
                                   [--rate N/PERIOD | --no-rate]
+                                  [--per-key N | --no-per-key] [--key-rate N/PERIOD |
+                                  --no-key-rate] [--key FIELD]
     sa-jobqueue queues limit NAME --clear
     sa-jobqueue check [--max-wait DURATION ...] [--json]
     sa-jobqueue verify [--jobs N] [--workers W] [--json] [--keep]

@@ -85,18 +85,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "queues" and args.action == "limit":
-        changes = (args.concurrency, args.rate, args.per_key)
-        removals = (args.no_concurrency, args.no_rate, args.no_per_key)
+        changes = (args.concurrency, args.rate, args.per_key, args.key_rate)
+        removals = (args.no_concurrency, args.no_rate, args.no_per_key, args.no_key_rate)
         limit_parser = _subparser(parser, "queues", "limit")
         if args.clear and (any(c is not None for c in changes) or any(removals)):
             limit_parser.error("--clear removes every limit: give it alone")
         if not args.clear and all(c is None for c in changes) and not any(removals):
             limit_parser.error(
                 "say what to change: --concurrency N, --rate N/PERIOD, --per-key N --key FIELD,"
-                " --no-concurrency, --no-rate, --no-per-key, or --clear"
+                " --key-rate N/PERIOD --key FIELD, --no-concurrency, --no-rate, --no-per-key,"
+                " --no-key-rate, or --clear"
             )
-        if (args.per_key is None) != (args.key is None):
-            limit_parser.error("--per-key N and --key FIELD go together")
+        if (args.per_key is None and args.key_rate is None) != (args.key is None):
+            limit_parser.error("--key FIELD goes with --per-key N or --key-rate N/PERIOD")
     return args
 
 
@@ -345,11 +346,20 @@ def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser
         help="at most N jobs of one task with the same --key running at once",
     )
     per_key.add_argument("--no-per-key", action="store_true", help="remove the cap per key")
+    key_rate = limit.add_mutually_exclusive_group()
+    key_rate.add_argument(
+        "--key-rate",
+        type=_values.rate,
+        metavar="N/PERIOD",
+        help="at most N jobs of one task with the same --key start per period",
+    )
+    key_rate.add_argument("--no-key-rate", action="store_true", help="remove the rate per key")
     limit.add_argument(
         "--key",
         type=_values.key_field,
         metavar="FIELD",
-        help="with --per-key: the payload's top-level field whose value is the key",
+        help="with --per-key or --key-rate: the payload's top-level field whose value is the"
+        " key (one per queue)",
     )
     limit.add_argument("--clear", action="store_true", help="remove every limit (alone)")
 

@@ -36,6 +36,7 @@ from ..ops.queues import (
     resume_queue,
     set_queue_concurrency,
     set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from ..ops.reports import (
@@ -307,6 +308,8 @@ def _queues_limit(engine: Engine, args: argparse.Namespace) -> int:
                 changes.append(
                     set_queue_key_concurrency(conn, args.name, args.per_key, key=args.key)
                 )
+            if args.key_rate is not None or args.no_key_rate:
+                changes.append(set_queue_key_rate(conn, args.name, args.key_rate, key=args.key))
             before = changes[0]  # the first change saw the limits as they were
         after = queue_limits(conn).get(args.name, QueueLimits())
     print(f"queue {args.name}: {limits_text(after)} (was: {limits_text(before)})")

@@ -7,9 +7,9 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
   Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
 * :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues`,
-  :func:`set_queue_concurrency`, :func:`set_queue_key_concurrency`, :func:`set_queue_rate`
-  (a :class:`RateLimit`),
-  :func:`clear_queue_limits`, :func:`queue_limits` (returning :class:`QueueLimits`) and
+  :func:`set_queue_concurrency`, :func:`set_queue_key_concurrency`, :func:`set_queue_rate`,
+  :func:`set_queue_key_rate` (each rate a :class:`RateLimit`), :func:`clear_queue_limits`,
+  :func:`queue_limits` (returning :class:`QueueLimits`) and
   :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
   in the caller's transaction.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
@@ -45,6 +45,7 @@ from .queues import (
     resume_queue,
     set_queue_concurrency,
     set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
@@ -77,6 +78,7 @@ __all__ = [
     "resume_queue",
     "set_queue_concurrency",
     "set_queue_key_concurrency",
+    "set_queue_key_rate",
     "set_queue_rate",
     "stats",
     "worst",

@@ -96,13 +96,15 @@ class RateLimit:
 
 @dataclass(frozen=True)
 class QueueLimits:
-    """A queue's limits (None: that limit is not set): its cap, its rate, and its cap per key
-    (at most ``key_concurrency`` jobs of one task with the same payload ``key_field`` value)."""
+    """A queue's limits (None: that limit is not set): its cap, its rate, its cap per key (at
+    most ``key_concurrency`` jobs of one task with the same payload ``key_field`` value running)
+    and its rate per key (at most ``key_rate`` starts of one task with the same value)."""
 
     concurrency: int | None = None
     rate: RateLimit | None = None
     key_concurrency: int | None = None
     key_field: str | None = None
+    key_rate: RateLimit | None = None
 
     @classmethod
     def _of(
@@ -112,9 +114,14 @@ class QueueLimits:
         period: timedelta | None,
         key_cap: int | None,
         key_field: str | None,
+        key_count: int | None,
+        key_period: timedelta | None,
     ) -> QueueLimits:
         rate = None if count is None or period is None else RateLimit(count, period)
-        return cls(cap, rate, key_cap, key_field)
+        key_rate = (
+            None if key_count is None or key_period is None else RateLimit(key_count, key_period)
+        )
+        return cls(cap, rate, key_cap, key_field, key_rate)
 
 
 @dataclass(frozen=True)
@@ -227,9 +234,7 @@ def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | Non
     invalid one raises :class:`~sa_jobqueue.errors.InvalidLimitError` before any SQL.
     """
     name = check_queue_name(queue)
-    limit = RateLimit.parse(rate) if isinstance(rate, str) else rate
-    if limit is not None and not isinstance(limit, RateLimit):
-        raise InvalidLimitError(f"a rate must be a RateLimit or text like '50/s', not {rate!r}")
+    limit = _rate(rate)
     before = _limits_of(session, name)
     conn = connection_of(session)
     params = {
@@ -238,6 +243,65 @@ def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | Non
         "b_rate_period": None if limit is None else limit.period,
     }
     conn.execute(queues_sql.set_rate(), params)
+    wake(conn, name)
+    return before
+
+
+def _rate(rate: RateLimit | str | None) -> RateLimit | None:
+    """``rate`` as a RateLimit (parsed if text), or None; InvalidLimitError if it is neither."""
+    limit = RateLimit.parse(rate) if isinstance(rate, str) else rate
+    if limit is not None and not isinstance(limit, RateLimit):
+        raise InvalidLimitError(f"a rate must be a RateLimit or text like '50/s', not {rate!r}")
+    return limit
+
+
+def _check_key(key: str | None) -> str:
+    if not isinstance(key, str) or not 1 <= len(key) <= 200:
+        raise InvalidLimitError(f"a limit per key needs the payload field of the key, not {key!r}")
+    return key
+
+
+def _key_field(name: str, before: QueueLimits, key: str | None, *, other: bool) -> str | None:
+    """The key field a queue keeps once one of its limits per key is set to use ``key`` (None:
+    removed). ``other``: the queue's other limit per key is set, and keeps its field; a queue
+    has one key field, so setting a limit per key with another one is refused."""
+    if key is None:
+        return before.key_field if other else None
+    if other and before.key_field not in (None, key):
+        raise InvalidLimitError(
+            f"queue {name!r} is limited per {before.key_field!r} already; its limits per key"
+            " share one key field (remove the other limit per key first)"
+        )
+    return key
+
+
+def set_queue_key_rate(
+    session: SessionLike, queue: str, rate: RateLimit | str | None, *, key: str | None = None
+) -> QueueLimits:
+    """Let at most ``rate`` jobs of one task start per period across all workers for each value
+    of the payload's top-level field ``key`` (None: no rate per key), in the caller's
+    transaction; returns the queue's limits as they were.
+
+    For example ``set_queue_key_rate(session, "api_calls", "10/s", key="customer_id")``.
+
+    Windows and boundaries are those of :func:`set_queue_rate`, one window count per key. A
+    key whose window is used up holds back only its own jobs: the others start meanwhile.
+    Jobs whose payload has no such field are not limited by key. A queue has one key field,
+    shared by its cap per key and its rate per key.
+    """
+    name = check_queue_name(queue)
+    limit = _rate(rate)
+    field = None if limit is None else _check_key(key)
+    before = _limits_of(session, name)
+    field = _key_field(name, before, field, other=before.key_concurrency is not None)
+    conn = connection_of(session)
+    params = {
+        "b_queue": name,
+        "b_key_rate_limit": None if limit is None else limit.limit,
+        "b_key_rate_period": None if limit is None else limit.period,
+        "b_key_field": field,
+    }
+    conn.execute(queues_sql.set_key_rate(), params)
     wake(conn, name)
     return before
 
@@ -257,25 +321,22 @@ def set_queue_key_concurrency(
     """
     name = check_queue_name(queue)
     cap = check_cap(per_key)
-    if cap is not None and (not isinstance(key, str) or not 1 <= len(key) <= 200):
-        raise InvalidLimitError(f"a cap per key needs the payload field of the key, not {key!r}")
+    field = None if cap is None else _check_key(key)
     before = _limits_of(session, name)
+    field = _key_field(name, before, field, other=before.key_rate is not None)
     conn = connection_of(session)
-    params = {
-        "b_queue": name,
-        "b_key_concurrency": cap,
-        "b_key_field": None if cap is None else key,
-    }
+    params = {"b_queue": name, "b_key_concurrency": cap, "b_key_field": field}
     conn.execute(queues_sql.set_key_concurrency(), params)
     wake(conn, name)
     return before
 
 
 def clear_queue_limits(session: SessionLike, queue: str) -> QueueLimits:
-    """Remove ``queue``'s cap, rate limit and cap per key in the caller's transaction; returns
-    them."""
+    """Remove ``queue``'s cap, rate limit, cap per key and rate per key in the caller's
+    transaction; returns them."""
     before = set_queue_concurrency(session, queue, None)
     set_queue_rate(session, queue, None)
+    set_queue_key_rate(session, queue, None)
     set_queue_key_concurrency(session, queue, None)
     return before
 
@@ -295,8 +356,8 @@ def limits_in_use(session: SessionLike) -> dict[str, tuple[QueueLimits, int]]:
     """Every queue with a limit: its limits, and the starts its current rate window used."""
     rows = connection_of(session).execute(queues_sql.all_limits())
     return {
-        name: (QueueLimits._of(cap, count, period, key_cap, key_field), used)
-        for name, cap, count, period, used, key_cap, key_field in rows
+        name: (QueueLimits._of(cap, count, period, key_cap, key_field, key_count, key_period), used)
+        for name, cap, count, period, used, key_cap, key_field, key_count, key_period in rows
     }
 
 

@@ -149,10 +149,12 @@ def job_detail(job: JobInfo, now: datetime) -> str:
 
 def limits_text(limits: QueueLimits) -> str:
     """A queue's limits in words: ``at most 3 running, 50/1s``, ``no cap, no rate``, with
-    ``, at most 1 per customer_id`` when it has a cap per key."""
+    ``, at most 1 per customer_id`` when it has a cap per key and ``, 10/1s per customer_id``
+    when it has a rate per key."""
     cap = "no cap" if limits.concurrency is None else f"at most {limits.concurrency} running"
     text = f"{cap}, {'no rate' if limits.rate is None else limits.rate}"
-    return text + _per_key(limits, ", at most {} per {}")
+    text += _per_key(limits, ", at most {} per {}")
+    return text + _key_rate(limits, ", {} per {}")
 
 
 def _per_key(limits: QueueLimits, form: str) -> str:
@@ -161,8 +163,18 @@ def _per_key(limits: QueueLimits, form: str) -> str:
     return form.format(limits.key_concurrency, limits.key_field)
 
 
+def _key_rate(limits: QueueLimits, form: str) -> str:
+    if limits.key_rate is None:
+        return ""
+    return form.format(limits.key_rate, limits.key_field)
+
+
 def _rate_cell(limits: QueueLimits, used: int) -> str:
-    return "-" if limits.rate is None else f"{limits.rate} (used {used})"
+    cell = "-" if limits.rate is None else f"{limits.rate} (used {used})"
+    if limits.key_rate is None:
+        return cell
+    per_key = _key_rate(limits, "{} per {}")
+    return per_key if limits.rate is None else f"{cell}, {per_key}"
 
 
 def queue_list(queues: Sequence[QueueInfo], now: datetime) -> str:

@@ -101,6 +101,10 @@ class LaneClaimer:
         # Per rate-limited queue whose window is used up: when the next window opens, as the
         # database said (time.monotonic()). The lane claims from its other queues meanwhile.
         self.not_before: dict[str, float] = {}
+        # Per queue with a rate per key that held some of its due jobs back: when that rate's
+        # next window opens (time.monotonic()). Unlike ``not_before``, the queue is still
+        # claimed from meanwhile: only the keys that used their window up are held.
+        self.key_windows: dict[str, float] = {}
         #: The last round found a queue at its cap (or all threads busy with a limited queue
         #: waiting): due jobs are held back, not missing.
         self.capped = False
@@ -146,13 +150,20 @@ class LaneClaimer:
         params = {"from_queue": queue, "limit": limit, "worker": self._worker}
         statement = claiming.claim_limited(keyed=keyed)
         rows = self._conn.rows(statement, params)
-        room, wait, limited, has_keys = rows[0][:4]
+        room, wait, limited, has_keys, key_wait = rows[0][:5]
         if not limited or has_keys != keyed:  # the limits changed since they were read
             self._limited.forget()
         if wait is not None:
             self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
-        jobs = [replace(Claimed(*row[4:]), holds_slot=True) for row in rows if row[4] is not None]
-        return jobs, room < limit and len(jobs) == room
+        jobs = [replace(Claimed(*row[5:]), holds_slot=True) for row in rows if row[5] is not None]
+        if key_wait is not None:
+            # Some key's window is used up: claim again when the next one opens, and sooner
+            # whenever woken (other keys' jobs may be enqueued, or freed by a finished job).
+            self.key_windows[queue] = time.monotonic() + max(float(key_wait), 0.0)
+        else:
+            self.key_windows.pop(queue, None)
+        held_by_key = key_wait is not None and len(jobs) < limit
+        return jobs, (room < limit and len(jobs) == room) or held_by_key
 
     def claim(self) -> bool:
         """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
@@ -218,12 +229,20 @@ class LaneClaimer:
         self._leases.saturate(lane, more or capped)
         return more
 
+    @property
+    def held_back(self) -> bool:
+        """Due jobs of the lane's queues wait for a limit (a cap, a rate window, a key's rate
+        window), not for work: a burst does not end while they do."""
+        return self.capped or bool(self.not_before) or bool(self.key_windows)
+
     def next_window(self) -> float | None:
-        """When the earliest used-up rate window of the lane's queues opens (monotonic)."""
+        """When the earliest used-up rate window of the lane's queues, or of their keys, opens
+        (monotonic)."""
         now = time.monotonic()
-        for queue in [q for q, at in self.not_before.items() if at <= now]:
-            del self.not_before[queue]
-        return min(self.not_before.values(), default=None)
+        for windows in (self.not_before, self.key_windows):
+            for queue in [q for q, at in windows.items() if at <= now]:
+                del windows[queue]
+        return min([*self.not_before.values(), *self.key_windows.values()], default=None)
 
 
 class ClaimLoop:
@@ -272,7 +291,7 @@ class ClaimLoop:
                     log.info("claiming again: the database is back")
                 outage = 0
             running, room = self._leases.busy(self._lanes)
-            held_back = any(c.capped or c.not_before for c in self._claimers)
+            held_back = any(c.held_back for c in self._claimers)
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
             if burst and not more and not running and not held_back:

@@ -67,7 +67,8 @@ class Pruner:
             log.info("pruned %d finished job(s)", deleted)
 
     def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
-        """Delete succeeded and cancelled jobs older than ``retention``; return how many.
+        """Delete succeeded and cancelled jobs older than ``retention``, and counts of starts
+        per key of windows that are over; return how many jobs.
 
         Runs in bounded batches of PRUNE_BATCH rows, each its own short transaction, and only
         while this worker holds the prune advisory lock, so two workers never prune at once.
@@ -85,6 +86,10 @@ class Pruner:
             total += deleted
             if deleted < PRUNE_BATCH:
                 break
+        # The counts of starts per key whose window is over go with them (not counted).
+        with self._engine.begin() as conn:
+            if conn.execute(retention_sql.try_prune_lock()).scalar():
+                conn.execute(retention_sql.prune_key_starts(), {"limit": PRUNE_BATCH})
         return total
 
 

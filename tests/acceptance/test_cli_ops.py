@@ -504,6 +504,34 @@ def test_limit_sets_and_removes_a_cap_per_key(run: Run, engine: sa.Engine) -> No
     assert limits(engine) == {"emails": QueueLimits(5, None)}
 
 
+def test_limit_sets_and_removes_a_rate_per_key_sharing_the_queues_key(
+    run: Run, engine: sa.Engine
+) -> None:
+    per_second = RateLimit(10, timedelta(seconds=1))
+    assert run("queues", "limit", "api", "--key-rate", "10/s", "--key", "customer_id") == 0
+    assert run.out == "queue api: no cap, no rate, 10/1s per customer_id (was: no cap, no rate)\n"
+    assert limits(engine) == {"api": QueueLimits(key_field="customer_id", key_rate=per_second)}
+    assert run("queues", "list") == 0, run.err
+    assert cells(run.out, "api")[1:6] == ["-", "-", "10/1s", "per", "customer_id"]
+    assert run.json("queues", "list")[0]["limits"]["key_rate"] == {"limit": 10, "period": 1}
+
+    # One key field per queue: a cap per key on another field is refused, and nothing changes.
+    assert run("queues", "limit", "api", "--per-key", "2", "--key", "account") == 1
+    assert "limited per 'customer_id' already" in one_line_error(run)
+    assert run("queues", "limit", "api", "--per-key", "2", "--key", "customer_id") == 0
+    both = QueueLimits(None, None, 2, "customer_id", per_second)
+    assert limits(engine) == {"api": both}
+    # Either goes alone; the field stays while the other is set.
+    assert run("queues", "limit", "api", "--no-key-rate") == 0, run.err
+    assert limits(engine) == {"api": QueueLimits(None, None, 2, "customer_id")}
+    assert run("queues", "limit", "api", "--key-rate", "5/m", "--key", "customer_id") == 0
+    assert run("queues", "limit", "api", "--no-per-key") == 0, run.err
+    five = RateLimit(5, timedelta(minutes=1))
+    assert limits(engine) == {"api": QueueLimits(key_field="customer_id", key_rate=five)}
+    assert run("queues", "limit", "api", "--clear") == 0, run.err
+    assert limits(engine) == {}
+
+
 def test_limit_behind_a_held_settings_row_gives_up_and_changes_nothing(
     run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -545,6 +573,7 @@ def test_queues_list_and_stats_show_limits_and_what_they_hold_back(
         "rate": {"limit": 2, "period": 1000 * 86400},
         "key_concurrency": None,
         "key_field": None,
+        "key_rate": None,
     }
     assert found["emails"]["rate_used"] == 2
     assert (found["reports"]["held_back_by"], found["reports"]["rate_used"]) == ([], 3)
@@ -553,6 +582,7 @@ def test_queues_list_and_stats_show_limits_and_what_they_hold_back(
         "rate": None,
         "key_concurrency": None,
         "key_field": None,
+        "key_rate": None,
     }
 
     assert run("stats") == 0, run.err

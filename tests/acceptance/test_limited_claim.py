@@ -13,15 +13,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from sa_jobqueue.database import HeldConnection
-from sa_jobqueue.models import RUNNING, jobs_table, queues_table
-from sa_jobqueue.ops import set_queue_concurrency, set_queue_rate
+from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
+from sa_jobqueue.ops import set_queue_concurrency, set_queue_key_rate, set_queue_rate
 from sa_jobqueue.worker._claimer import LaneClaimer
+from sa_jobqueue.worker._upkeep import Pruner
 from tests.helpers.jobs import statuses
 from tests.helpers.limited_claims import (
     Checked,
@@ -109,7 +111,8 @@ class Hammer:
     def check(self, conn: sa.Connection, rows: list[Any]) -> None:
         """In the claim's transaction, after its statement, with the queue's row locked: the
         jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
-        jobs = [row[4:] for row in rows if row[4] is not None]  # after room, wait, limited, keyed
+        # After room, wait, limited, keyed, key_wait.
+        jobs = [row[5:] for row in rows if row[5] is not None]
         running = set(
             conn.execute(
                 sa.select(j.id).where(
@@ -313,3 +316,155 @@ def _used_up_state(engine: sa.Engine, claimer: LaneClaimer, queue: str) -> tuple
     if now.replace(microsecond=0) != window:  # the window moved on in between: read again
         return None
     return int(left), float(wait)
+
+
+# -- 6. rate per key -----------------------------------------------------------------------------
+
+KEYED = "per-customer"
+
+
+def starts_per_key_and_second(engine: sa.Engine, job_ids: list[int]) -> Counter[tuple[str, int]]:
+    """The starts of each (customer, second of the database clock) among ``job_ids``."""
+    with engine.connect() as conn:
+        second = sa.func.floor(sa.func.extract("epoch", j.started_at))
+        query = sa.select(j.payload["customer"].astext, second).where(j.id.in_(job_ids))
+        return Counter((key, int(s)) for key, s in conn.execute(query))
+
+
+def starts_per_key(engine: sa.Engine, jobs: list[Any]) -> Counter[str]:
+    """How many of ``jobs`` each customer started (None: jobs without one)."""
+    starts = starts_per_key_and_second(engine, ids(jobs))
+    return Counter(key for key, _ in starts.elements())
+
+
+def add_for(conn: sa.Connection, queue: str, customer: str, n: int) -> None:
+    rows = [{"queue": queue, "task": "work", "payload": {"customer": customer}}] * n
+    conn.execute(sa.insert(jobs_table), rows)
+
+
+def test_a_rate_per_key_holds_each_key_alone(
+    engine: sa.Engine, held: Callable[[], HeldConnection]
+) -> None:
+    """3 per key in a window (one long enough never to end here): each key's fourth job waits,
+    whatever is asked; jobs without the key, and a new key's, start meanwhile."""
+    with engine.begin() as conn:
+        add_due(conn, KEYED, 40, keys=4)  # 10 each for c0 .. c3
+        add_due(conn, KEYED, 2)  # no key: not limited by key
+        set_queue_key_rate(conn, KEYED, "3/1000d", key="customer")
+    claimer = limited_claimer(held(), "keyed-claimer", keyed=[KEYED])
+    first = claim_limited(claimer, KEYED, 100)
+    assert starts_per_key(engine, first) == {"c0": 3, "c1": 3, "c2": 3, "c3": 3, None: 2}
+
+    jobs, held_back = claimer._claim_limited(KEYED, 100)
+    assert (jobs, held_back) == ([], True)
+    assert 0 < claimer.key_windows[KEYED] - time.monotonic() <= 1000 * 86400
+    assert KEYED not in claimer.not_before  # the queue is still claimed from: its keys wait
+
+    with engine.begin() as conn:
+        add_for(conn, KEYED, "new", 5)
+    assert starts_per_key(engine, claim_limited(claimer, KEYED, 100)) == {"new": 3}
+    with engine.connect() as conn:
+        counted = dict(
+            conn.execute(
+                sa.select(key_starts_table.c.key, key_starts_table.c.starts).where(
+                    key_starts_table.c.queue == KEYED
+                )
+            ).all()
+        )
+    assert counted == {"c0": 3, "c1": 3, "c2": 3, "c3": 3, "new": 3}
+
+
+def test_a_rate_per_key_of_2_per_second_over_eight_claimers(
+    engine: sa.Engine, held: Callable[[], HeldConnection]
+) -> None:
+    """Eight claimers at once, asking for 1 to 4 jobs each time, on 2 per second per key, while
+    jobs keep arriving ahead of the others (a higher priority), so a claim that waited for the
+    queue's lock ranks jobs its snapshot never saw started: no key ever starts more than 2 jobs
+    in a second of the database clock, and no job is claimed twice."""
+    keys = 4
+    with engine.begin() as conn:
+        add_due(conn, KEYED, keys * 20, keys=keys)
+        set_queue_key_rate(conn, KEYED, "2/s", key="customer")
+    claimed: list[int] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(loop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not stop.is_set():
+                    loop()
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    def claimer(n: int) -> Callable[[], None]:
+        claimer = limited_claimer(held(), f"claimer-{n}", keyed=[KEYED])
+
+        def once() -> None:
+            taken = ids(claim_limited(claimer, KEYED, random.randint(1, 4)))
+            with lock:
+                claimed.extend(taken)
+            stop.wait(0.002)
+
+        return guarded(once)
+
+    priority = iter(range(-1, -30000, -1))
+
+    def enqueue() -> None:
+        with engine.begin() as conn:
+            rows = [
+                {
+                    "queue": KEYED,
+                    "task": "work",
+                    "priority": next(priority),
+                    "payload": {"customer": f"c{k}"},
+                }
+                for k in range(keys)
+            ]
+            conn.execute(sa.insert(jobs_table), rows)
+        stop.wait(0.01)
+
+    threads = [threading.Thread(target=claimer(n)) for n in range(CLAIMERS)]
+    threads.append(threading.Thread(target=guarded(enqueue)))
+    started = db_second(engine)
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: errors or db_second(engine) >= started + 4, timeout=30, interval=0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert errors == []
+    assert len(claimed) == len(set(claimed))
+    starts = starts_per_key_and_second(engine, claimed)
+    assert max(starts.values()) == 2, starts
+    # Each key started jobs in each of the 3 seconds wholly inside the run.
+    whole = range(started + 1, started + 4)
+    assert {(f"c{k}", s) for k in range(keys) for s in whole} <= set(starts), starts
+
+
+def test_pruning_deletes_counts_per_key_of_windows_that_are_over(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        set_queue_key_rate(conn, KEYED, "3/h", key="customer")
+        set_queue_rate(conn, "no-keys", "3/h")
+        hour = sa.func.date_trunc("hour", sa.func.now())
+        rows = [
+            (KEYED, "current", hour),
+            (KEYED, "over", hour - sa.text("interval '1 hour'")),
+            ("no-keys", "current", hour),
+            ("gone", "current", hour),
+        ]
+        for queue, key, window in rows:
+            conn.execute(
+                sa.insert(key_starts_table).values(
+                    queue=queue, task="work", key=key, window_start=window, starts=1
+                )
+            )
+    assert Pruner(engine, timedelta(days=1), timedelta(seconds=1)).prune() == 0
+    with engine.connect() as conn:
+        left = conn.execute(sa.select(key_starts_table.c.queue, key_starts_table.c.key)).all()
+    assert left == [(KEYED, "current")]

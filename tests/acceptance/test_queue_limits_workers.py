@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import signal
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,7 +22,12 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.ops import set_queue_concurrency, set_queue_key_concurrency, set_queue_rate
+from sa_jobqueue.ops import (
+    set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
+    set_queue_rate,
+)
 from tests.apps import limited
 from tests.apps.limited import effects, runs
 from tests.helpers import jobs
@@ -201,6 +207,36 @@ def test_a_rate_of_50_per_second_holds_in_every_window(tables: sa.Engine, worker
     # 500 starts at 50 a second: 10 full windows, plus the partial first and last ones.
     assert len(counts) <= 12, counts
     assert sum(sorted(counts)[-10:]) >= 475, counts
+    assert set(effects_per_job(engine, ids).values()) == {1}
+
+
+def test_a_rate_of_5_per_second_per_key_holds_for_each_key_side_by_side(
+    tables: sa.Engine, workers: Workers
+) -> None:
+    engine = tables
+    with engine.begin() as conn:
+        set_queue_key_rate(conn, "limited", "5/s", key="customer")
+    payloads = [{"n": n, "customer": n % 4} for n in range(60)] + [{"n": 60 + n} for n in range(20)]
+    ids = enqueue_many(engine, "work", payloads)
+    for _ in range(2):
+        workers.start(concurrency=4)
+    workers.wait(lambda: jobs.statuses(engine, ids) == {"succeeded": 80}, timeout=60)
+    workers.terminate_all()
+    with engine.connect() as conn:
+        second = func.date_trunc("second", j.started_at)
+        customer = j.payload["customer"].astext
+        windows = conn.execute(
+            select(customer, second, func.count()).where(j.id.in_(ids)).group_by(customer, second)
+        ).all()
+    keyed = [(key, at, n) for key, at, n in windows if key is not None]
+    assert max(n for _, _, n in keyed) <= 5, windows  # whole seconds of the database clock
+    # 15 jobs a key at 5 a second: 3 full windows, plus the partial first and last ones.
+    for key in "0123":
+        assert sum(n for k, _, n in keyed if k == key) == 15
+        assert len([at for k, at, _ in keyed if k == key]) <= 5, windows
+    # The keys ran side by side, and the jobs without a key were not held at all.
+    assert max(Counter(at for _, at, _ in keyed).values()) == 4, windows
+    assert max(n for key, _, n in windows if key is None) > 5, windows
     assert set(effects_per_job(engine, ids).values()) == {1}
 
 

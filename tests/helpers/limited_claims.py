@@ -64,10 +64,14 @@ class Checked:
             self._conn = None
 
 
-def limited_claimer(on: HeldConnection | InCaller | Checked, worker: str = "w") -> LaneClaimer:
+def limited_claimer(
+    on: HeldConnection | InCaller | Checked, worker: str = "w", *, keyed: Sequence[str] = ()
+) -> LaneClaimer:
     """A LaneClaimer whose claims run on ``on``; only ``_claim_limited`` may be called (it has
-    no lane or lease table, and knows of no queue with a cap per key)."""
+    no lane or lease table, and takes the queues in ``keyed``, no others, for those with a
+    limit per key)."""
     limited = LimitedQueues(cast(HeldConnection, None))
+    limited._keyed = frozenset(keyed)
     return LaneClaimer(
         cast(Lane, None),
         cast(HeldConnection, on),
@@ -94,13 +98,16 @@ def live(conn: sa.Connection, queue: str) -> int:
 
 INSERT = sa.text(
     "INSERT INTO sa_jobqueue_jobs (queue, task, payload)"
-    " SELECT :queue, 'work', '{}' FROM generate_series(1, :n)"
+    " SELECT :queue, 'work', CASE WHEN CAST(:keys AS integer) IS NULL THEN '{}'::jsonb"
+    " ELSE jsonb_build_object('customer', 'c' || (n % :keys)) END"
+    " FROM generate_series(0, :n - 1) AS n"
 )
 
 
-def add_due(conn: sa.Connection, queue: str, n: int) -> None:
-    """``n`` due jobs in ``queue``."""
-    conn.execute(INSERT, {"queue": queue, "n": n})
+def add_due(conn: sa.Connection, queue: str, n: int, *, keys: int | None = None) -> None:
+    """``n`` due jobs in ``queue``; with ``keys``, their payloads' ``customer`` take that many
+    values in turn (``c0``, ``c1``, ...)."""
+    conn.execute(INSERT, {"queue": queue, "n": n, "keys": keys})
 
 
 def finish(conn: sa.Connection, jobs: Sequence[Any]) -> int:

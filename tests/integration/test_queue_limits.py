@@ -30,6 +30,8 @@ from sa_jobqueue.ops import (
     list_queues,
     queue_limits,
     set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from sa_jobqueue.worker._claimer import LaneClaimer
@@ -160,6 +162,40 @@ def test_a_bad_rate_is_refused_before_any_sql(
 
 
 @pytest.mark.parametrize(
+    ("rate", "key"),
+    [("5/s", None), ("5/s", ""), ("5/s", "x" * 201), ("5/s", 7), ("0/s", "customer"), (5, "c")],
+)
+def test_a_bad_rate_per_key_is_refused_before_any_sql(
+    conn: sa.Connection, statements: list[str], rate: object, key: object
+) -> None:
+    with pytest.raises(InvalidLimitError):
+        set_queue_key_rate(conn, "emails", rate, key=key)  # type: ignore[arg-type]
+    assert statements == []
+
+
+def test_a_queue_has_one_key_field_for_its_limits_per_key(conn: sa.Connection) -> None:
+    per_second = RateLimit(10, timedelta(seconds=1))
+    assert set_queue_key_rate(conn, "api", "10/s", key="customer") == QueueLimits()
+    assert set_queue_key_concurrency(conn, "api", 2, key="customer") == QueueLimits(
+        key_field="customer", key_rate=per_second
+    )
+    both = QueueLimits(None, None, 2, "customer", per_second)
+    with pytest.raises(InvalidLimitError, match="limited per 'customer' already"):
+        set_queue_key_rate(conn, "api", "1/s", key="account")
+    with pytest.raises(InvalidLimitError, match="limited per 'customer' already"):
+        set_queue_key_concurrency(conn, "api", 1, key="account")
+    assert queue_limits(conn) == {"api": both}
+    # Removing one keeps the field for the other; removing both removes it.
+    assert set_queue_key_concurrency(conn, "api", None) == both
+    assert queue_limits(conn) == {"api": QueueLimits(key_field="customer", key_rate=per_second)}
+    assert set_queue_key_rate(conn, "api", None).key_rate == per_second
+    assert queue_limits(conn) == {}
+    # With neither left, another field is free to use.
+    set_queue_key_concurrency(conn, "api", 1, key="account")
+    assert queue_limits(conn) == {"api": QueueLimits(None, None, 1, "account")}
+
+
+@pytest.mark.parametrize(
     ("limit", "period"),
     [
         (0, timedelta(seconds=1)),
@@ -233,7 +269,7 @@ def test_list_queues_shows_limits_use_and_what_holds_each_back(
 # -- 2. the plain claim leaves limited queues alone ---------------------------------------------
 
 
-@pytest.mark.parametrize("limit", ["cap", "rate", "both"])
+@pytest.mark.parametrize("limit", ["cap", "rate", "both", "cap per key", "rate per key"])
 def test_the_plain_claim_takes_nothing_from_a_limited_queue(
     conn: sa.Connection, limit: str
 ) -> None:
@@ -245,6 +281,10 @@ def test_the_plain_claim_takes_nothing_from_a_limited_queue(
         set_queue_concurrency(conn, "limited", 100)
     if limit in ("rate", "both"):
         set_queue_rate(conn, "limited", "100/s")
+    if limit == "cap per key":
+        set_queue_key_concurrency(conn, "limited", 100, key="customer")
+    if limit == "rate per key":
+        set_queue_key_rate(conn, "limited", "100/s", key="customer")
     assert claimed(conn, "limited") == []
     assert claimed_after(conn, "limited") == []
     assert (row(conn, held).status, row(conn, lost).attempts) == ("queued", 1)

@@ -183,8 +183,7 @@ class FakeLaneClaimer:
         self.lane = lane
         self.answers = answers
         self.rounds = 0
-        self.capped = False
-        self.not_before: dict[str, float] = {}
+        self.held_back = False
 
     def claim(self) -> bool:
         self.rounds += 1

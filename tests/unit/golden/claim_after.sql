@@ -5,7 +5,7 @@ WITH picked AS MATERIALIZED
 FROM sa_jobqueue_jobs
 WHERE status IN ('queued', 'running') AND sa_jobqueue_jobs.queue = %(from_queue)s::VARCHAR AND sa_jobqueue_jobs.visible_at <= now() AND NOT (EXISTS (SELECT *
 FROM sa_jobqueue_queues
-WHERE sa_jobqueue_queues.queue = %(from_queue)s::VARCHAR AND (sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_concurrency IS NOT NULL))) AND (sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id) > (%(after_priority)s::SMALLINT, %(after_visible_at)s::TIMESTAMP WITH TIME ZONE, %(after_id)s::BIGINT)
+WHERE sa_jobqueue_queues.queue = %(from_queue)s::VARCHAR AND (sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_field IS NOT NULL))) AND (sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id) > (%(after_priority)s::SMALLINT, %(after_visible_at)s::TIMESTAMP WITH TIME ZONE, %(after_id)s::BIGINT)
 ORDER BY sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id
 LIMIT %(limit)s::INTEGER FOR UPDATE SKIP LOCKED)
 UPDATE sa_jobqueue_jobs
