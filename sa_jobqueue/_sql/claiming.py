@@ -45,6 +45,7 @@ from ..models import (
     key_starts_table,
     queues_table,
 )
+from . import transitions
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
 LEASE_EXPIRED: Final = "lease expired (worker lost)"
@@ -121,7 +122,13 @@ def claim_after() -> Update:
 RECOUNT_FOR: Final = timedelta(seconds=2)
 
 
-def _picked(*, after: bool, limit: ColumnElement[int], unlimited_only: bool) -> CTE:
+def _picked(
+    *,
+    after: bool,
+    limit: ColumnElement[int],
+    unlimited_only: bool,
+    skip: ColumnElement[bool] | None = None,
+) -> CTE:
     # The SELECT ... FOR UPDATE SKIP LOCKED sits in a MATERIALIZED CTE and the UPDATE joins it.
     # Written as ``WHERE id IN (SELECT ... LIMIT ... FOR UPDATE)`` the planner may run the
     # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
@@ -156,6 +163,7 @@ def _picked(*, after: bool, limit: ColumnElement[int], unlimited_only: bool) -> 
             j.visible_at <= func.now(),
             *([~held_back] if unlimited_only else []),
             *([past] if after else []),
+            *([] if skip is None else [~skip]),
         )
         .order_by(j.priority, j.visible_at, j.id)
         .limit(limit)
@@ -171,7 +179,11 @@ KEY_SCAN: Final = 1000
 
 
 def _picked_keyed(
-    state: CTE, key: ColumnElement[str], room: ColumnElement[int]
+    state: CTE,
+    key: ColumnElement[str],
+    room: ColumnElement[int],
+    live_ids: ColumnElement[list[int]],
+    skip: ColumnElement[bool] | None,
 ) -> tuple[CTE, ColumnElement[Any]]:
     """:func:`_picked` for a queue with limits per key: only jobs whose key has room under its
     cap per key and its rate per key; and the seconds until the next window of the rate per
@@ -179,6 +191,8 @@ def _picked_keyed(
     s = state.c
     from_queue = bindparam("from_queue", type_=Text)
     due = [claimable(), j.queue == from_queue, j.visible_at <= func.now()]
+    if skip is not None:
+        due.append(~skip)
     head = (
         select(j.id, j.priority, j.visible_at, j.task, key.label("k"))
         .where(*due)
@@ -196,7 +210,7 @@ def _picked_keyed(
     live = (
         select(j.task, key.label("k"))
         # Cast: ``= ANY ((SELECT ...))`` would be read as ANY over the subquery's rows.
-        .where(j.id == func.any(cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)))
+        .where(j.id == func.any(live_ids))
         .subquery("live")
     )
     per_key = (
@@ -261,7 +275,7 @@ def _key_rate() -> tuple[ColumnElement[int], ColumnElement[timedelta]]:
     )
 
 
-def _claim_picked(picked: CTE, *, few: bool = False) -> Update:
+def _claim_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Update:
     """The UPDATE that starts (or ends, for a lost last attempt) each picked row.
 
     ``few``: the picked rows' LIMIT is not a constant (the limited claim's room), so the
@@ -269,6 +283,9 @@ def _claim_picked(picked: CTE, *, few: bool = False) -> Update:
     merge join, reading all of it. Matched as ``id = ANY (ARRAY(...))`` instead, each is one
     primary-key probe; the claim position (``visible_at`` before the claim) then comes back
     NULL, which the limited claim, always from the head, does not use.
+
+    ``durable``: the claim commits with others' writes that must reach the disk before the
+    commit returns (completions), so it does not turn ``synchronous_commit`` off.
     """
     cancelled = and_(j.status == RUNNING, j.cancel_requested)
     exhausted = and_(j.status == RUNNING, j.attempts >= j.max_attempts)
@@ -282,7 +299,7 @@ def _claim_picked(picked: CTE, *, few: bool = False) -> Update:
             j.id == func.any(func.array(select(picked.c.id).scalar_subquery()))
             if few
             else j.id == picked.c.id,
-            claim_commits_async(),
+            *([] if durable else [claim_commits_async()]),
         )
         .values(
             status=case((cancelled, CANCELLED), (exhausted, DEAD), else_=RUNNING),
@@ -353,7 +370,7 @@ def _locked_state() -> CTE:
 
 
 @cache
-def claim_limited(*, keyed: bool) -> Select[Any]:
+def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     """Claim up to ``:limit`` jobs of the limited queue ``:from_queue``, within its limits.
 
     One statement in autocommit, like :func:`claim`. It starts with :data:`LOCK_FUNCTION`,
@@ -389,13 +406,34 @@ def claim_limited(*, keyed: bool) -> Select[Any]:
     returns it; when the claim took none, one row with NULL job columns. Fewer jobs than the
     room: the queue had no more due; as many as the room, and the room below ``:limit``: the
     queue is at a limit.
+
+    With ``completing``, the statement first completes ``:job_ids`` at ``:attempt_list`` as
+    ``transitions.complete_many`` does (fenced), and the slots of those it completed are free
+    for the claim that follows: one statement, and one durable commit, for a job's end and its
+    successor's start (see the worker's ``HandOff``). The jobs it completed come back as the
+    array ``completed`` on every row (NULL without ``completing``).
     """
     limit = bindparam("limit", type_=Integer)
     state = _locked_state()
     s = state.c
+    holding = cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)
+    skip: ColumnElement[bool] | None = None
+    completed: ColumnElement[Any] = null()
+    if completing:
+        # ``worker=`` as it is: the statement's ``:worker`` parameter would otherwise be taken
+        # for a new value of this UPDATE's ``worker`` column too (a parameter named as a column).
+        done = transitions.complete_many().values(worker=j.worker).cte("done")
+        released = select(done.c.id).scalar_subquery()
+        # The jobs this statement completes hold no slot, whether or not the lock function's
+        # snapshot saw them end; and none of them is claimed again by it (a job whose lease
+        # ran out is both claimable and completable).
+        kept = select(func.unnest(s.live_ids).label("id")).except_(select(done.c.id))
+        holding = cast(func.array(kept.scalar_subquery()), s.live_ids.type)
+        skip = j.id == func.any(func.array(released))
+        completed = func.array(released)
     fits = func.least(
         limit,
-        func.coalesce(s.cap - func.cardinality(s.live_ids), limit),
+        func.coalesce(s.cap - func.cardinality(holding), limit),
         func.coalesce(s.rate_left, limit),
     )
     # The variant without keys claims nothing from a queue that has a limit per key: the
@@ -417,13 +455,13 @@ def claim_limited(*, keyed: bool) -> Select[Any]:
     key_wait: ColumnElement[Any] = null()
     if keyed:
         key = j.payload.op("->>")(select(s.key_name).scalar_subquery())
-        picked, key_wait = _picked_keyed(state, key, room_left)
+        picked, key_wait = _picked_keyed(state, key, room_left, holding, skip)
     else:
-        picked = _picked(after=False, limit=room_left, unlimited_only=False)
-    claimed = _claim_picked(picked, few=True).cte("claimed")
+        picked = _picked(after=False, limit=room_left, unlimited_only=False, skip=skip)
+    claimed = _claim_picked(picked, few=True, durable=completing).cte("claimed")
     started = select(claimed.c.id).where(claimed.c.status == RUNNING)
     starts = select(func.count()).select_from(started.subquery()).scalar_subquery()
-    holders = func.array_cat(s.live_ids, func.array(started.scalar_subquery()))
+    holders = func.array_cat(holding, func.array(started.scalar_subquery()))
     recount_until = func.coalesce(q.recount_until, func.now() + RECOUNT_FOR)
     noted = (
         update(queues_table)
@@ -450,6 +488,7 @@ def claim_limited(*, keyed: bool) -> Select[Any]:
             room.c.limited,
             room.c.keyed,
             key_wait.label("key_wait"),
+            completed.label("completed"),
             *claimed.c,
         )
         .select_from(room.outerjoin(claimed, true()))

@@ -39,6 +39,15 @@ LIMITS_EVERY: Final = 1.0
 Position = tuple[int, datetime, int]
 
 
+def runnable(job: Claimed) -> bool:
+    """Whether a claimed row is an attempt to run: not one the claim ended instead (a job
+    lost on its last attempt, now dead, or cancelled meanwhile), which is logged."""
+    if job.status == RUNNING:
+        return True
+    log.error("job %d (%s) lost its worker; not run again, now %s", job.id, job.task, job.status)
+    return False
+
+
 class LimitedQueues:
     """Which queues have a limit (a cap or a rate), read at most once per ``LIMITS_EVERY``.
 
@@ -150,12 +159,12 @@ class LaneClaimer:
         params = {"from_queue": queue, "limit": limit, "worker": self._worker}
         statement = claiming.claim_limited(keyed=keyed)
         rows = self._conn.rows(statement, params)
-        room, wait, limited, has_keys, key_wait = rows[0][:5]
+        room, wait, limited, has_keys, key_wait = rows[0][:5]  # then completed, and a job
         if not limited or has_keys != keyed:  # the limits changed since they were read
             self._limited.forget()
         if wait is not None:
             self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
-        jobs = [replace(Claimed(*row[5:]), holds_slot=True) for row in rows if row[5] is not None]
+        jobs = [replace(Claimed(*row[6:]), holds_slot=True) for row in rows if row[6] is not None]
         if key_wait is not None:
             # Some key's window is used up: claim again when the next one opens, and sooner
             # whenever woken (other keys' jobs may be enqueued, or freed by a finished job).
@@ -210,15 +219,8 @@ class LaneClaimer:
                 # A short claim past a position says nothing of the head: claim from there.
                 more = more or len(jobs) == free or not head
             for job in jobs:
-                if job.status != RUNNING:  # lost on its last attempt, or cancelled meanwhile
-                    log.error(
-                        "job %d (%s) lost its worker; not run again, now %s",
-                        job.id,
-                        job.task,
-                        job.status,
-                    )
-                    continue
-                self._submit(lane, job)
+                if runnable(job):
+                    self._submit(lane, job)
         self.capped = capped
         if more and not lane.filled_at:
             lane.filled_at = time.monotonic()
@@ -243,6 +245,56 @@ class LaneClaimer:
             for queue in [q for q, at in windows.items() if at <= now]:
                 del windows[queue]
         return min([*self.not_before.values(), *self.key_windows.values()], default=None)
+
+
+class HandOff:
+    """Completes jobs that hold slots of a limited queue and claims their successors, in one
+    statement (``claiming.claim_limited(completing=True)``) on the completer's connection.
+
+    Without it, a slot freed by a completion waits for the completion's commit, then for the
+    claim loop to wake and claim: two round trips, and a thread hand-over each way, between
+    one job of a capped queue and the next. Here the completion and the next claim commit
+    together (durably, as the completion alone would), for as many jobs as the batch freed
+    threads of that queue's lane; the jobs claimed go to the lane's buffer, where the freed
+    threads take them. A shutdown under way claims nothing (the completions still go).
+    """
+
+    def __init__(
+        self,
+        worker: str,
+        limited: LimitedQueues,
+        lanes: dict[str, Lane],
+        submit: Callable[[Lane, Claimed], None],
+        stopping: threading.Event,
+    ) -> None:
+        self._worker = worker
+        self._limited = limited
+        self._lanes = lanes
+        self._submit = submit
+        self._stopping = stopping
+
+    def complete(
+        self, conn: HeldConnection, batch: list[tuple[int, int]], queue: str, freed: int
+    ) -> set[int]:
+        """Complete ``batch`` (fenced), and claim up to ``freed`` jobs of ``queue`` in the same
+        statement; the ids completed. The jobs claimed are submitted to the queue's lane."""
+        lane = self._lanes[queue]
+        params = {
+            "from_queue": queue,
+            "limit": 0 if self._stopping.is_set() else freed,
+            "worker": self._worker,
+            "job_ids": [job_id for job_id, _ in batch],
+            "attempt_list": [attempt for _, attempt in batch],
+        }
+        statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)
+        rows = conn.rows(statement, params)
+        for row in rows:
+            if row[6] is None:
+                continue
+            job = replace(Claimed(*row[6:]), holds_slot=True)
+            if runnable(job):
+                self._submit(lane, job)
+        return set(rows[0][5])
 
 
 class ClaimLoop:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Row
@@ -23,6 +25,7 @@ from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
 from ..tasks import Backoff, Task
 from ._claimed import Claimed, policy
+from ._claimer import HandOff
 from ._completer import Completer
 from ._sessions import HandlerSession, deadline
 from ._settlement import (
@@ -108,6 +111,11 @@ class Recorder:
         self._single = single
         self.reports = reports
         self._batch_conn = HeldConnection(single)  # the completer thread's alone
+        #: Set by the worker: completes jobs holding slots and claims their successors at once.
+        self.handoff: HandOff | None = None
+        # The queue of each slot-holding attempt whose completion waits for its batch.
+        self._slots: dict[_Key, str] = {}
+        self._slots_lock = threading.Lock()
         self._completer = Completer(
             self._complete_batch, self.not_completed, reports.completed, reports.unrecorded
         )
@@ -128,6 +136,9 @@ class Recorder:
             if job.holds_slot:
                 # The slot of the queue's cap is free once this commits: the job's thread,
                 # and so its lane's next claim, waits for that (the lease covers the wait).
+                # The batch claims the slot's next job as it commits (see HandOff).
+                with self._slots_lock:
+                    self._slots[(job.id, job.attempts)] = job.queue
                 self._completer.add_and_wait(job.id, job.attempts, job.lease.total_seconds())
             else:
                 self._completer.add(job.id, job.attempts)
@@ -166,7 +177,19 @@ class Recorder:
         return True
 
     def _complete_batch(self, batch: list[_Key]) -> set[int]:
-        """Complete a batch of attempts that wrote nothing (on the completer's thread)."""
+        """Complete a batch of attempts that wrote nothing (on the completer's thread).
+
+        When some of them hold slots of a limited queue, the statement also claims as many of
+        that queue's jobs (the one with the most, if several), within its limits.
+        """
+        with self._slots_lock:
+            freed = Counter(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
+        if freed and self.handoff is not None:
+            queue, n = freed.most_common(1)[0]
+            try:
+                return self.handoff.complete(self._batch_conn, batch, queue, n)
+            except SQLAlchemyError as exc:  # completed below, without the claim
+                log.warning("completing and claiming in one failed: %s", one_line(exc))
         rows = self._batch_conn.rows(
             transitions.complete_many(),
             {

@@ -18,7 +18,7 @@ from ..database import HeldConnection, check_schema, pooler_of
 from ..errors import WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
-from ._claimer import ClaimLoop, LaneClaimer, LimitedQueues
+from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._event_loop import EventLoopThread
 from ._groups import Groups
 from ._heartbeat import Heartbeat
@@ -166,6 +166,8 @@ class Worker:
             wake=self._wake,
         )
         limits = LimitedQueues(self._claimer)
+        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
+        recorder.handoff = HandOff(self.name, limits, lanes, runner.submit, self._stopping)
         claims = ClaimLoop(
             [
                 LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit, limits)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
 from sa_jobqueue.ops import set_queue_concurrency, set_queue_key_rate, set_queue_rate
@@ -94,15 +95,21 @@ FINISHERS = 2
 
 
 class Hammer:
-    """Claimers, finishers and a sampler on one capped queue, each thread on its connection."""
+    """Claimers, finishers and a sampler on one capped queue, each thread on its connection.
 
-    def __init__(self, engine: sa.Engine) -> None:
+    ``handoff``: the finishers complete jobs as a worker's completer does for jobs holding
+    slots, with the completing limited claim, which also claims as many jobs as it completed
+    (checked under the queue's lock like the claimers')."""
+
+    def __init__(self, engine: sa.Engine, *, handoff: bool = False) -> None:
         self.engine = engine
+        self.handoff = handoff
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.errors: list[BaseException] = []
         self.claimed: list[int] = []
         self.claims = 0
+        self.handed_off = 0
         self.at_cap = 0
         self.samples: list[int] = []
         self.violations: list[str] = []
@@ -111,8 +118,8 @@ class Hammer:
     def check(self, conn: sa.Connection, rows: list[Any]) -> None:
         """In the claim's transaction, after its statement, with the queue's row locked: the
         jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
-        # After room, wait, limited, keyed, key_wait.
-        jobs = [row[5:] for row in rows if row[5] is not None]
+        # After room, wait, limited, keyed, key_wait, completed.
+        jobs = [row[6:] for row in rows if row[6] is not None]
         running = set(
             conn.execute(
                 sa.select(j.id).where(
@@ -158,14 +165,41 @@ class Hammer:
         return run
 
     def finisher(self) -> Callable[[], None]:
+        on = Checked(self.engine, self.check)
+
         def once() -> None:
             with self.engine.begin() as conn:
                 query = sa.select(j.id, j.attempts).where(j.queue == QUEUE, j.status == RUNNING)
-                rows = conn.execute(query.order_by(sa.func.random()).limit(1)).all()
-                if rows and random.random() < 0.5:
+                rows = conn.execute(query.order_by(sa.func.random()).limit(2)).all()
+                if not rows or random.random() < 0.5:
+                    return
+                if not self.handoff:
                     finish(conn, list(rows))
+                    return
+            # Sometimes with a stale attempt beside: it completes nothing and frees no slot.
+            batch = [
+                (r.id, r.attempts - (n == 1 and random.random() < 0.3)) for n, r in enumerate(rows)
+            ]
+            params = {
+                "from_queue": QUEUE,
+                "limit": len(batch),
+                "worker": "handoff",
+                "job_ids": [job_id for job_id, _ in batch],
+                "attempt_list": [attempt for _, attempt in batch],
+            }
+            statement = claiming.claim_limited(keyed=False, completing=True)
+            result = on.rows(statement, params)
+            with self.lock:
+                self.claimed.extend(row[6] for row in result if row[6] is not None)
+                self.handed_off += sum(row[6] is not None for row in result)
 
-        return self.guarded(once)
+        def run() -> None:
+            try:
+                self.guarded(once)()
+            finally:
+                on.close()
+
+        return run
 
     def sampler(self) -> Callable[[], None]:
         def once() -> None:
@@ -199,12 +233,19 @@ class Hammer:
         assert not any(thread.is_alive() for thread in self.threads)
 
 
-@pytest.mark.parametrize("recorded", [False, True], ids=["recounting", "recorded-holders"])
-def test_eight_claimers_never_run_more_than_the_cap(engine: sa.Engine, recorded: bool) -> None:
+@pytest.mark.parametrize(
+    ("recorded", "handoff"),
+    [(False, False), (True, False), (True, True)],
+    ids=["recounting", "recorded-holders", "completions-claiming"],
+)
+def test_eight_claimers_never_run_more_than_the_cap(
+    engine: sa.Engine, recorded: bool, handoff: bool
+) -> None:
     """Eight claimers on a cap of 3, jobs finishing at random meanwhile: no claim ever leaves
     more than 3 running (checked inside each claim, before it commits, and by sampling from
     another session), and every job runs exactly once. ``recorded``: the cap's recount
-    period is over from the start, so every claim counts the recorded holders."""
+    period is over from the start, so every claim counts the recorded holders. ``handoff``:
+    the jobs finish through the completing claim, which claims their successors too."""
     with engine.begin() as conn:
         add_due(conn, QUEUE, JOBS)
         set_queue_concurrency(conn, QUEUE, CAP)
@@ -214,9 +255,10 @@ def test_eight_claimers_never_run_more_than_the_cap(engine: sa.Engine, recorded:
                     holders=[], recount_until=sa.func.now() - sa.text("interval '1 minute'")
                 )
             )
-    hammer = Hammer(engine)
+    hammer = Hammer(engine, handoff=handoff)
     hammer.run()
     assert hammer.errors == []
+    assert (hammer.handed_off > 0) == handoff
     assert hammer.violations == []
     assert max(hammer.samples) <= CAP
     # It can fail: the cap was reached, claims were cut short by it, claimers raced.

@@ -121,6 +121,29 @@ def test_a_cap_of_3_holds_across_4_workers_of_8_threads(
     assert len(procs) == 4
 
 
+def test_a_cap_of_3_holds_when_completions_claim_the_next_jobs(
+    tables: sa.Engine, workers: Workers
+) -> None:
+    """Jobs that write nothing through their session complete in the worker's batches, and a
+    batch that frees slots claims the next jobs in the same statement: the cap still holds,
+    and every job runs once."""
+    engine = tables
+    with engine.begin() as conn:
+        set_queue_concurrency(conn, "limited", 3)
+    ids = enqueue_many(engine, "unwritten", [{"n": n, "ms": 5} for n in range(300)])
+    with sampled(engine) as samples:
+        for _ in range(4):
+            workers.start(concurrency=8)
+        workers.wait(lambda: jobs.statuses(engine, ids) == {"succeeded": 300}, timeout=120)
+    workers.terminate_all()
+    assert max(samples) == 3
+    assert most_at_once(engine) == 3
+    with engine.connect() as conn:
+        per_job = conn.execute(select(runs.c.job_id, func.count()).group_by(runs.c.job_id)).all()
+    assert sorted(job_id for job_id, _ in per_job) == sorted(ids)
+    assert {n for _, n in per_job} == {1}
+
+
 def test_a_killed_worker_keeps_its_slots_until_its_leases_expire(
     tables: sa.Engine, workers: Workers
 ) -> None:
