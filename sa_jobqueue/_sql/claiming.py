@@ -387,7 +387,9 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     committed meanwhile would look undone and its slots free: hence the function.
 
     The room is ``:limit``, cut to the cap's free slots and to the rate window's starts left;
-    0 for a paused queue or one without a settings row. The rest is :func:`claim`'s scan and
+    0 for a paused queue; ``:limit`` for a queue without a settings row (nothing to lock or
+    count: a worker that still took it for limited claims as the plain claim would, and
+    reads the limits again, told by ``limited``). The rest is :func:`claim`'s scan and
     update (its snapshot may predate the lock, but every row it takes is re-checked against
     its latest version, so a job another claim took is skipped).
 
