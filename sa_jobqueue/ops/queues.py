@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
+from sqlalchemy import Executable
+
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql import queues as queues_sql
@@ -199,6 +201,14 @@ def check_cap(concurrency: int | None) -> int | None:
     return concurrency
 
 
+def _change(session: SessionLike, name: str, statement: Executable, **params: object) -> None:
+    """Run one of the settings' upserts for queue ``name``; its workers are woken at commit,
+    so a raised limit is used at once."""
+    conn = connection_of(session)
+    conn.execute(statement, {"b_queue": name, **params})
+    wake(conn, name)
+
+
 def _limits_of(session: SessionLike, name: str) -> QueueLimits:
     """``name``'s limits, its settings row locked until the caller's transaction ends."""
     row = connection_of(session).execute(queues_sql.settings(), {"b_queue": name}).first()
@@ -218,9 +228,7 @@ def set_queue_concurrency(session: SessionLike, queue: str, concurrency: int | N
     name = check_queue_name(queue)
     cap = check_cap(concurrency)
     before = _limits_of(session, name)
-    conn = connection_of(session)
-    conn.execute(queues_sql.set_concurrency(), {"b_queue": name, "b_concurrency": cap})
-    wake(conn, name)
+    _change(session, name, queues_sql.set_concurrency(), b_concurrency=cap)
     return before
 
 
@@ -236,14 +244,13 @@ def set_queue_rate(session: SessionLike, queue: str, rate: RateLimit | str | Non
     name = check_queue_name(queue)
     limit = _rate(rate)
     before = _limits_of(session, name)
-    conn = connection_of(session)
-    params = {
-        "b_queue": name,
-        "b_rate_limit": None if limit is None else limit.limit,
-        "b_rate_period": None if limit is None else limit.period,
-    }
-    conn.execute(queues_sql.set_rate(), params)
-    wake(conn, name)
+    _change(
+        session,
+        name,
+        queues_sql.set_rate(),
+        b_rate_limit=None if limit is None else limit.limit,
+        b_rate_period=None if limit is None else limit.period,
+    )
     return before
 
 
@@ -294,15 +301,14 @@ def set_queue_key_rate(
     field = None if limit is None else _check_key(key)
     before = _limits_of(session, name)
     field = _key_field(name, before, field, other=before.key_concurrency is not None)
-    conn = connection_of(session)
-    params = {
-        "b_queue": name,
-        "b_key_rate_limit": None if limit is None else limit.limit,
-        "b_key_rate_period": None if limit is None else limit.period,
-        "b_key_field": field,
-    }
-    conn.execute(queues_sql.set_key_rate(), params)
-    wake(conn, name)
+    _change(
+        session,
+        name,
+        queues_sql.set_key_rate(),
+        b_key_rate_limit=None if limit is None else limit.limit,
+        b_key_rate_period=None if limit is None else limit.period,
+        b_key_field=field,
+    )
     return before
 
 
@@ -324,10 +330,9 @@ def set_queue_key_concurrency(
     field = None if cap is None else _check_key(key)
     before = _limits_of(session, name)
     field = _key_field(name, before, field, other=before.key_rate is not None)
-    conn = connection_of(session)
-    params = {"b_queue": name, "b_key_concurrency": cap, "b_key_field": field}
-    conn.execute(queues_sql.set_key_concurrency(), params)
-    wake(conn, name)
+    _change(
+        session, name, queues_sql.set_key_concurrency(), b_key_concurrency=cap, b_key_field=field
+    )
     return before
 
 

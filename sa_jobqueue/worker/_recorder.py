@@ -182,8 +182,10 @@ class Recorder:
         When some of them hold slots of a limited queue, the statement also claims as many of
         that queue's jobs (the one with the most, if several), within its limits.
         """
-        with self._slots_lock:
-            freed = Counter(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
+        freed: Counter[str] = Counter()
+        if self._slots:  # only jobs of limited queues are noted there
+            with self._slots_lock:
+                freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
         if freed and self.handoff is not None:
             queue, n = freed.most_common(1)[0]
             try:

@@ -145,6 +145,17 @@ class Hammer:
 
         return run
 
+    def closing(self, on: Checked, loop: Callable[[], None]) -> Callable[[], None]:
+        """:meth:`guarded`, closing ``on``'s connection when the thread ends."""
+
+        def run() -> None:
+            try:
+                self.guarded(loop)()
+            finally:
+                on.close()
+
+        return run
+
     def claimer(self, n: int) -> Callable[[], None]:
         on = Checked(self.engine, self.check)
         claimer = limited_claimer(on, f"claimer-{n}")
@@ -156,13 +167,7 @@ class Hammer:
                 self.claims += 1
                 self.at_cap += at_cap
 
-        def run() -> None:
-            try:
-                self.guarded(once)()
-            finally:
-                on.close()
-
-        return run
+        return self.closing(on, once)
 
     def finisher(self) -> Callable[[], None]:
         on = Checked(self.engine, self.check)
@@ -193,13 +198,7 @@ class Hammer:
                 self.claimed.extend(row[6] for row in result if row[6] is not None)
                 self.handed_off += sum(row[6] is not None for row in result)
 
-        def run() -> None:
-            try:
-                self.guarded(once)()
-            finally:
-                on.close()
-
-        return run
+        return self.closing(on, once)
 
     def sampler(self) -> Callable[[], None]:
         def once() -> None:
