@@ -25,6 +25,7 @@ from .errors import InvalidJobError, JobQueueError, SchemaError
 from .observability import Observer
 from .ops.admin import JobInfo
 from .queue import JobQueue
+from .results import JobResult
 from .tasks import Backoff, Discard, JobContext, Retry, Task
 from .worker import Worker
 
@@ -44,6 +45,7 @@ __all__ = [
     "JobInfo",
     "JobQueue",
     "JobQueueError",
+    "JobResult",
     "Observer",
     "Retry",
     "SchemaError",

@@ -9,6 +9,9 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
      │    └── InvalidScheduleError             run_at is naive, or an option is out of range
      ├── UnknownTaskError (LookupError)      no task of that name is registered
+     ├── UnknownJobError (LookupError)       no job has that id (a wait for a result)
+     ├── ResultTimeoutError (TimeoutError)   a wait for a result ran out of time
+     ├── JobFailedError                      a result asked of a job that did not succeed
      ├── TaskDefinitionError (ValueError)    a task is declared twice, or with bad options
      ├── SchemaError                         the database lacks the schema this version needs
      │    ├── SchemaMissingError
@@ -57,6 +60,37 @@ class InvalidLimitError(JobQueueError, ValueError):
 
 class UnknownTaskError(JobQueueError, LookupError):
     """No task of that name is registered with this JobQueue."""
+
+
+class UnknownJobError(JobQueueError, LookupError):
+    """No job has that id: never enqueued, not committed yet, or pruned after its retention."""
+
+    def __init__(self, job_ids: list[int]) -> None:
+        shown = ", ".join(map(str, job_ids[:10])) + (", ..." if len(job_ids) > 10 else "")
+        super().__init__(f"no job with id {shown} (never enqueued, not committed, or pruned)")
+        self.job_ids = job_ids
+
+
+class ResultTimeoutError(JobQueueError, TimeoutError):
+    """A wait for a job's result ran out of time before the job ended."""
+
+    def __init__(self, job_ids: list[int], timeout: float) -> None:
+        shown = ", ".join(map(str, job_ids[:10])) + (", ..." if len(job_ids) > 10 else "")
+        super().__init__(f"job {shown} had not ended after {timeout:g} s")
+        self.job_ids = job_ids
+
+
+class JobFailedError(JobQueueError):
+    """The result of a job that did not succeed was asked for."""
+
+    def __init__(self, job_id: int, status: str, error: object) -> None:
+        why = ""
+        if isinstance(error, dict) and error.get("message"):
+            why = f": {error.get('type', 'error')}: {error['message']}"
+        super().__init__(f"job {job_id} is {status}, with no result{why}")
+        self.job_id = job_id
+        self.status = status
+        self.error = error
 
 
 class TaskDefinitionError(JobQueueError, ValueError):

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0010"
+SCHEMA_REVISION: Final = "sajq_0011"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -109,6 +109,9 @@ class Job(Base):
     #: With a unique period: the start of the window the job was enqueued in. No other job of
     #: the task with its key may be enqueued in that window, whatever this job's status.
     unique_window: Mapped[datetime | None]
+    #: What the handler returned, when its task keeps results (JSON; ``null`` for None);
+    #: written by the fenced completion. NULL for tasks that keep none, and until it succeeds.
+    result: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from . import results
 from ._binds import SessionLike, connection_of, run_async
 from ._enqueue import (
     Enqueued,
@@ -26,12 +27,16 @@ from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
 from .ops import admin
 from .ops.admin import JobInfo
 from .periodic import Schedule
+from .results import JobResult
 from .tasks import Backoff, Handler, Task
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from ._binds import AsyncSessionLike
 
-__all__ = ["Enqueued", "JobInfo", "JobQueue"]
+__all__ = ["Enqueued", "JobInfo", "JobQueue", "JobResult"]
 
 
 class JobQueue:
@@ -105,6 +110,7 @@ class JobQueue:
         unique_mode: UniqueMode = "skip",
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
+        keep_result: bool = False,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -122,6 +128,7 @@ class JobQueue:
         unique_mode: UniqueMode = "skip",
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
+        keep_result: bool = False,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
@@ -134,7 +141,9 @@ class JobQueue:
         or ``"debounce"``), ``debounce`` is the delay a debounced job is due after when the
         enqueue names no ``run_at``, and ``unique_period`` holds a key for the rest of the
         fixed window of that length its job was enqueued in, even once the job has finished.
-        Bad options raise TaskDefinitionError here.
+        ``keep_result`` stores what the handler returns with the job's completion (see
+        :meth:`get_result` and :meth:`wait_for_result`). Bad options raise
+        TaskDefinitionError here.
         """
 
         def register(handler: Handler) -> Task:
@@ -151,6 +160,7 @@ class JobQueue:
                 unique_mode=unique_mode,
                 unique_period=unique_period,
                 debounce=debounce,
+                keep_result=keep_result,
             )
             return self._registry.add(task)
 
@@ -527,6 +537,60 @@ class JobQueue:
             after_id=after_id,
             newest_first=newest_first,
         )
+
+    # -- results ----------------------------------------------------------------------------
+
+    def get_result(self, session: SessionLike, job_id: int) -> JobResult | None:
+        """Job ``job_id``'s outcome as the caller's transaction sees it (None: no such job):
+        its status, and, once it succeeded, what its handler returned if its task keeps
+        results (``keep_result=True``). ``.get()`` gives the value or raises JobFailedError."""
+        return results.get_result(session, job_id)
+
+    async def aget_result(self, session: AsyncSessionLike, job_id: int) -> JobResult | None:
+        """:meth:`get_result` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(session, lambda conn: results.get_result(conn, job_id))
+
+    @overload
+    def wait_for_result(self, engine: Engine, job_id: int, *, timeout: float) -> JobResult: ...
+
+    @overload
+    def wait_for_result(
+        self, engine: Engine, job_id: Sequence[int], *, timeout: float
+    ) -> list[JobResult]: ...
+
+    def wait_for_result(
+        self, engine: Engine, job_id: int | Sequence[int], *, timeout: float
+    ) -> JobResult | list[JobResult]:
+        """Block until job ``job_id`` has ended (succeeded, dead or cancelled), or every job of
+        a list of ids; the outcome, or the outcomes in the list's order.
+
+        Woken by the NOTIFY of a stored result as it commits, and reading the jobs again
+        every half second whatever it hears. Raises ResultTimeoutError after ``timeout``
+        seconds, and UnknownJobError at once for an id with no job (not committed yet, or
+        pruned). Takes one connection of ``engine`` while it waits. See
+        :mod:`sa_jobqueue.results`.
+        """
+        if isinstance(job_id, int):
+            return results.wait_for_results(engine, [job_id], timeout)[0]
+        return results.wait_for_results(engine, job_id, timeout)
+
+    @overload
+    async def await_result(
+        self, engine: AsyncEngine, job_id: int, *, timeout: float
+    ) -> JobResult: ...
+
+    @overload
+    async def await_result(
+        self, engine: AsyncEngine, job_id: Sequence[int], *, timeout: float
+    ) -> list[JobResult]: ...
+
+    async def await_result(
+        self, engine: AsyncEngine, job_id: int | Sequence[int], *, timeout: float
+    ) -> JobResult | list[JobResult]:
+        """:meth:`wait_for_result` on an asyncio event loop, with an ``AsyncEngine``."""
+        if isinstance(job_id, int):
+            return (await results.await_results(engine, [job_id], timeout))[0]
+        return await results.await_results(engine, job_id, timeout)
 
     def counts(self, session: SessionLike) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""

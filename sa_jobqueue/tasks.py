@@ -130,6 +130,12 @@ class Task:
     ``run_at``, and ``unique_period`` also holds a key for the rest of the fixed window of that
     length in which its job was enqueued, after the job has finished.
 
+    ``keep_result``: the handler's return value is stored with the job's completion (in the
+    same fenced statement, so a stale attempt stores nothing), as JSON under the rules and
+    size cap of payloads, and read back with ``JobQueue.get_result`` or waited for with
+    ``JobQueue.wait_for_result``. A value that cannot be stored fails the attempt with
+    :class:`~sa_jobqueue.errors.PayloadError` (retried like any failure).
+
     The handler is called as ``handler(ctx, payload)``; one that cannot be called that way
     (too few or too many required parameters, a required keyword-only one) is refused with
     TaskDefinitionError here, not at its first run. What the handler does with its arguments
@@ -148,8 +154,11 @@ class Task:
     unique_mode: UniqueMode = "skip"
     unique_period: timedelta | None = None
     debounce: timedelta | None = None
+    keep_result: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.keep_result, bool):
+            raise TaskDefinitionError(f"task {self.name!r}: keep_result must be True or False")
         if self.timeout is not None and self.timeout <= timedelta(0):
             raise TaskDefinitionError(f"task {self.name!r}: timeout must be above 0")
         if self.debounce is not None and self.unique_mode != "debounce":

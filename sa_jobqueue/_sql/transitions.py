@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any, Final
 
 from sqlalchemy import (
+    ColumnElement,
     Text,
     Update,
     bindparam,
     case,
     cast,
     func,
+    literal,
+    null,
     or_,
     update,
 )
@@ -45,8 +49,22 @@ def complete() -> Update:
             status=SUCCEEDED,
             finished_at=func.statement_timestamp(),
             visible_at=func.statement_timestamp(),
+            # ``:result``, the handler's return value as JSON text, for a task that keeps it.
+            result=cast(bindparam("result", value=None, type_=Text), JSONB),
         )
+        .returning(_notified())
     )
+
+
+#: The channel a stored result is announced on (its job's id as the payload), at commit:
+#: what ``wait_for_result`` listens to. Workers do not listen to it.
+RESULTS_CHANNEL: Final = "sa_jobqueue_results"
+
+
+def _notified() -> ColumnElement[Any]:
+    """A RETURNING column that announces the row's result, if it has one, at commit."""
+    announce = func.pg_notify(literal(RESULTS_CHANNEL), cast(j.id, Text))
+    return case((j.result.is_not(None), announce), else_=null()).label("notified")
 
 
 @cache
@@ -59,8 +77,12 @@ def complete_many() -> Update:
             status=SUCCEEDED,
             finished_at=func.statement_timestamp(),
             visible_at=func.statement_timestamp(),
+            # ``:results``: a JSON object from job id to result, for the jobs that keep one.
+            result=cast(bindparam("results", value="{}", type_=Text), JSONB).op("->")(
+                cast(j.id, Text)
+            ),
         )
-        .returning(j.id)
+        .returning(j.id, _notified())
     )
 
 

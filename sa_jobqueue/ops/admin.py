@@ -47,6 +47,8 @@ class JobInfo:
     last_error: Any
     cancel_requested: bool
     unique_key: str | None = None
+    #: What the handler returned, for a task that keeps results, once the job succeeded.
+    result: Any = None
 
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)

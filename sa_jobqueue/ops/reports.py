@@ -136,6 +136,8 @@ def job_detail(job: JobInfo, now: datetime) -> str:
         f"finished:     {moment(job.finished_at)}",
         "payload:      " + json.dumps(job.payload, ensure_ascii=False),
     ]
+    if job.result is not None:  # a task that keeps results, once the job succeeded
+        lines.append("result:       " + json.dumps(job.result, ensure_ascii=False))
     if isinstance(job.last_error, dict):
         lines.append(f"last error:   {_error(job, width=None)}")
         traceback = job.last_error.get("traceback")

@@ -274,10 +274,16 @@ class HandOff:
         self._stopping = stopping
 
     def complete(
-        self, conn: HeldConnection, batch: list[tuple[int, int]], queue: str, freed: int
+        self,
+        conn: HeldConnection,
+        batch: list[tuple[int, int]],
+        results: str,
+        queue: str,
+        freed: int,
     ) -> set[int]:
-        """Complete ``batch`` (fenced), and claim up to ``freed`` jobs of ``queue`` in the same
-        statement; the ids completed. The jobs claimed are submitted to the queue's lane."""
+        """Complete ``batch`` (fenced; ``results`` as ``transitions.complete_many`` takes them),
+        and claim up to ``freed`` jobs of ``queue`` in the same statement; the ids completed.
+        The jobs claimed are submitted to the queue's lane."""
         lane = self._lanes[queue]
         params = {
             "from_queue": queue,
@@ -285,6 +291,7 @@ class HandOff:
             "worker": self._worker,
             "job_ids": [job_id for job_id, _ in batch],
             "attempt_list": [attempt for _, attempt in batch],
+            "results": results,
         }
         statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)
         rows = conn.rows(statement, params)

@@ -30,8 +30,9 @@ class AttemptStopped(Exception):
 AttemptStopped.__module__ = "sa_jobqueue.execution"
 
 
-async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> None:
-    """Await an ``async def`` handler's coroutine, cancelling it once it should stop.
+async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> object:
+    """Await an ``async def`` handler's coroutine, cancelling it once it should stop; what it
+    returned.
 
     Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
     (timeout, cancellation, lost lease) it is cancelled at its next ``await``, and
@@ -44,7 +45,7 @@ async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> None:
             break
         await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)
     try:
-        await job
+        return await job
     except asyncio.CancelledError:
         raise AttemptStopped("the worker cancelled this attempt") from None
 

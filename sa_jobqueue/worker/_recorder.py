@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
@@ -101,6 +102,28 @@ class Reports:
             self.report(job_id, attempt, Outcome.LOST)
 
 
+class HeldResults:
+    """What handlers of tasks that keep results returned (JSON text), per attempt, until the
+    attempt's completion statement takes it; dropped when the attempt ends otherwise."""
+
+    def __init__(self) -> None:
+        self._held: dict[_Key, str] = {}
+
+    def hold(self, job: Claimed, text: str) -> None:
+        self._held[(job.id, job.attempts)] = text
+
+    def take(self, job_id: int, attempt: int) -> str | None:
+        """The attempt's result, if it has one; forgotten here."""
+        return self._held.pop((job_id, attempt), None) if self._held else None
+
+    def take_many(self, batch: Iterable[_Key]) -> str:
+        """The batch's results as one JSON object from job id to result (``{}``: none)."""
+        if not self._held:
+            return "{}"
+        found = ((job_id, self._held.pop((job_id, attempt), None)) for job_id, attempt in batch)
+        return "{" + ",".join(f'"{job_id}":{text}' for job_id, text in found if text) + "}"
+
+
 class Recorder:
     """Writes verdicts, each with its fenced statement, on the worker's own connections.
 
@@ -113,6 +136,8 @@ class Recorder:
         self._batch_conn = HeldConnection(single)  # the completer thread's alone
         #: Set by the worker: completes jobs holding slots and claims their successors at once.
         self.handoff: HandOff | None = None
+        #: The results waiting for their attempts' completions.
+        self.results = HeldResults()
         # The queue of each slot-holding attempt whose completion waits for its batch.
         self._slots: dict[_Key, str] = {}
         self._slots_lock = threading.Lock()
@@ -131,6 +156,8 @@ class Recorder:
         ``Complete(batched=False)`` is written in the handler's transaction instead (see
         :meth:`complete_in`); once that matched no row, the attempt is written as Abandon.
         """
+        if not isinstance(verdict, Complete):
+            self.results.take(job.id, job.attempts)  # not completed: nothing to store
         if isinstance(verdict, Complete):
             # Nothing to commit with the completion: it goes out in a batch with others'.
             if job.holds_slot:
@@ -158,8 +185,9 @@ class Recorder:
         the session back and records Abandon.
         """
         conn = session.connection()
+        params = {**_fence(job), "result": self.results.take(job.id, job.attempts)}
         with deadline(conn):
-            done = conn.execute(transitions.complete(), _fence(job)).rowcount == 1
+            done = conn.execute(transitions.complete(), params).rowcount == 1
             if done:
                 session.commit_for_real()
         if done:
@@ -169,7 +197,8 @@ class Recorder:
 
     async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
         """:meth:`complete_in`, for an async handler's session."""
-        result = await session.execute(transitions.complete(), _fence(job))
+        params = {**_fence(job), "result": self.results.take(job.id, job.attempts)}
+        result = await session.execute(transitions.complete(), params)
         if cast(CursorResult[Any], result).rowcount != 1:
             return False
         await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
@@ -186,10 +215,11 @@ class Recorder:
         if self._slots:  # only jobs of limited queues are noted there
             with self._slots_lock:
                 freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
+        results = self.results.take_many(batch)
         if freed and self.handoff is not None:
             queue, n = freed.most_common(1)[0]
             try:
-                return self.handoff.complete(self._batch_conn, batch, queue, n)
+                return self.handoff.complete(self._batch_conn, batch, results, queue, n)
             except SQLAlchemyError as exc:  # completed below, without the claim
                 log.warning("completing and claiming in one failed: %s", one_line(exc))
         rows = self._batch_conn.rows(
@@ -197,6 +227,7 @@ class Recorder:
             {
                 "job_ids": [job_id for job_id, _ in batch],
                 "attempt_list": [attempt for _, attempt in batch],
+                "results": results,
             },
             # A connection lost on the way (a silent network cut at its deadline) most likely
             # never delivered the statement: try once more on a fresh one rather than leave
@@ -209,7 +240,12 @@ class Recorder:
         """Complete a group's jobs on its shared connection; the ids that matched."""
         if not jobs:
             return set()
-        params = {"job_ids": [j.id for j in jobs], "attempt_list": [j.attempts for j in jobs]}
+        pairs = [(j.id, j.attempts) for j in jobs]
+        params = {
+            "job_ids": [job_id for job_id, _ in pairs],
+            "attempt_list": [attempt for _, attempt in pairs],
+            "results": self.results.take_many(pairs),
+        }
         return set(conn.execute(transitions.complete_many(), params).scalars())
 
     # -- no completion ----------------------------------------------------------------------

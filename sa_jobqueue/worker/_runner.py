@@ -24,6 +24,7 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
 from ..observability import JobRun
 from ..queue import JobQueue
@@ -182,9 +183,10 @@ class Runner:
         started = time.monotonic()
         try:
             with self._observe.running(run) if run is not None else contextlib.nullcontext():
-                task.handler(ctx, payload)
+                value = task.handler(ctx, payload)
                 if ctx.session_used:
                     ctx.session.flush()
+            self._keep(job, task, value)
         except Exception as exc:
             failure = exc
         self._ran(job, run, time.monotonic() - started)
@@ -193,6 +195,19 @@ class Runner:
         else:
             self._settle_alone(job, task, ctx, failure)
         return None
+
+    def _keep(self, job: Claimed, task: Task, value: object) -> None:
+        """A task that keeps results: hold what its handler returned, as JSON, for the
+        completion to store. A value payloads could not carry raises PayloadError (the attempt
+        fails)."""
+        if task.keep_result:
+            try:
+                text = encode_payload(value, max_bytes=self._queue.max_payload_bytes)
+            except PayloadError as exc:
+                raise PayloadError(
+                    f"task {task.name!r} keeps its result, which cannot be stored: {exc}"
+                ) from None
+            self._recorder.results.hold(job, text)
 
     def _starting(self, job: Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
         """Just before a handler starts: arm its timeout, give the heartbeat its context."""
@@ -319,9 +334,12 @@ class Runner:
                     with (
                         self._observe.running(run) if run is not None else contextlib.nullcontext()
                     ):
-                        await supervised(cast(Awaitable[object], task.handler(ctx, payload)), ctx)
+                        value = await supervised(
+                            cast(Awaitable[object], task.handler(ctx, payload)), ctx
+                        )
                         if ctx.async_session_used:
                             await ctx.async_session.flush()
+                    self._keep(job, task, value)
                 except Exception as exc:
                     failure = exc
                 self._ran(job, run, time.monotonic() - started)
