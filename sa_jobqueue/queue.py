@@ -24,6 +24,8 @@ from ._enqueue import (
 )
 from ._registry import TaskRegistry, handler_name
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
+from .errors import TaskDefinitionError
+from .middleware import Enqueueing, Middleware, enqueue_chain
 from .ops import admin
 from .ops.admin import JobInfo
 from .periodic import Schedule
@@ -31,7 +33,7 @@ from .results import JobResult
 from .tasks import Backoff, Handler, Task
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from ._binds import AsyncSessionLike
@@ -64,6 +66,10 @@ class JobQueue:
     worker can die after the work but before recording it); writes made through the handler's
     ``ctx.session`` are the exception and take effect exactly once.
 
+    ``middleware``: :class:`~sa_jobqueue.middleware.Middleware` objects run around every
+    enqueue (in the caller's transaction) and every attempt (inside it); see
+    :mod:`sa_jobqueue.middleware`.
+
     ``tracing=True`` (needs ``opentelemetry-api``, the ``tracing`` extra) stores the current
     OpenTelemetry trace context in each job enqueued inside a span, and makes ``sa-jobqueue
     worker`` run each job in a span linked to it; see :mod:`sa_jobqueue.tracing`.
@@ -75,8 +81,14 @@ class JobQueue:
         default_queue: str = "default",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         tracing: bool = False,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.default_queue = check_queue_name(default_queue)
+        if not all(isinstance(layer, Middleware) for layer in middleware):
+            raise TaskDefinitionError("middleware must be Middleware objects (subclass it)")
+        #: Around every enqueue and every attempt, the first outermost (see
+        #: :mod:`sa_jobqueue.middleware`).
+        self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self.max_payload_bytes = max_payload_bytes
         #: Whether enqueues record the trace context (and the CLI worker traces each job).
         self.tracing = tracing
@@ -252,21 +264,21 @@ class JobQueue:
         taken by a transaction that committed after yours began raises a serialization error
         instead (retry the transaction). See the unique jobs how-to for the whole story.
         """
-        keys = None if unique_key is None else [unique_key]
-        new = self._new_jobs(
-            task,
-            [payload],
-            keys,
-            run_at,
-            priority,
-            queue,
-            max_attempts,
-            lease,
-            backoff,
-            unique_mode,
-            unique_period,
+        options = _given(
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            max_attempts=max_attempts,
+            lease=lease,
+            backoff=backoff,
+            unique_mode=unique_mode,
+            unique_period=unique_period,
         )
-        return insert_one(connection_of(session), new)
+        keys = None if unique_key is None else [unique_key]
+        conn = connection_of(session)
+        if self.middleware:
+            return self._through(conn, task, [payload], keys, options, _insert_one)[0]
+        return insert_one(conn, self._new_jobs(task, [payload], keys, options))
 
     async def aenqueue(
         self,
@@ -289,20 +301,28 @@ class JobQueue:
         The job is written in the async session's transaction and exists if and only if that
         commits; bad input raises before any SQL is sent.
         """
-        keys = None if unique_key is None else [unique_key]
-        new = self._new_jobs(
-            task,
-            [payload],
-            keys,
-            run_at,
-            priority,
-            queue,
-            max_attempts,
-            lease,
-            backoff,
-            unique_mode,
-            unique_period,
+        options = _given(
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            max_attempts=max_attempts,
+            lease=lease,
+            backoff=backoff,
+            unique_mode=unique_mode,
+            unique_period=unique_period,
         )
+        keys = None if unique_key is None else [unique_key]
+        if self.middleware:
+            trace = self._traced()
+            return (
+                await run_async(
+                    session,
+                    lambda conn: self._through(
+                        conn, task, [payload], keys, options, _insert_one, trace
+                    ),
+                )
+            )[0]
+        new = self._new_jobs(task, [payload], keys, options)
         return await run_async(session, lambda conn: insert_one(conn, new))
 
     def enqueue_many(
@@ -338,22 +358,21 @@ class JobQueue:
         """
         items = list(payloads)
         keys = None if unique_keys is None else list(unique_keys)
-        new = self._new_jobs(
-            task,
-            items,
-            keys,
-            run_at,
-            priority,
-            queue,
-            max_attempts,
-            lease,
-            backoff,
-            unique_mode,
-            unique_period,
+        options = _given(
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            max_attempts=max_attempts,
+            lease=lease,
+            backoff=backoff,
+            unique_mode=unique_mode,
+            unique_period=unique_period,
         )
-        if not items:
-            return []
-        return insert_many(connection_of(session), new)
+        conn = connection_of(session)
+        if self.middleware:
+            return self._through(conn, task, items, keys, options, insert_many)
+        new = self._new_jobs(task, items, keys, options)
+        return insert_many(conn, new) if items else []
 
     async def aenqueue_many(
         self,
@@ -374,19 +393,23 @@ class JobQueue:
         """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
         items = list(payloads)
         keys = None if unique_keys is None else list(unique_keys)
-        new = self._new_jobs(
-            task,
-            items,
-            keys,
-            run_at,
-            priority,
-            queue,
-            max_attempts,
-            lease,
-            backoff,
-            unique_mode,
-            unique_period,
+        options = _given(
+            run_at=run_at,
+            priority=priority,
+            queue=queue,
+            max_attempts=max_attempts,
+            lease=lease,
+            backoff=backoff,
+            unique_mode=unique_mode,
+            unique_period=unique_period,
         )
+        if self.middleware:
+            trace = self._traced()
+            return await run_async(
+                session,
+                lambda conn: self._through(conn, task, items, keys, options, insert_many, trace),
+            )
+        new = self._new_jobs(task, items, keys, options)
         if not items:
             return []
         return await run_async(session, lambda conn: insert_many(conn, new))
@@ -396,56 +419,61 @@ class JobQueue:
         task: str | Task,
         payloads: list[Any],
         unique_keys: Sequence[str | None] | None,
-        run_at: datetime | timedelta | None,
-        priority: int | None,
-        queue: str | None,
-        max_attempts: int | None,
-        lease: timedelta | None,
-        backoff: Backoff | None,
-        unique_mode: UniqueMode | None = None,
-        unique_period: timedelta | None = None,
+        options: Mapping[str, Any],
+        trace: Callable[[], str | None] | None = None,
     ) -> NewJobs:
         """Check and encode everything enqueue was given; no I/O.
 
         ``unique_keys`` is parallel to ``payloads``; for a None entry (or no list) the task's
-        function, if it has one, gives the key.
+        function, if it has one, gives the key. ``options`` are the enqueue options given
+        (none: the task's defaults, resolved once). ``trace`` gives the trace context, when
+        it was taken before (see :meth:`_traced`).
         """
         found = self._registry.lookup(task)
-        overrides = (
-            run_at,
-            priority,
-            queue,
-            max_attempts,
-            lease,
-            backoff,
-            unique_mode,
-            unique_period,
-        )
-        if all(option is None for option in overrides):
-            options = self._defaults.get(found.name)
-            if options is None or options.task is not found:
-                options = self._defaults[found.name] = resolve_options(found)
+        if not options:
+            resolved = self._defaults.get(found.name)
+            if resolved is None or resolved.task is not found:
+                resolved = self._defaults[found.name] = resolve_options(found)
         else:
-            options = resolve_options(
-                found,
-                run_at,
-                priority,
-                queue,
-                max_attempts,
-                lease,
-                backoff,
-                unique_mode,
-                unique_period,
-            )
+            resolved = resolve_options(found, **options)
         # The trace context is taken before any I/O and in the caller's thread or task: the
         # span that is current where enqueue was called is the one the job's run points to.
         return new_jobs(
-            options,
+            resolved,
             payloads,
             unique_keys,
             max_payload_bytes=self.max_payload_bytes,
-            trace_context=self._trace_context,
+            trace_context=trace or self._trace_context,
         )
+
+    def _traced(self) -> Callable[[], str | None] | None:
+        """The trace context of the caller, taken now (an async enqueue's middleware runs in
+        SQLAlchemy's greenlet, where the caller's context variables are not current)."""
+        if self._trace_context is None:
+            return None
+        context = self._trace_context()
+        return lambda: context
+
+    def _through(
+        self,
+        conn: Connection,
+        task: str | Task,
+        payloads: list[Any],
+        unique_keys: Sequence[str | None] | None,
+        options: Mapping[str, Any],
+        insert: Callable[[Connection, NewJobs], list[Enqueued]],
+        trace: Callable[[], str | None] | None = None,
+    ) -> list[Enqueued]:
+        """Enqueue through the middleware: each may change the call, or refuse it."""
+
+        def proceed(call: Enqueueing) -> list[Enqueued]:
+            keys = None if call.unique_keys is None else list(call.unique_keys)
+            new = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
+            return insert(call.connection, new) if call.payloads else []
+
+        found = self._registry.lookup(task)
+        call = Enqueueing(found, tuple(payloads), unique_keys, dict(options), conn)
+        return enqueue_chain(self.middleware, proceed)(call)
 
     # -- job admin: see sa_jobqueue.ops.admin ----------------------------------------------------
 
@@ -595,3 +623,12 @@ class JobQueue:
     def counts(self, session: SessionLike) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""
         return admin.count_jobs(session)
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The enqueue options a call gave (left out: None), by name."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
+    return [insert_one(conn, new)]

@@ -15,7 +15,6 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable
 from concurrent.futures import Future
 from queue import Empty
 from typing import TYPE_CHECKING, Any, cast
@@ -26,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
+from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
 from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
@@ -183,7 +183,7 @@ class Runner:
         started = time.monotonic()
         try:
             with self._observe.running(run) if run is not None else contextlib.nullcontext():
-                value = task.handler(ctx, payload)
+                value = self._handler(task)(ctx, payload)
                 if ctx.session_used:
                     ctx.session.flush()
             self._keep(job, task, value)
@@ -195,6 +195,16 @@ class Runner:
         else:
             self._settle_alone(job, task, ctx, failure)
         return None
+
+    def _handler(self, task: Task) -> ProceedRun:
+        """The task's handler, inside the queue's middleware (none: the handler itself)."""
+        middleware = self._queue.middleware
+        return run_chain(middleware, task.handler) if middleware else task.handler
+
+    def _ahandler(self, task: Task) -> ProceedArun:
+        """:meth:`_handler` for an ``async def`` handler."""
+        handler = cast(ProceedArun, task.handler)
+        return arun_chain(self._queue.middleware, handler) if self._queue.middleware else handler
 
     def _keep(self, job: Claimed, task: Task, value: object) -> None:
         """A task that keeps results: hold what its handler returned, as JSON, for the
@@ -334,9 +344,7 @@ class Runner:
                     with (
                         self._observe.running(run) if run is not None else contextlib.nullcontext()
                     ):
-                        value = await supervised(
-                            cast(Awaitable[object], task.handler(ctx, payload)), ctx
-                        )
+                        value = await supervised(self._ahandler(task)(ctx, payload), ctx)
                         if ctx.async_session_used:
                             await ctx.async_session.flush()
                     self._keep(job, task, value)
