@@ -32,7 +32,7 @@ from sa_jobqueue.testing import drain
 from tests.apps import results as app
 from tests.apps.results import notes, queue
 from tests.helpers.jobs import statuses
-from tests.helpers.processes import WorkerApp, Workers
+from tests.helpers.processes import WorkerApp, Workers, run_cli
 from tests.helpers.waiting import wait_for
 
 TABLES = app.metadata
@@ -291,3 +291,15 @@ def test_results_of_a_capped_queue_whose_completions_claim_the_next_jobs(
     ids = [enqueue(engine, "add", {"a": n, "b": 0}) for n in range(10)]
     assert drain(queue, engine).succeeded == 10
     assert [stored(engine, job_id)["sum"] for job_id in ids] == list(range(10))
+
+
+def test_jobs_show_prints_the_result(tables: sa.Engine, database_url: URL) -> None:
+    job_id = enqueue(tables, "add", {"a": 4, "b": 5})
+    plain = enqueue(tables, "forgetful")
+    drain(queue, tables)
+    url = database_url.render_as_string(hide_password=False)
+    shown = run_cli("jobs", "show", str(job_id), "--database-url", url)
+    assert shown.returncode == 0, shown.stderr
+    assert 'result:       {"sum": 9, "parts": [4, 5]}' in shown.stdout.splitlines()
+    shown = run_cli("jobs", "show", str(plain), "--database-url", url)
+    assert not any(line.startswith("result:") for line in shown.stdout.splitlines())
