@@ -396,6 +396,10 @@ def _insert_unique_many(
         traced = new.trace_context is not None
         update = enqueue_sql.update_held(options.unique_mode, options.schedule, traced, many=True)
     for _ in range(UNIQUE_ROUNDS):
+        # Keys in one order (keyless payloads first, in theirs): two batches sharing keys then
+        # take them one after another in the same order and wait for each other rather than
+        # deadlock, as they could taking them in the order their payloads came in.
+        todo.sort(key=lambda i: (new.keys[i] is not None, new.keys[i] or ""))
         rows = conn.execute(
             statement,
             {

@@ -419,3 +419,43 @@ def test_enqueuers_racing_a_finisher_always_get_a_job_holding_the_key(
     assert set(rows) == set(created)  # every row was reported created exactly once
     assert {rows[job] for job in results} == {"hot"}
     assert len(live(engine, "sync", "hot")) <= 1
+
+
+def test_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock(
+    engine: sa.Engine, queue: JobQueue
+) -> None:
+    """Two sessions enqueue batches of the same 40 keys at once, one in the reverse order of the
+    other, round after round: each key gets one job, and no statement is chosen as a deadlock
+    victim (each batch takes its keys in one order, whatever order the payloads came in)."""
+    keys = [f"k{n:02d}" for n in range(40)]
+    rounds = 15
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def enqueuer(order: list[str]) -> None:
+        try:
+            for k in range(rounds):
+                barrier.wait(timeout=30)
+                with Session(engine) as session, session.begin():
+                    queue.enqueue_many(
+                        session,
+                        "sync",
+                        [{"r": k}] * len(order),
+                        unique_keys=[f"{k}:{o}" for o in order],
+                    )
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=enqueuer, args=(order,)) for order in (keys, keys[::-1])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    with reading(engine) as conn:
+        per_key = conn.execute(
+            select(j.unique_key, func.count()).where(j.task == "sync").group_by(j.unique_key)
+        ).all()
+    assert len(per_key) == rounds * len(keys)
+    assert {n for _, n in per_key} == {1}
