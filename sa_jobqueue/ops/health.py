@@ -96,7 +96,7 @@ def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Findin
     """Check the queue's health; one :class:`Finding` per check, in a fixed order.
 
     Severities: ``critical`` for a schema that workers would refuse, and for due jobs with no
-    live worker; ``warning`` for anything over a threshold (see :class:`Thresholds`) and for
+    live worker (jobs of paused queues aside); ``warning`` for anything over a threshold (see :class:`Thresholds`) and for
     no live worker with nothing due; ``ok`` otherwise. Reads only, in ``conn``'s
     transaction. With the schema missing or outdated, the job and worker checks are skipped
     (only the schema and the server-wide checks are reported).
@@ -134,12 +134,17 @@ def _check_workers(conn: Connection, t: Thresholds) -> Finding:
     registered, fresh = conn.execute(worker_freshness(), params).one()
     if fresh:
         return Finding("workers", OK, f"{fresh} live worker(s)", value=fresh)
-    due = sum(n for _, n, _ in conn.execute(due_per_queue()))
+    # Due jobs of a paused queue would not start with workers either: they make no emergency.
+    paused = {q for q, _ in conn.execute(paused_for())}
+    per_queue = [(q, n) for q, n, _ in conn.execute(due_per_queue())]
+    due = sum(n for q, n in per_queue if q not in paused)
+    held = sum(n for q, n in per_queue if q in paused)
     stale = f" ({registered} registered, all stale)" if registered else ""
+    also = f" (and {held} in paused queues)" if held else ""
     return Finding(
         "workers",
         CRITICAL if due else WARNING,
-        f"no worker seen in the last {span(t.stale_after)}{stale}; {due} job(s) due",
+        f"no worker seen in the last {span(t.stale_after)}{stale}; {due} job(s) due{also}",
         "start workers (`sa-jobqueue worker module:queue`), or find out why they stopped"
         " (crashed, cannot reach the database, a lost network)",
         value=0,

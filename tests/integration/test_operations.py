@@ -18,7 +18,7 @@ from sa_jobqueue import InvalidJobError, JobQueue
 from sa_jobqueue._sql.claiming import claim
 from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table, workers_table
-from sa_jobqueue.ops import stats, worst
+from sa_jobqueue.ops import pause_queue, stats, worst
 from sa_jobqueue.ops.workers import (
     expire_workers,
     register_worker,
@@ -264,6 +264,19 @@ def test_check_without_live_workers(conn: sa.Connection) -> None:
     assert worst(found.values()) == "critical"
     add_worker(conn, "fresh")
     assert findings(conn)["workers"].severity == "ok"
+
+
+def test_check_without_live_workers_and_only_paused_queues_due_is_a_warning(
+    conn: sa.Connection,
+) -> None:
+    add_worker(conn, "stale", seen_ago=300)
+    add_job(conn, queue="held")
+    pause_queue(conn, "held")
+    workers = findings(conn)["workers"]
+    assert workers.severity == "warning"  # a worker would not start them either
+    assert workers.message.endswith("0 job(s) due (and 1 in paused queues)")
+    add_job(conn, queue="open")
+    assert findings(conn)["workers"].severity == "critical"
 
 
 def test_check_backlog_waiting_too_long(conn: sa.Connection) -> None:
