@@ -96,10 +96,10 @@ def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Findin
     """Check the queue's health; one :class:`Finding` per check, in a fixed order.
 
     Severities: ``critical`` for a schema that workers would refuse, and for due jobs with no
-    live worker (jobs of paused queues aside); ``warning`` for anything over a threshold (see :class:`Thresholds`) and for
-    no live worker with nothing due; ``ok`` otherwise. Reads only, in ``conn``'s
-    transaction. With the schema missing or outdated, the job and worker checks are skipped
-    (only the schema and the server-wide checks are reported).
+    live worker (jobs of paused queues aside); ``warning`` for anything over a threshold (see
+    :class:`Thresholds`) and for no live worker with nothing due; ``ok`` otherwise. Reads
+    only, in ``conn``'s transaction. With the schema missing or outdated, the job and worker
+    checks are skipped (only the schema and the server-wide checks are reported).
     """
     t = thresholds or Thresholds()
     findings = [_check_schema(conn)]
