@@ -25,6 +25,9 @@ What the queue holds, from :class:`QueueCollector`, read from the database at ea
   all workers), only for queues with one;
 * ``sa_jobqueue_queue_rate_limit{queue}``: the queue's rate limit in job starts per second
   (``50/1m`` is 0.833...), only for queues with one;
+* ``sa_jobqueue_queue_key_concurrency_limit{queue}`` and
+  ``sa_jobqueue_queue_key_rate_limit{queue}``: the same per key (jobs of one task with the same
+  value of the payload's key field), only for queues with them;
 * ``sa_jobqueue_scrape_errors_total``: scrapes whose database query failed.
 
 Every worker reports the same queue gauges: aggregate them with ``max by (queue)``, not
@@ -221,7 +224,7 @@ class QueueCollector:
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
-        jobs, due, age, paused, cap, rate, errors = self._families()
+        jobs, due, age, paused, cap, rate, key_cap, key_rate, errors = self._families()
         read = self._read()
         if read is not None:
             rows, paused_now, limits = read
@@ -241,19 +244,25 @@ class QueueCollector:
             for queue in sorted(seen | set(self.queues) | paused_now):
                 paused.add_metric([queue], 1 if queue in paused_now else 0)
             # No series for a queue without the limit: 0 would read as "none may run".
-            for queue, concurrency, count, period, *_ in limits:
+            for queue, concurrency, count, period, _, per_key, _, key_count, key_period in limits:
                 if concurrency is not None:
                     cap.add_metric([queue], concurrency)
                 if count is not None:
                     rate.add_metric([queue], count / period.total_seconds())
+                if per_key is not None:
+                    key_cap.add_metric([queue], per_key)
+                if key_count is not None:
+                    key_rate.add_metric([queue], key_count / key_period.total_seconds())
         errors.add_metric([], self._errors)
         if read is None:
             return [errors]
-        return [jobs, due, age, paused, cap, rate, errors]
+        return [jobs, due, age, paused, cap, rate, key_cap, key_rate, errors]
 
     def _families(
         self,
     ) -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
@@ -291,6 +300,17 @@ class QueueCollector:
             GaugeMetricFamily(
                 "sa_jobqueue_queue_rate_limit",
                 "The queue's rate limit, in job starts per second, across all workers.",
+                labels=["queue"],
+            ),
+            GaugeMetricFamily(
+                "sa_jobqueue_queue_key_concurrency_limit",
+                "The queue's cap per key: at most this many jobs of one task with one key run"
+                " at once.",
+                labels=["queue"],
+            ),
+            GaugeMetricFamily(
+                "sa_jobqueue_queue_key_rate_limit",
+                "The queue's rate per key, in job starts per second for each key.",
                 labels=["queue"],
             ),
             CounterMetricFamily(

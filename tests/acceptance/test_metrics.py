@@ -27,6 +27,8 @@ from sa_jobqueue.ops import (
     clear_queue_limits,
     pause_queue,
     set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from tests.apps.observed import queue
@@ -201,6 +203,8 @@ def test_limits_are_gauges_of_the_limited_queues_only(engine: sa.Engine) -> None
         set_queue_concurrency(conn, "reports", 3)  # no jobs yet, and no worker serves it
         set_queue_rate(conn, "reports", "50/m")
         set_queue_rate(conn, "emails", "10/s")
+        set_queue_key_concurrency(conn, "api", 2, key="customer")
+        set_queue_key_rate(conn, "api", "30/m", key="customer")
     server = start_metrics_server(
         0, engine, addr="127.0.0.1", queues=["default"], stats_interval=timedelta(0)
     )
@@ -214,6 +218,14 @@ def test_limits_are_gauges_of_the_limited_queues_only(engine: sa.Engine) -> None
         assert value(samples, cap, queue="emails") is None
         assert value(samples, cap, queue="default") is None
         assert value(samples, rate, queue="default") is None
+        key_cap, key_rate = (
+            "sa_jobqueue_queue_key_concurrency_limit",
+            "sa_jobqueue_queue_key_rate_limit",
+        )
+        assert value(samples, key_cap, queue="api") == 2
+        assert value(samples, key_rate, queue="api") == pytest.approx(0.5)
+        assert value(samples, key_cap, queue="reports") is None
+        assert value(samples, cap, queue="api") is None
 
         with engine.begin() as conn:
             clear_queue_limits(conn, "reports")
