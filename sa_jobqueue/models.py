@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0011"
+SCHEMA_REVISION: Final = "sajq_0012"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -43,7 +43,9 @@ RUNNING: Final = "running"
 SUCCEEDED: Final = "succeeded"
 DEAD: Final = "dead"
 CANCELLED: Final = "cancelled"
-STATUSES: Final = (QUEUED, RUNNING, SUCCEEDED, DEAD, CANCELLED)
+#: Enqueued with dependencies that have not all succeeded: outside the claim index until then.
+WAITING: Final = "waiting"
+STATUSES: Final = (WAITING, QUEUED, RUNNING, SUCCEEDED, DEAD, CANCELLED)
 FINISHED_STATUSES: Final = (SUCCEEDED, DEAD, CANCELLED)
 #: Finished states that pruning deletes after the retention period; dead jobs are kept until
 #: requeued or purged by hand.
@@ -285,11 +287,43 @@ class KeyStarts(Base):
     starts: Mapped[int] = mapped_column(Integer)
 
 
+class Dependency(Base):
+    """An edge of a workflow: job ``job_id`` waits for job ``depends_on`` to end.
+
+    ``pending`` until ``depends_on`` ends (then settled, once, in the statement that ends it, or
+    by the enqueue's check at its commit); a job waits (status ``waiting``) while any of its
+    edges is pending. ``on_failure`` says what a dependency that ends dead or cancelled does to
+    the job: ``cancel`` it (and, in turn, what waits for it), or ``run`` it as if it had
+    succeeded. ``recheck``: the dependency existed and had not ended when the edge was made,
+    so the enqueue looks at it again when it commits (see revision ``sajq_0012``).
+    """
+
+    __tablename__ = "sa_jobqueue_dependencies"
+
+    # No foreign keys: every job pruned would pay their checks, whether or not any job ever had
+    # a dependency. An edge outlives its jobs only once settled; pruning deletes it then.
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    depends_on: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    on_failure: Mapped[str] = mapped_column(Text)
+    pending: Mapped[bool]
+    recheck: Mapped[bool] = mapped_column(server_default=text("false"))
+
+    __table_args__ = (
+        CheckConstraint("on_failure IN ('cancel', 'run')", name="on_failure"),
+        CheckConstraint("job_id <> depends_on", name="not_itself"),
+        # What ends a job looks its dependents up by the job's id.
+        Index("sa_jobqueue_dependencies_depends_on_idx", "depends_on"),
+        # Whether a job still has a pending edge: one probe, however many are settled.
+        Index("sa_jobqueue_dependencies_pending_idx", "job_id", postgresql_where=text("pending")),
+    )
+
+
 jobs_table: Final = cast(Table, Job.__table__)
 periodic_table: Final = cast(Table, Periodic.__table__)
 workers_table: Final = cast(Table, WorkerRecord.__table__)
 queues_table: Final = cast(Table, QueueSettings.__table__)
 key_starts_table: Final = cast(Table, KeyStarts.__table__)
+dependencies_table: Final = cast(Table, Dependency.__table__)
 
 
 def prunable() -> ColumnElement[bool]:

@@ -7,6 +7,7 @@ in :mod:`sa_jobqueue._enqueue` (one option resolver for every enqueue path), and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -31,6 +32,7 @@ from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
 from .tasks import Backoff, Handler, Task
+from .workflows import Dependency, check_dependencies, enqueue_with
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -242,6 +244,7 @@ class JobQueue:
         unique_key: str | None = None,
         unique_mode: UniqueMode | None = None,
         unique_period: timedelta | None = None,
+        depends_on: Sequence[int | Dependency] | None = None,
     ) -> Enqueued:
         """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
 
@@ -263,6 +266,11 @@ class JobQueue:
         of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
         taken by a transaction that committed after yours began raises a serialization error
         instead (retry the transaction). See the unique jobs how-to for the whole story.
+
+        ``depends_on``: job ids (or :class:`~sa_jobqueue.workflows.Dependency` edges) the job
+        waits for: it is ``waiting`` until they have all ended, then runs; one that ends dead
+        or cancelled cancels it unless its edge says ``on_failure="run"``. An id with no job
+        raises UnknownJobError before the job is inserted. See :mod:`sa_jobqueue.workflows`.
         """
         options = _given(
             run_at=run_at,
@@ -275,10 +283,16 @@ class JobQueue:
             unique_period=unique_period,
         )
         keys = None if unique_key is None else [unique_key]
+        edges = check_dependencies(depends_on)
         conn = connection_of(session)
         if self.middleware:
-            return self._through(conn, task, [payload], keys, options, _insert_one)[0]
-        return insert_one(conn, self._new_jobs(task, [payload], keys, options))
+            insert = functools.partial(
+                self._through, conn, task, [payload], keys, options, _insert_one
+            )
+        else:
+            new = self._new_jobs(task, [payload], keys, options)
+            insert = functools.partial(_insert_one, conn, new)
+        return enqueue_with(conn, edges, insert)[0]
 
     async def aenqueue(
         self,
@@ -295,6 +309,7 @@ class JobQueue:
         unique_key: str | None = None,
         unique_mode: UniqueMode | None = None,
         unique_period: timedelta | None = None,
+        depends_on: Sequence[int | Dependency] | None = None,
     ) -> Enqueued:
         """:meth:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees.
 
@@ -312,18 +327,24 @@ class JobQueue:
             unique_period=unique_period,
         )
         keys = None if unique_key is None else [unique_key]
+        edges = check_dependencies(depends_on)
         if self.middleware:
             trace = self._traced()
-            return (
-                await run_async(
-                    session,
-                    lambda conn: self._through(
-                        conn, task, [payload], keys, options, _insert_one, trace
-                    ),
+
+            def through(conn: Connection) -> list[Enqueued]:
+                insert = functools.partial(
+                    self._through, conn, task, [payload], keys, options, _insert_one, trace
                 )
-            )[0]
+                return enqueue_with(conn, edges, insert)
+
+            return (await run_async(session, through))[0]
         new = self._new_jobs(task, [payload], keys, options)
-        return await run_async(session, lambda conn: insert_one(conn, new))
+        return (
+            await run_async(
+                session,
+                lambda conn: enqueue_with(conn, edges, functools.partial(_insert_one, conn, new)),
+            )
+        )[0]
 
     def enqueue_many(
         self,
@@ -340,6 +361,7 @@ class JobQueue:
         unique_keys: Sequence[str | None] | None = None,
         unique_mode: UniqueMode | None = None,
         unique_period: timedelta | None = None,
+        depends_on: Sequence[int | Dependency] | None = None,
     ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one go; return their ids in order.
 
@@ -355,6 +377,8 @@ class JobQueue:
         payload of the batch with the same key as an earlier one: it gets the earlier one's job.
         In replace and debounce modes the last payload of a key is the one kept, as if the
         payloads had been enqueued one after another.
+
+        ``depends_on``: as for :meth:`enqueue`, for every job of the batch.
         """
         items = list(payloads)
         keys = None if unique_keys is None else list(unique_keys)
@@ -368,11 +392,16 @@ class JobQueue:
             unique_mode=unique_mode,
             unique_period=unique_period,
         )
+        edges = check_dependencies(depends_on)
         conn = connection_of(session)
         if self.middleware:
-            return self._through(conn, task, items, keys, options, insert_many)
-        new = self._new_jobs(task, items, keys, options)
-        return insert_many(conn, new) if items else []
+            insert = functools.partial(self._through, conn, task, items, keys, options, insert_many)
+        else:
+            new = self._new_jobs(task, items, keys, options)
+            if not items:
+                return []
+            insert = functools.partial(insert_many, conn, new)
+        return enqueue_with(conn, edges, insert)
 
     async def aenqueue_many(
         self,
@@ -389,6 +418,7 @@ class JobQueue:
         unique_keys: Sequence[str | None] | None = None,
         unique_mode: UniqueMode | None = None,
         unique_period: timedelta | None = None,
+        depends_on: Sequence[int | Dependency] | None = None,
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
         items = list(payloads)
@@ -403,16 +433,24 @@ class JobQueue:
             unique_mode=unique_mode,
             unique_period=unique_period,
         )
+        edges = check_dependencies(depends_on)
         if self.middleware:
             trace = self._traced()
-            return await run_async(
-                session,
-                lambda conn: self._through(conn, task, items, keys, options, insert_many, trace),
-            )
+
+            def through(conn: Connection) -> list[Enqueued]:
+                insert = functools.partial(
+                    self._through, conn, task, items, keys, options, insert_many, trace
+                )
+                return enqueue_with(conn, edges, insert)
+
+            return await run_async(session, through)
         new = self._new_jobs(task, items, keys, options)
         if not items:
             return []
-        return await run_async(session, lambda conn: insert_many(conn, new))
+        return await run_async(
+            session,
+            lambda conn: enqueue_with(conn, edges, functools.partial(insert_many, conn, new)),
+        )
 
     def _new_jobs(
         self,

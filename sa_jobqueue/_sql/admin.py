@@ -19,20 +19,23 @@ from ..models import (
     CANCELLED,
     QUEUED,
     RUNNING,
+    WAITING,
     jobs_table,
 )
+from .dependencies import settled_here
 
 j = jobs_table.c
 
 
 @cache
 def cancel_queued() -> Update:
-    """Cancel ``:job_id`` if it is still waiting; it will never run."""
+    """Cancel ``:job_id`` if it is still waiting (queued, or waiting for dependencies); it will
+    never run. What waits for it is settled in the same statement."""
     return (
         update(jobs_table)
-        .where(j.id == bindparam("job_id", type_=BigInteger), j.status == QUEUED)
+        .where(j.id == bindparam("job_id", type_=BigInteger), j.status.in_([QUEUED, WAITING]))
         .values(status=CANCELLED, finished_at=func.now())
-        .returning(j.id)
+        .returning(j.id, settled_here())
     )
 
 

@@ -46,6 +46,7 @@ from ..models import (
     queues_table,
 )
 from . import transitions
+from .dependencies import settle, settled_here
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
 LEASE_EXPIRED: Final = "lease expired (worker lost)"
@@ -327,6 +328,8 @@ def _claim_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> U
             j.backoff,
             j.priority if few else picked.c.priority,
             null().label("visible_at") if few else picked.c.visible_at,
+            # A lost last attempt ends here (dead, or cancelled): what waits for it is settled.
+            settled_here(),
         )
     )
 
@@ -424,7 +427,7 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     if completing:
         # ``worker=`` as it is: the statement's ``:worker`` parameter would otherwise be taken
         # for a new value of this UPDATE's ``worker`` column too (a parameter named as a column).
-        done = transitions.complete_many().values(worker=j.worker).cte("done")
+        done = transitions.complete_many_update().values(worker=j.worker).cte("done")
         released = select(done.c.id).scalar_subquery()
         # The jobs this statement completes hold no slot, whether or not the lock function's
         # snapshot saw them end; and none of them is claimed again by it (a job whose lease
@@ -432,7 +435,8 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
         kept = select(func.unnest(s.live_ids).label("id")).except_(select(done.c.id))
         holding = cast(func.array(kept.scalar_subquery()), s.live_ids.type)
         skip = j.id == func.any(func.array(released))
-        completed = func.array(released)
+        # The batch's dependents are settled with it, once (settle() is a scalar subquery).
+        completed = case((settle(done).is_not(None), func.array(released)))
     fits = func.least(
         limit,
         func.coalesce(s.cap - func.cardinality(holding), limit),

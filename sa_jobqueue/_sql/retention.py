@@ -19,6 +19,7 @@ from sqlalchemy import (
 )
 
 from ..models import (
+    dependencies_table,
     jobs_table,
     key_starts_table,
     prunable,
@@ -78,4 +79,22 @@ def prune_key_starts() -> Delete:
     )
     return delete(key_starts_table).where(
         k.queue == doomed.c.queue, k.task == doomed.c.task, k.key == doomed.c.key
+    )
+
+
+@cache
+def prune_edges() -> Delete:
+    """Delete up to ``:limit`` settled dependency edges whose waiting job is gone (pruned or
+    purged): history nobody can read any more."""
+    e = dependencies_table.c
+    gone = (
+        select(e.job_id, e.depends_on)
+        .where(~e.pending, ~exists().where(j.id == e.job_id))
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("gone")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(dependencies_table).where(
+        e.job_id == gone.c.job_id, e.depends_on == gone.c.depends_on
     )

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
+    Select,
     Text,
     Update,
     bindparam,
@@ -28,6 +29,7 @@ from ..models import (
     jobs_table,
 )
 from .clock import seconds
+from .dependencies import settled_here, settling
 from .fence import fenced, fenced_many
 
 j = jobs_table.c
@@ -52,7 +54,7 @@ def complete() -> Update:
             # ``:result``, the handler's return value as JSON text, for a task that keeps it.
             result=cast(bindparam("result", value=None, type_=Text), JSONB),
         )
-        .returning(_notified())
+        .returning(_notified(), settled_here())
     )
 
 
@@ -68,8 +70,17 @@ def _notified() -> ColumnElement[Any]:
 
 
 @cache
-def complete_many() -> Update:
-    """:func:`complete` for many attempts in one statement; returns the ids it completed."""
+def complete_many() -> Select[Any]:
+    """:func:`complete` for many attempts in one statement; returns the ids it completed.
+
+    Their dependents are settled once for the whole batch (see ``dependencies.settling``).
+    """
+    return settling(complete_many_update())
+
+
+def complete_many_update() -> Update:
+    """:func:`complete_many`'s UPDATE alone (RETURNING ``id``, ``status``, ``notified``), for a
+    statement that settles the dependents itself."""
     return (
         update(jobs_table)
         .where(*fenced_many(), j.cancel_requested.is_(False))
@@ -82,7 +93,7 @@ def complete_many() -> Update:
                 cast(j.id, Text)
             ),
         )
-        .returning(j.id, _notified())
+        .returning(j.id, j.status, _notified())
     )
 
 
@@ -105,7 +116,7 @@ def release() -> Update:
             finished_at=case((j.cancel_requested, func.now()), else_=None),
             worker=None,
         )
-        .returning(j.id)
+        .returning(j.id, settled_here())
     )
 
 
@@ -116,6 +127,7 @@ def finish_cancelled() -> Update:
         update(jobs_table)
         .where(j.cancel_requested.is_(True))
         .values(status=CANCELLED, finished_at=func.now(), worker=None)
+        .returning(settled_here())
     )
 
 
@@ -137,7 +149,7 @@ def fail() -> Update:
             last_error=cast(bindparam("error", type_=Text), JSONB),
             worker=None,
         )
-        .returning(j.status, j.visible_at)
+        .returning(j.status, j.visible_at, settled_here())
     )
 
 
@@ -161,7 +173,7 @@ def snooze() -> Update:
             max_attempts=func.greatest(j.max_attempts, j.attempts + 1),
             worker=None,
         )
-        .returning(j.status, j.visible_at)
+        .returning(j.status, j.visible_at, settled_here())
     )
 
 
@@ -176,5 +188,5 @@ def bury() -> Update:
             last_error=cast(bindparam("error", type_=Text), JSONB),
             worker=None,
         )
-        .returning(j.status)
+        .returning(j.status, settled_here())
     )

@@ -10,6 +10,7 @@ terminal or a monitoring probe. A database error is one line on stderr and exit 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from ..database import check_schema, create_engine, ping
 from ..errors import JobQueueError
 from ..models import DEAD, FINISHED_STATUSES, RUNNING
 from ..ops import count_purge, purge, stats
-from ..ops.admin import cancel_job, get_job, list_jobs, requeue_job
+from ..ops.admin import cancel_job, get_job, job_edges, list_jobs, requeue_job
 from ..ops.health import Thresholds, check, span, worst
 from ..ops.queues import (
     QueueLimits,
@@ -158,11 +159,16 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
 def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
     with engine.connect() as conn:
         job = get_job(conn, args.job_id)
+        waits_for, waited_by = job_edges(conn, args.job_id)
         now = _now(conn)
     if job is None:
         print(f"sa-jobqueue: no job with id {args.job_id}", file=sys.stderr)
         return EXIT_ERROR
-    print(to_json(job) if args.json else job_detail(job, now))
+    if args.json:
+        fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+        print(to_json({**fields, "waits_for": waits_for, "waited_for_by": waited_by}))
+    else:
+        print(job_detail(job, now, waits_for, waited_by))
     return 0
 
 

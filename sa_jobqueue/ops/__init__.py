@@ -30,7 +30,7 @@ current transaction, and commit nothing; ``purge`` commits each of its batches i
 
 from __future__ import annotations
 
-from .admin import JobInfo, cancel_job, count_jobs, get_job, list_jobs, requeue_job
+from .admin import Edge, JobInfo, cancel_job, count_jobs, get_job, job_edges, list_jobs, requeue_job
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
 from .queues import (
@@ -51,6 +51,7 @@ from .queues import (
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
+    "Edge",
     "Finding",
     "JobInfo",
     "QueueInfo",
@@ -68,6 +69,7 @@ __all__ = [
     "count_jobs",
     "count_purge",
     "get_job",
+    "job_edges",
     "list_jobs",
     "list_queues",
     "pause_queue",

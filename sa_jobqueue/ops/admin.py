@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql import admin as admin_sql
+from .._sql import dependencies as dependencies_sql
 from .._sql.finished import requeue_dead
 from .._sql.listing import select_jobs
 from .._validation import check_queue_name, check_task_name
@@ -53,6 +54,24 @@ class JobInfo:
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
 assert set(_JOB_INFO_FIELDS) <= {c.name for c in Job.__table__.columns}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One dependency between two jobs: ``job_id`` waits for ``depends_on``; ``pending`` until
+    ``depends_on`` ends; ``on_failure`` is ``"cancel"`` or ``"run"``."""
+
+    job_id: int
+    depends_on: int
+    on_failure: str
+    pending: bool
+
+
+def job_edges(session: SessionLike, job_id: int) -> tuple[list[Edge], list[Edge]]:
+    """What job ``job_id`` waits for, and what waits for it (see :mod:`sa_jobqueue.workflows`)."""
+    rows = connection_of(session).execute(dependencies_sql.edges_of(), {"job_id": job_id})
+    edges = [Edge(*row) for row in rows]
+    return [e for e in edges if e.job_id == job_id], [e for e in edges if e.job_id != job_id]
 
 
 def get_job(session: SessionLike, job_id: int) -> JobInfo | None:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
-from .admin import JobInfo
+from .admin import Edge, JobInfo
 from .health import Finding, span, worst
 from .queues import QueueInfo, QueueLimits
 from .stats import Stats
@@ -112,8 +112,17 @@ def job_list(jobs: Sequence[JobInfo], now: datetime) -> str:
     return table(headers, rows) if rows else "no jobs"
 
 
-def job_detail(job: JobInfo, now: datetime) -> str:
-    """Every field of one job, the payload as JSON and the error's traceback in full."""
+def _edge(edge: Edge, other: int) -> str:
+    """``12 (pending)``, ``12 (ended)``, with ``, runs on failure`` for an edge that does."""
+    state = "pending" if edge.pending else "ended"
+    return f"{other} ({state}{', runs on failure' if edge.on_failure == 'run' else ''})"
+
+
+def job_detail(
+    job: JobInfo, now: datetime, waits_for: Sequence[Edge] = (), waited_by: Sequence[Edge] = ()
+) -> str:
+    """Every field of one job, the payload as JSON, what it waits for and what waits for it,
+    and the error's traceback in full."""
 
     def moment(value: datetime | None) -> str:
         if value is None:
@@ -138,6 +147,10 @@ def job_detail(job: JobInfo, now: datetime) -> str:
     ]
     if job.result is not None:  # a task that keeps results, once the job succeeded
         lines.append("result:       " + json.dumps(job.result, ensure_ascii=False))
+    if waits_for:
+        lines.append("waits for:    " + ", ".join(_edge(e, e.depends_on) for e in waits_for))
+    if waited_by:
+        lines.append("waited on by: " + ", ".join(_edge(e, e.job_id) for e in waited_by))
     if isinstance(job.last_error, dict):
         lines.append(f"last error:   {_error(job, width=None)}")
         traceback = job.last_error.get("traceback")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Final
 
 from ..observability import JobRun
 from ..tasks import Backoff, Task
+
+#: The columns of a claimed row that make a :class:`Claimed`, in order.
+CLAIM_COLUMNS: Final = 12
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,12 @@ class Claimed:
     due_at: datetime | None = None
     #: Claimed from a queue with a cap: its completion frees a slot, so it is sent at once.
     holds_slot: bool = False
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Claimed:
+        """The attempt a claim's row names: its first :data:`CLAIM_COLUMNS` columns (a claim
+        returns more after them, such as what settling the jobs it ended returned)."""
+        return cls(*row[:CLAIM_COLUMNS])
 
     def run(self) -> JobRun:
         """What observers are told about this attempt."""

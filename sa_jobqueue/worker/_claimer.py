@@ -139,7 +139,7 @@ class LaneClaimer:
             rows = self._conn.rows(claiming.claim(), params)
             self._head_at[queue] = now
             head = True
-        jobs = [Claimed(*row) for row in rows]  # the columns claim() returns, in order
+        jobs = [Claimed.of(row) for row in rows]  # the columns claim() returns, in order
         if len(jobs) == limit:
             self._positions[queue] = max(
                 (job.priority, job.due_at, job.id) for job in jobs if job.due_at is not None
@@ -164,7 +164,7 @@ class LaneClaimer:
             self._limited.forget()
         if wait is not None:
             self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
-        jobs = [replace(Claimed(*row[6:]), holds_slot=True) for row in rows if row[6] is not None]
+        jobs = [replace(Claimed.of(row[6:]), holds_slot=True) for row in rows if row[6] is not None]
         if key_wait is not None:
             # Some key's window is used up: claim again when the next one opens, and sooner
             # whenever woken (other keys' jobs may be enqueued, or freed by a finished job).
@@ -298,7 +298,7 @@ class HandOff:
         for row in rows:
             if row[6] is None:
                 continue
-            job = replace(Claimed(*row[6:]), holds_slot=True)
+            job = replace(Claimed.of(row[6:]), holds_slot=True)
             if runnable(job):
                 self._submit(lane, job)
         return set(rows[0][5])

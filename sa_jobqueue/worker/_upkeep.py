@@ -86,10 +86,12 @@ class Pruner:
             total += deleted
             if deleted < PRUNE_BATCH:
                 break
-        # The counts of starts per key whose window is over go with them (not counted).
+        # The counts of starts per key whose window is over go with them, and the settled
+        # edges of workflows whose waiting jobs are gone (neither counted).
         with self._engine.begin() as conn:
             if conn.execute(retention_sql.try_prune_lock()).scalar():
                 conn.execute(retention_sql.prune_key_starts(), {"limit": PRUNE_BATCH})
+                conn.execute(retention_sql.prune_edges(), {"limit": PRUNE_BATCH})
         return total
 
 

@@ -81,10 +81,11 @@ def test_stats_table_and_json(run: Run, engine: sa.Engine) -> None:
         add_worker(conn, "w-1")
 
     assert run("stats") == 0
-    # QUEUE QUEUED RUNNING SUCCEEDED DEAD CANCELLED DUE OLDEST-DUE SUCCEEDED DEAD CANCELLED
+    # QUEUE WAITING QUEUED RUNNING SUCCEEDED DEAD CANCELLED DUE OLDEST-DUE SUCCEEDED DEAD
+    # CANCELLED CAP RATE
     mail = cells(run.out, "mail")
-    assert mail[1:7] == ["1", "1", "1", "1", "0", "1"]
-    assert mail[8:] == ["1", "1", "0", "-", "-"]  # no cap, no rate
+    assert mail[1:8] == ["0", "1", "1", "1", "1", "0", "1"]
+    assert mail[9:] == ["1", "1", "0", "-", "-"]  # no cap, no rate
     assert cells(run.out, "send")[1] == "2"  # finished within the window
     assert cells(run.out, "w-1")[1:3] == ["host-a", "4242"]
 
@@ -92,6 +93,7 @@ def test_stats_table_and_json(run: Run, engine: sa.Engine) -> None:
     assert data["window"] == 3600
     (queue,) = data["queues"]
     assert queue["counts"] == {
+        "waiting": 0,
         "queued": 1,
         "running": 1,
         "succeeded": 1,

@@ -56,7 +56,7 @@ class Setup:
             rows = conn.execute(
                 claiming.claim(), {"from_queue": "default", "limit": n, "worker": "w"}
             ).all()
-        jobs = [Claimed(*row) for row in rows]
+        jobs = [Claimed.of(row) for row in rows]
         for job in jobs:
             self.recorder.reports.ran(job, job.run(), 0.001)
         return jobs

@@ -51,7 +51,7 @@ def claim(db: sa.Engine, recorder: Recorder, n: int = 1) -> list[Claimed]:
         rows = conn.execute(
             claiming.claim(), {"from_queue": "default", "limit": n, "worker": "w"}
         ).all()
-    jobs = [Claimed(*row) for row in rows]
+    jobs = [Claimed.of(row) for row in rows]
     for job in jobs:
         recorder.reports.ran(job, job.run(), 0.01)
     return jobs
@@ -82,7 +82,7 @@ def test_a_failure_retries_then_is_dead_on_the_last_attempt(
         (row,) = conn.execute(
             claiming.claim(), {"from_queue": "default", "limit": 1, "worker": "w"}
         ).all()
-    last = Claimed(*row)
+    last = Claimed.of(row)
     recorder.reports.ran(last, last.run(), 0.01)
     recorder.record(last, Fail(ValueError("boom")), TASK)
     assert status(db, job.id) == "dead"

@@ -99,7 +99,7 @@ def run(
         rows = conn.execute(
             claiming.claim(), {"from_queue": "default", "limit": len(tasks), "worker": "w"}
         ).all()
-    for job in sorted((Claimed(*row) for row in rows), key=lambda j: ids.index(j.id)):
+    for job in sorted((Claimed.of(row) for row in rows), key=lambda j: ids.index(j.id)):
         runner.submit(lane, job)
     lane.ready.put(None)
     runner.thread(lane)  # runs them all, then ends

@@ -181,7 +181,14 @@ def test_stats_counts_ages_outcomes_and_workers(conn: sa.Connection) -> None:
 
     mail, reports = result.queues
     assert mail.queue == "mail"
-    assert mail.counts == {"queued": 3, "running": 1, "succeeded": 2, "dead": 0, "cancelled": 0}
+    assert mail.counts == {
+        "waiting": 0,
+        "queued": 3,
+        "running": 1,
+        "succeeded": 2,
+        "dead": 0,
+        "cancelled": 0,
+    }
     assert mail.due == 2
     assert mail.oldest_due_age is not None
     assert timedelta(seconds=90) <= mail.oldest_due_age < timedelta(seconds=120)

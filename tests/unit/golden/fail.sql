@@ -7,7 +7,9 @@ WHEN (sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts OR sa_jobqueue_
 ELSE %(param_3)s::VARCHAR END, visible_at=(now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s)), finished_at=CASE
 WHEN (sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts OR sa_jobqueue_jobs.cancel_requested) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CAST(%(error)s::VARCHAR AS JSONB)
 WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
-RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
+RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at, CASE
+WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
+ELSE %(param_4)s::INTEGER END AS settled
 ;
 -- parameters the caller supplies: attempt, delay, error, job_id
 -- constants the statement binds:
@@ -20,5 +22,6 @@ RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
 --   param_1 = 'cancelled'
 --   param_2 = 'dead'
 --   param_3 = 'queued'
+--   param_4 = 0
 --   status_1 = 'running'
 --   worker = None

@@ -3,9 +3,13 @@
 UPDATE sa_jobqueue_jobs
 SET status=%(status)s::VARCHAR, finished_at=now(), worker=%(worker)s::VARCHAR
 WHERE sa_jobqueue_jobs.cancel_requested IS true AND sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
+RETURNING CASE
+WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
+ELSE %(param_1)s::INTEGER END AS settled
 ;
 -- parameters the caller supplies: attempt, job_id
 -- constants the statement binds:
+--   param_1 = 0
 --   status = 'cancelled'
 --   status_1 = 'running'
 --   worker = None

@@ -6,7 +6,9 @@ WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_1)s::VARCHAR
 ELSE %(param_2)s::VARCHAR END, max_attempts=greatest(sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.attempts + %(attempts_1)s::INTEGER), visible_at=(now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s)), finished_at=CASE
 WHEN sa_jobqueue_jobs.cancel_requested THEN now() END, worker=%(worker)s::VARCHAR
 WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
-RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
+RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at, CASE
+WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
+ELSE %(param_3)s::INTEGER END AS settled
 ;
 -- parameters the caller supplies: attempt, delay, job_id
 -- constants the statement binds:
@@ -19,5 +21,6 @@ RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at
 --   make_interval_6 = 0
 --   param_1 = 'cancelled'
 --   param_2 = 'queued'
+--   param_3 = 0
 --   status_1 = 'running'
 --   worker = None
