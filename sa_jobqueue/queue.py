@@ -8,6 +8,7 @@ in :mod:`sa_jobqueue._enqueue` (one option resolver for every enqueue path), and
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -32,7 +33,14 @@ from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
 from .tasks import Backoff, Handler, Task
-from .workflows import Dependency, check_dependencies, enqueue_with
+from .workflows import (
+    Call,
+    Dependency,
+    OnFailure,
+    check_call_options,
+    check_dependencies,
+    enqueue_with,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -452,6 +460,111 @@ class JobQueue:
             lambda conn: enqueue_with(conn, edges, functools.partial(insert_many, conn, new)),
         )
 
+    # -- workflows: see sa_jobqueue.workflows ------------------------------------------------
+
+    def chain(
+        self,
+        session: SessionLike,
+        calls: Sequence[Call],
+        *,
+        depends_on: Sequence[int | Dependency] | None = None,
+        on_failure: OnFailure = "cancel",
+    ) -> list[Enqueued]:
+        """Enqueue ``calls`` in the caller's transaction, each waiting for the one before (the
+        first for ``depends_on``, if given); their ids, in order.
+
+        A step reads what the step before it returned (its task declared with
+        ``keep_result=True``) with ``ctx.upstream_results()``. A step that ends dead or
+        cancelled cancels the rest of the chain, or, with ``on_failure="run"``, lets the next
+        one run anyway. See :mod:`sa_jobqueue.workflows`.
+        """
+        ids: list[Enqueued] = []
+        edges = check_dependencies(depends_on)
+        for call in calls:
+            (job_id,) = self._enqueue_calls(session, [call], edges, frozenset(ids[-1:]))
+            ids.append(job_id)
+            edges = [Dependency(job_id, on_failure)]
+        return ids
+
+    def group(self, session: SessionLike, calls: Sequence[Call]) -> list[Enqueued]:
+        """Enqueue ``calls`` to run side by side, in the caller's transaction; their ids, in
+        order. Calls of one task with the same options go in together (by COPY from 200 on),
+        so a group of 10,000 is a few statements."""
+        ids: list[Enqueued] = []
+        for _, run in itertools.groupby(calls, key=_batch_key):
+            ids += self._enqueue_calls(session, list(run), [], frozenset())
+        return ids
+
+    def chord(
+        self,
+        session: SessionLike,
+        calls: Sequence[Call],
+        callback: Call,
+        *,
+        on_failure: OnFailure = "cancel",
+    ) -> tuple[list[Enqueued], Enqueued]:
+        """A :meth:`group` and a ``callback`` that runs once every job of the group has ended
+        (reading their results with ``ctx.upstream_results()``): the group's ids, and the
+        callback's. A member that ends dead or cancelled cancels the callback, or, with
+        ``on_failure="run"``, does not stop it."""
+        members = self.group(session, calls)
+        edges = [Dependency(job_id, on_failure) for job_id in members]
+        (last,) = self._enqueue_calls(session, [callback], edges, frozenset(members))
+        return members, last
+
+    async def achain(
+        self,
+        session: AsyncSessionLike,
+        calls: Sequence[Call],
+        *,
+        depends_on: Sequence[int | Dependency] | None = None,
+        on_failure: OnFailure = "cancel",
+    ) -> list[Enqueued]:
+        """:meth:`chain` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(
+            session,
+            lambda conn: self.chain(conn, calls, depends_on=depends_on, on_failure=on_failure),
+        )
+
+    async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> list[Enqueued]:
+        """:meth:`group` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(session, lambda conn: self.group(conn, calls))
+
+    async def achord(
+        self,
+        session: AsyncSessionLike,
+        calls: Sequence[Call],
+        callback: Call,
+        *,
+        on_failure: OnFailure = "cancel",
+    ) -> tuple[list[Enqueued], Enqueued]:
+        """:meth:`chord` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await run_async(
+            session, lambda conn: self.chord(conn, calls, callback, on_failure=on_failure)
+        )
+
+    def _enqueue_calls(
+        self,
+        session: SessionLike,
+        calls: list[Call],
+        edges: list[Dependency],
+        new: frozenset[int],
+    ) -> list[Enqueued]:
+        """Enqueue ``calls`` (one task, the same options) waiting for ``edges``; ``new``: the
+        dependencies enqueued in this transaction."""
+        first = calls[0]
+        options = check_call_options(first.options)
+        payloads = [call.payload for call in calls]
+        conn = connection_of(session)
+        if self.middleware:
+            insert = functools.partial(
+                self._through, conn, first.task, payloads, None, options, insert_many
+            )
+        else:
+            jobs = self._new_jobs(first.task, payloads, None, options)
+            insert = functools.partial(insert_many, conn, jobs)
+        return enqueue_with(conn, edges, insert, new)
+
     def _new_jobs(
         self,
         task: str | Task,
@@ -670,3 +783,9 @@ def _given(**options: Any) -> dict[str, Any]:
 
 def _insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
     return [insert_one(conn, new)]
+
+
+def _batch_key(call: Call) -> tuple[str, str]:
+    """Calls that can go in together: the same task and the same options."""
+    task = call.task if isinstance(call.task, str) else call.task.name
+    return task, repr(sorted(call.options.items()))

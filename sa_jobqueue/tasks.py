@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
     check_lease,
@@ -301,6 +302,20 @@ class JobContext:
     def session_used(self) -> bool:
         """Whether the handler asked for its session at all."""
         return self._session is not None
+
+    def upstream_results(self) -> dict[int, Any]:
+        """What the jobs this one waited for returned (``depends_on``, a chain's step before, a
+        chord's group), by job id in id order: each one's stored result (None for a task that
+        keeps none). Read through :attr:`session`, in the job's transaction."""
+        rows = self.session.execute(dependencies_sql.upstream_results(), {"job_id": self.job_id})
+        return {job_id: result for job_id, result in rows}
+
+    async def aupstream_results(self) -> dict[int, Any]:
+        """:meth:`upstream_results` for an ``async def`` handler, through
+        :attr:`async_session`."""
+        query = dependencies_sql.upstream_results()
+        rows = await self.async_session.execute(query, {"job_id": self.job_id})
+        return {job_id: result for job_id, result in rows}
 
     @property
     def stop_requested(self) -> bool:

@@ -22,9 +22,9 @@ is inserted.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import Connection
 
@@ -34,8 +34,9 @@ from .models import CANCELLED, DEAD, FINISHED_STATUSES, WAITING
 
 if TYPE_CHECKING:
     from ._enqueue import Enqueued
+    from .tasks import Task
 
-__all__ = ["Dependency", "OnFailure"]
+__all__ = ["Call", "Dependency", "OnFailure"]
 
 #: What a dependency that ends dead or cancelled does to the job that waits for it.
 OnFailure = Literal["cancel", "run"]
@@ -58,6 +59,19 @@ class Dependency:
         object.__setattr__(self, "job_id", int(self.job_id))  # an Enqueued is an int too
         if self.on_failure not in _POLICIES:
             raise InvalidJobError(f"on_failure is 'cancel' or 'run', not {self.on_failure!r}")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One job of a chain, a group or a chord: its task, its payload, and enqueue options
+    (``run_at``, ``priority``, ``queue``, ``max_attempts``, ``lease``, ``backoff``)::
+
+        queue.chain(session, [Call("fetch", {"url": url}), Call("parse"), Call("store")])
+    """
+
+    task: str | Task
+    payload: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def check_dependencies(depends_on: Sequence[int | Dependency] | None) -> list[Dependency]:
@@ -87,11 +101,17 @@ def lock_dependencies(conn: Connection, edges: list[Dependency]) -> dict[int, st
 
 
 def add_dependencies(
-    conn: Connection, job_ids: Sequence[int], edges: list[Dependency], found: dict[int, str]
+    conn: Connection,
+    job_ids: Sequence[int],
+    edges: list[Dependency],
+    found: dict[int, str],
+    new: frozenset[int] = frozenset(),
 ) -> None:
     """Make the new jobs ``job_ids`` wait for ``edges`` (statuses ``found`` as locked): the
     edges, and each job moved to ``waiting`` while any of them is pending, or ``cancelled`` at
-    once when one ended dead or cancelled on an edge that cancels."""
+    once when one ended dead or cancelled on an edge that cancels. ``new``: dependencies
+    enqueued in this transaction (no one else can end them before it commits: their edges
+    need no second look at commit)."""
     pending = [found[d.job_id] not in FINISHED_STATUSES for d in edges]
     failed = [
         d.job_id for d in edges if found[d.job_id] in (DEAD, CANCELLED) and d.on_failure == "cancel"
@@ -101,6 +121,7 @@ def add_dependencies(
         "depends_on": [d.job_id for d in edges],
         "on_failure": [d.on_failure for d in edges],
         "pending": pending,
+        "recheck": [p and d.job_id not in new for p, d in zip(pending, edges, strict=True)],
     }
     conn.execute(dependencies_sql.add_edges(), params)
     if failed:
@@ -119,7 +140,10 @@ def add_dependencies(
 
 
 def enqueue_with(
-    conn: Connection, edges: list[Dependency], insert: Callable[[], list[Enqueued]]
+    conn: Connection,
+    edges: list[Dependency],
+    insert: Callable[[], list[Enqueued]],
+    new: frozenset[int] = frozenset(),
 ) -> list[Enqueued]:
     """Run ``insert`` (an enqueue on ``conn``) with ``edges``: the dependencies locked first (an
     unknown one raises before anything is inserted), then given to the jobs it created (a
@@ -130,5 +154,19 @@ def enqueue_with(
     ids = insert()
     created = [job_id for job_id in ids if job_id.created]
     if created:
-        add_dependencies(conn, created, edges, found)
+        add_dependencies(conn, created, edges, found, new)
     return ids
+
+
+#: The enqueue options a :class:`Call` may carry.
+CALL_OPTIONS: Final = frozenset({"run_at", "priority", "queue", "max_attempts", "lease", "backoff"})
+
+
+def check_call_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A Call's options, the ones given (None: left to the task); InvalidJobError for others."""
+    unknown = sorted(set(options) - CALL_OPTIONS)
+    if unknown:
+        raise InvalidJobError(
+            f"a Call takes the options {', '.join(sorted(CALL_OPTIONS))}, not {', '.join(unknown)}"
+        )
+    return {name: value for name, value in options.items() if value is not None}

@@ -96,17 +96,19 @@ def lock_dependencies() -> Select[Any]:
 
 @cache
 def add_edges() -> Insert:
-    """Make each job of ``:job_ids`` wait for each of ``:depends_on``, with ``:on_failure`` and
-    ``:pending`` parallel to it (pending: that dependency had not ended when it was locked).
-    A pending edge is looked at again as the enqueue commits (``recheck``): the job it names
-    may end meanwhile, in a statement that cannot see this edge yet."""
+    """Make each job of ``:job_ids`` wait for each of ``:depends_on``, with ``:on_failure``,
+    ``:pending`` (that dependency had not ended when it was locked) and ``:recheck`` parallel
+    to it. An edge with ``recheck`` is looked at again as the enqueue commits: the job it names
+    may end meanwhile, in a statement that cannot see this edge yet (not so for a job enqueued
+    in the same transaction, which nobody else can see, let alone end)."""
     deps = (
         func.unnest(
             bindparam("depends_on", type_=ARRAY(BigInteger)),
             bindparam("on_failure", type_=ARRAY(Text)),
             bindparam("pending", type_=ARRAY(Boolean)),
+            bindparam("recheck", type_=ARRAY(Boolean)),
         )
-        .table_valued("dep", "policy", "unmet", name="d")
+        .table_valued("dep", "policy", "unmet", "again", name="d")
         .render_derived()
     )
     jobs = (
@@ -149,4 +151,15 @@ def edges_of() -> Select[Any]:
         select(e.job_id, e.depends_on, e.on_failure, e.pending)
         .where(or_(e.job_id == job_id, e.depends_on == job_id))
         .order_by(e.job_id != job_id, e.depends_on, e.job_id)
+    )
+
+
+@cache
+def upstream_results() -> Select[Any]:
+    """The id and stored result of each job ``:job_id`` depends on, in id order."""
+    return (
+        select(j.id, j.result)
+        .select_from(dependencies_table.join(jobs_table, j.id == e.depends_on))
+        .where(e.job_id == bindparam("job_id", type_=BigInteger))
+        .order_by(j.id)
     )

@@ -320,6 +320,7 @@ class ClaimLoop:
         wake: threading.Event,
         stopping: threading.Event,
         between_rounds: Callable[[], None],
+        completing: Callable[[], bool] = lambda: False,
     ) -> None:
         self._claimers = claimers
         self._lanes = [c.lane for c in claimers]
@@ -328,6 +329,7 @@ class ClaimLoop:
         self._wake = wake
         self._stopping = stopping
         self._between_rounds = between_rounds
+        self._completing = completing
 
     def run(self, burst: bool) -> None:
         """Claim and wait, round after round."""
@@ -353,7 +355,7 @@ class ClaimLoop:
             held_back = any(c.held_back for c in self._claimers)
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
-            if burst and not more and not running and not held_back:
+            if burst and not more and not running and not held_back and not self._completing():
                 return
             # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
             # the poll, jittered so idle workers do not poll in lockstep) can bring more.

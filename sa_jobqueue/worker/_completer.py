@@ -50,6 +50,7 @@ class Completer:
         *,
         batch_size: int = BATCH_SIZE,
         max_delay: float = MAX_DELAY,
+        on_flushed: Callable[[], None] | None = None,
     ) -> None:
         self._complete = flush
         self._on_not_completed = on_not_completed
@@ -61,13 +62,24 @@ class Completer:
         self._at_once = threading.Event()
         self._lock = threading.Lock()
         self._waiting: dict[tuple[int, int], threading.Event] = {}
+        # Completions added and not yet written (or failed): see :meth:`pending`.
+        self._in_flight = 0
+        self._on_flushed = on_flushed
         self._thread = threading.Thread(target=self._loop, name="sa_jobqueue-completer")
         self._thread.daemon = True
         self._thread.start()
 
     def add(self, job_id: int, attempt: int) -> None:
         """Queue one attempt's completion (blocks while MAX_PENDING are waiting)."""
+        with self._lock:
+            self._in_flight += 1
         self._pending.put((job_id, attempt))
+
+    def pending(self) -> bool:
+        """Whether completions were added that are not written yet: a burst worker does not
+        stop on them, since writing one may make more work due (a job that waited for it)."""
+        with self._lock:
+            return self._in_flight > 0
 
     def add_and_wait(self, job_id: int, attempt: int, timeout: float) -> None:
         """Queue one attempt's completion, send its batch without waiting for more, and return
@@ -79,6 +91,7 @@ class Completer:
         written = threading.Event()
         with self._lock:
             self._waiting[(job_id, attempt)] = written
+            self._in_flight += 1
         self._at_once.set()
         self._pending.put((job_id, attempt))
         written.wait(timeout)
@@ -114,10 +127,13 @@ class Completer:
                 log.error("completing %d jobs failed: %s", len(batch), exc)
             finally:
                 with self._lock:
+                    self._in_flight -= len(batch)
                     for pair in batch:
                         written = self._waiting.pop(pair, None)
                         if written is not None:
                             written.set()
+                if self._on_flushed is not None:
+                    self._on_flushed()
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:

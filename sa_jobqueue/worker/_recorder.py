@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
@@ -130,7 +130,9 @@ class Recorder:
     Owns the :class:`Completer` that batches completions; :meth:`close` flushes it.
     """
 
-    def __init__(self, single: Engine, reports: Reports) -> None:
+    def __init__(
+        self, single: Engine, reports: Reports, on_flushed: Callable[[], None] | None = None
+    ) -> None:
         self._single = single
         self.reports = reports
         self._batch_conn = HeldConnection(single)  # the completer thread's alone
@@ -142,8 +144,16 @@ class Recorder:
         self._slots: dict[_Key, str] = {}
         self._slots_lock = threading.Lock()
         self._completer = Completer(
-            self._complete_batch, self.not_completed, reports.completed, reports.unrecorded
+            self._complete_batch,
+            self.not_completed,
+            reports.completed,
+            reports.unrecorded,
+            on_flushed=on_flushed,
         )
+
+    def completing(self) -> bool:
+        """Whether completions wait for their batch (see ``Completer.pending``)."""
+        return self._completer.pending()
 
     def close(self) -> None:
         """Flush the completions still waiting for their batch."""

@@ -151,7 +151,11 @@ class Worker:
         )
         self._leases.burst = burst
 
-        recorder = Recorder(self._single, Reports(self._observe))
+        # In a burst, a written completion may make more work due (a job that waited for it):
+        # the claim loop looks again once the completions are written, rather than stop.
+        recorder = Recorder(
+            self._single, Reports(self._observe), on_flushed=self._wake.set if burst else None
+        )
         loop = None
         if self._has_async:
             loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
@@ -178,6 +182,7 @@ class Worker:
             wake=self._wake,
             stopping=self._stopping,
             between_rounds=self._pruner.maybe,
+            completing=recorder.completing,
         )
         heartbeat = Heartbeat(self._single, self._leases, recorder, self._observe, self._halt)
         upkeep = Upkeep(

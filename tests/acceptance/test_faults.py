@@ -199,6 +199,40 @@ def test_frozen_worker_is_fenced_out_after_sigcont(
     assert all(r.returned for r in executions)  # both handlers ran to the end
 
 
+@pytest.mark.slow
+def test_a_frozen_workers_stale_attempt_releases_no_dependent(
+    tables: sa.Engine, workers: Workers, tmp_path: Path
+) -> None:
+    """A job another waits for is frozen in its first attempt past its lease; the dependent
+    stays waiting until the second attempt completes, runs once after it, and the first
+    attempt's completion, sent when its worker wakes, is fenced out and changes nothing."""
+    engine = tables
+    gate = tmp_path / "gate"
+    job_id = enqueue(engine, "freezable", {"gate": str(gate)})
+    dependent = enqueue(engine, "effect", {"after": int(job_id)}, depends_on=[job_id])
+    worker_a = workers.start()
+    workers.wait(lambda: len(audit(engine, job_id)) == 1, timeout=20)
+    freeze(worker_a, engine, job_id)
+    assert job_row(engine, dependent).status == "waiting"
+
+    worker_b = workers.start()
+    workers.wait(lambda: job_row(engine, dependent).status == "succeeded", timeout=20)
+    done = job_row(engine, job_id)
+    assert (done.status, done.attempts) == ("succeeded", 2)
+    with engine.connect() as conn:
+        started = conn.execute(sa.select(j.started_at).where(j.id == dependent)).scalar_one()
+    assert started > done.finished_at
+    assert _state(worker_a.pid) == "T"  # all of it while the first attempt was frozen
+
+    gate.touch()
+    worker_a.send_signal(signal.SIGCONT)
+    workers.wait(lambda: audit(engine, job_id)[0].returned, timeout=20)
+    workers.terminate_all()
+    assert (job_row(engine, job_id).attempts, job_row(engine, dependent).attempts) == (2, 1)
+    assert effect_rows(engine, job_id) == [(2, worker_b.pid)]
+    assert len(effect_rows(engine, dependent)) == 1
+
+
 # -- 3. the LISTEN connection is killed: the worker reconnects and polls at once -----------------
 
 
