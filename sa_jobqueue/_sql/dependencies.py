@@ -116,7 +116,7 @@ def add_edges() -> Insert:
         .table_valued("new_id", name="n")
         .render_derived()
     )
-    rows = select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.unmet).select_from(
+    rows = select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again).select_from(
         jobs.join(deps, true())
     )
     return insert(dependencies_table).from_select(

@@ -11,12 +11,13 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue
 from sa_jobqueue.errors import InvalidJobError
-from sa_jobqueue.models import jobs_table
+from sa_jobqueue.models import dependencies_table, jobs_table
 from sa_jobqueue.testing import drain
 from sa_jobqueue.workflows import Call
 from tests.helpers.processes import run_cli
 
 j = jobs_table.c
+e = dependencies_table.c
 
 
 def make_queue() -> JobQueue:
@@ -103,6 +104,11 @@ def test_a_chord_of_2000_calls_back_once_with_every_result(engine: sa.Engine) ->
             session, [Call("square", {"n": n}) for n in range(2000)], Call("total")
         )
     assert statuses_of(engine, [callback]) == ["waiting"]
+    with engine.connect() as conn:  # its members are new: no second look at them on commit
+        rechecked = conn.execute(
+            sa.select(sa.func.count()).where(e.job_id == callback, e.recheck)
+        ).scalar_one()
+    assert rechecked == 0
     assert drain(queue, engine).succeeded == 2001
     assert result_of(engine, callback) == sum(n * n for n in range(2000))
 
