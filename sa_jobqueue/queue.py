@@ -292,15 +292,8 @@ class JobQueue:
         )
         keys = None if unique_key is None else [unique_key]
         edges = check_dependencies(depends_on)
-        conn = connection_of(session)
-        if self.middleware:
-            insert = functools.partial(
-                self._through, conn, task, [payload], keys, options, _insert_one
-            )
-        else:
-            new = self._new_jobs(task, [payload], keys, options)
-            insert = functools.partial(_insert_one, conn, new)
-        return enqueue_with(conn, edges, insert)[0]
+        enqueue = self._enqueuer(task, [payload], keys, options, _insert_one, edges)
+        return enqueue(connection_of(session))[0]
 
     async def aenqueue(
         self,
@@ -336,23 +329,8 @@ class JobQueue:
         )
         keys = None if unique_key is None else [unique_key]
         edges = check_dependencies(depends_on)
-        if self.middleware:
-            trace = self._traced()
-
-            def through(conn: Connection) -> list[Enqueued]:
-                insert = functools.partial(
-                    self._through, conn, task, [payload], keys, options, _insert_one, trace
-                )
-                return enqueue_with(conn, edges, insert)
-
-            return (await run_async(session, through))[0]
-        new = self._new_jobs(task, [payload], keys, options)
-        return (
-            await run_async(
-                session,
-                lambda conn: enqueue_with(conn, edges, functools.partial(_insert_one, conn, new)),
-            )
-        )[0]
+        enqueue = self._enqueuer(task, [payload], keys, options, _insert_one, edges)
+        return (await run_async(session, enqueue))[0]
 
     def enqueue_many(
         self,
@@ -401,15 +379,10 @@ class JobQueue:
             unique_period=unique_period,
         )
         edges = check_dependencies(depends_on)
-        conn = connection_of(session)
-        if self.middleware:
-            insert = functools.partial(self._through, conn, task, items, keys, options, insert_many)
-        else:
-            new = self._new_jobs(task, items, keys, options)
-            if not items:
-                return []
-            insert = functools.partial(insert_many, conn, new)
-        return enqueue_with(conn, edges, insert)
+        enqueue = self._enqueuer(task, items, keys, options, insert_many, edges)
+        if not items and not self.middleware:
+            return []
+        return enqueue(connection_of(session))
 
     async def aenqueue_many(
         self,
@@ -442,23 +415,10 @@ class JobQueue:
             unique_period=unique_period,
         )
         edges = check_dependencies(depends_on)
-        if self.middleware:
-            trace = self._traced()
-
-            def through(conn: Connection) -> list[Enqueued]:
-                insert = functools.partial(
-                    self._through, conn, task, items, keys, options, insert_many, trace
-                )
-                return enqueue_with(conn, edges, insert)
-
-            return await run_async(session, through)
-        new = self._new_jobs(task, items, keys, options)
-        if not items:
+        enqueue = self._enqueuer(task, items, keys, options, insert_many, edges)
+        if not items and not self.middleware:
             return []
-        return await run_async(
-            session,
-            lambda conn: enqueue_with(conn, edges, functools.partial(insert_many, conn, new)),
-        )
+        return await run_async(session, enqueue)
 
     # -- workflows: see sa_jobqueue.workflows ------------------------------------------------
 
@@ -555,15 +515,39 @@ class JobQueue:
         first = calls[0]
         options = check_call_options(first.options)
         payloads = [call.payload for call in calls]
-        conn = connection_of(session)
+        enqueue = self._enqueuer(first.task, payloads, None, options, insert_many, edges, new)
+        return enqueue(connection_of(session))
+
+    def _enqueuer(
+        self,
+        task: str | Task,
+        payloads: list[Any],
+        unique_keys: Sequence[str | None] | None,
+        options: Mapping[str, Any],
+        insert: Callable[[Connection, NewJobs], list[Enqueued]],
+        edges: list[Dependency],
+        new: frozenset[int] = frozenset(),
+    ) -> Callable[[Connection], list[Enqueued]]:
+        """The enqueue, to run on the caller's connection: ``insert`` of the jobs, after the
+        middleware and with ``edges`` (``new``: dependencies enqueued in this transaction).
+
+        Everything is checked and encoded here, before any SQL, in the caller's thread or task;
+        with middleware, which may change them, the jobs are checked once it has run, and only
+        the trace context is taken now (an async enqueue's middleware runs in SQLAlchemy's
+        greenlet, where the caller's context variables are not current).
+        """
         if self.middleware:
-            insert = functools.partial(
-                self._through, conn, first.task, payloads, None, options, insert_many
-            )
-        else:
-            jobs = self._new_jobs(first.task, payloads, None, options)
-            insert = functools.partial(insert_many, conn, jobs)
-        return enqueue_with(conn, edges, insert, new)
+            trace = self._traced()
+
+            def through(conn: Connection) -> list[Enqueued]:
+                chain = functools.partial(
+                    self._through, conn, task, payloads, unique_keys, options, insert, trace
+                )
+                return enqueue_with(conn, edges, chain, new)
+
+            return through
+        jobs = self._new_jobs(task, payloads, unique_keys, options)
+        return lambda conn: enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
     def _new_jobs(
         self,
@@ -598,8 +582,7 @@ class JobQueue:
         )
 
     def _traced(self) -> Callable[[], str | None] | None:
-        """The trace context of the caller, taken now (an async enqueue's middleware runs in
-        SQLAlchemy's greenlet, where the caller's context variables are not current)."""
+        """The trace context of the caller, taken now (see :meth:`_enqueuer`)."""
         if self._trace_context is None:
             return None
         context = self._trace_context()
