@@ -350,6 +350,9 @@ def rate_window(period: ColumnElement[timedelta] | None = None) -> ColumnElement
 
 #: The SQL function (revision sajq_0009) a limited claim starts with; see :func:`claim_limited`.
 LOCK_FUNCTION: Final = "sa_jobqueue_lock_queue"
+#: The columns of a limited claim's row before those of the job it claimed (see
+#: :func:`claim_limited`).
+LIMITED_COLUMNS: Final = 7
 #: The SQL function (revision sajq_0010) that reads the starts per key in the current window of
 #: a queue's rate per key, with a snapshot taken after the queue's row was locked.
 KEY_STARTS_FUNCTION: Final = "sa_jobqueue_key_starts"
@@ -416,7 +419,9 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     ``transitions.complete_many`` does (fenced), and the slots of those it completed are free
     for the claim that follows: one statement, and one durable commit, for a job's end and its
     successor's start (see the worker's ``HandOff``). The jobs it completed come back as the
-    array ``completed`` on every row (NULL without ``completing``).
+    array ``completed`` on every row, and ``settled_batch`` is what settling their dependents
+    returned (both NULL without ``completing``). A claimed job's columns follow, from
+    :data:`LIMITED_COLUMNS` on.
     """
     limit = bindparam("limit", type_=Integer)
     state = _locked_state()
@@ -424,6 +429,7 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     holding = cast(select(s.live_ids).scalar_subquery(), s.live_ids.type)
     skip: ColumnElement[bool] | None = None
     completed: ColumnElement[Any] = null()
+    settled: ColumnElement[Any] = null()
     if completing:
         # ``worker=`` as it is: the statement's ``:worker`` parameter would otherwise be taken
         # for a new value of this UPDATE's ``worker`` column too (a parameter named as a column).
@@ -436,7 +442,8 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
         holding = cast(func.array(kept.scalar_subquery()), s.live_ids.type)
         skip = j.id == func.any(func.array(released))
         # The batch's dependents are settled with it, once (settle() is a scalar subquery).
-        completed = case((settle(done).is_not(None), func.array(released)))
+        completed = func.array(released)
+        settled = settle(done)
     fits = func.least(
         limit,
         func.coalesce(s.cap - func.cardinality(holding), limit),
@@ -495,6 +502,7 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
             room.c.keyed,
             key_wait.label("key_wait"),
             completed.label("completed"),
+            settled.label("settled_batch"),
             *claimed.c,
         )
         .select_from(room.outerjoin(claimed, true()))

@@ -48,6 +48,13 @@ def runnable(job: Claimed) -> bool:
     return False
 
 
+def limited_jobs(rows: list[Any]) -> list[Claimed]:
+    """The jobs a limited claim's rows carry (after the claim's own columns), each holding a
+    slot; none when the claim took none (its one row then has no job)."""
+    at = claiming.LIMITED_COLUMNS
+    return [replace(Claimed.of(row[at:]), holds_slot=True) for row in rows if row[at] is not None]
+
+
 class LimitedQueues:
     """Which queues have a limit (a cap or a rate), read at most once per ``LIMITS_EVERY``.
 
@@ -159,12 +166,14 @@ class LaneClaimer:
         params = {"from_queue": queue, "limit": limit, "worker": self._worker}
         statement = claiming.claim_limited(keyed=keyed)
         rows = self._conn.rows(statement, params)
-        room, wait, limited, has_keys, key_wait = rows[0][:5]  # then completed, and a job
+        first = rows[0]
+        room, wait, key_wait = first.room, first.wait, first.key_wait
+        limited, has_keys = first.limited, first.keyed
         if not limited or has_keys != keyed:  # the limits changed since they were read
             self._limited.forget()
         if wait is not None:
             self.not_before[queue] = time.monotonic() + max(float(wait), 0.0)
-        jobs = [replace(Claimed.of(row[6:]), holds_slot=True) for row in rows if row[6] is not None]
+        jobs = limited_jobs(rows)
         if key_wait is not None:
             # Some key's window is used up: claim again when the next one opens, and sooner
             # whenever woken (other keys' jobs may be enqueued, or freed by a finished job).
@@ -295,13 +304,10 @@ class HandOff:
         }
         statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)
         rows = conn.rows(statement, params)
-        for row in rows:
-            if row[6] is None:
-                continue
-            job = replace(Claimed.of(row[6:]), holds_slot=True)
+        for job in limited_jobs(rows):
             if runnable(job):
                 self._submit(lane, job)
-        return set(rows[0][5])
+        return set(rows[0].completed)
 
 
 class ClaimLoop:

@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from sa_jobqueue._sql import claiming
+from sa_jobqueue._sql.claiming import LIMITED_COLUMNS
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
 from sa_jobqueue.ops import set_queue_concurrency, set_queue_key_rate, set_queue_rate
@@ -118,8 +119,7 @@ class Hammer:
     def check(self, conn: sa.Connection, rows: list[Any]) -> None:
         """In the claim's transaction, after its statement, with the queue's row locked: the
         jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
-        # After room, wait, limited, keyed, key_wait, completed.
-        jobs = [row[6:] for row in rows if row[6] is not None]
+        jobs = [row[LIMITED_COLUMNS:] for row in rows if row[LIMITED_COLUMNS] is not None]
         running = set(
             conn.execute(
                 sa.select(j.id).where(
@@ -195,8 +195,9 @@ class Hammer:
             statement = claiming.claim_limited(keyed=False, completing=True)
             result = on.rows(statement, params)
             with self.lock:
-                self.claimed.extend(row[6] for row in result if row[6] is not None)
-                self.handed_off += sum(row[6] is not None for row in result)
+                taken = [row.id for row in result if row.id is not None]
+                self.claimed.extend(taken)
+                self.handed_off += len(taken)
 
         return self.closing(on, once)
 
