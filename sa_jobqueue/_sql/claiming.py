@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Final
@@ -185,6 +186,7 @@ def _picked_keyed(
     room: ColumnElement[int],
     live_ids: ColumnElement[list[int]],
     skip: ColumnElement[bool] | None,
+    rate: _KeyRate,
 ) -> tuple[CTE, ColumnElement[Any]]:
     """:func:`_picked` for a queue with limits per key: only jobs whose key has room under its
     cap per key and its rate per key; and the seconds until the next window of the rate per
@@ -222,8 +224,7 @@ def _picked_keyed(
     )
     # The starts of each (task, key) in the rate per key's current window, read after the
     # queue's row is locked (see KEY_STARTS_FUNCTION): only for the keys in the head.
-    key_rate, key_period = _key_rate()
-    window = rate_window(key_period)
+    key_rate, key_period, window = rate.limit, rate.period, rate.window
     used = getattr(func, KEY_STARTS_FUNCTION)(
         from_queue,
         window,
@@ -265,15 +266,33 @@ def _picked_keyed(
     return picked, key_wait
 
 
-def _key_rate() -> tuple[ColumnElement[int], ColumnElement[timedelta]]:
-    """The queue's rate per key: its count and its period (NULL: none), as this statement's
-    snapshot has them (a rate set while the claim waited for the lock applies from the next)."""
-    from_queue = bindparam("from_queue", type_=Text)
-    row = select(q.key_rate_limit, q.key_rate_period).where(q.queue == from_queue)
-    return (
-        row.with_only_columns(q.key_rate_limit).scalar_subquery(),
-        row.with_only_columns(q.key_rate_period).scalar_subquery(),
-    )
+@dataclass(frozen=True)
+class _KeyRate:
+    """The queue's rate per key, read once per statement: its count, its period and the start
+    of the window ``now()`` falls in (each NULL without one), as this statement's snapshot has
+    them (a rate set while the claim waited for the lock applies from the next claim)."""
+
+    limit: ColumnElement[int]
+    period: ColumnElement[timedelta]
+    window: ColumnElement[datetime]
+
+    @classmethod
+    def read(cls) -> _KeyRate:
+        row = (
+            select(
+                q.key_rate_limit.label("limit"),
+                q.key_rate_period.label("period"),
+                rate_window(q.key_rate_period).label("window"),
+            )
+            .where(q.queue == bindparam("from_queue", type_=Text))
+            .cte("key_rate")
+        )
+        c = row.c
+        return cls(
+            select(c.limit).scalar_subquery(),
+            select(c.period).scalar_subquery(),
+            select(c.window).scalar_subquery(),
+        )
 
 
 def _claim_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Update:
@@ -468,7 +487,8 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     key_wait: ColumnElement[Any] = null()
     if keyed:
         key = j.payload.op("->>")(select(s.key_name).scalar_subquery())
-        picked, key_wait = _picked_keyed(state, key, room_left, holding, skip)
+        rate = _KeyRate.read()
+        picked, key_wait = _picked_keyed(state, key, room_left, holding, skip, rate)
     else:
         picked = _picked(after=False, limit=room_left, unlimited_only=False, skip=skip)
     claimed = _claim_picked(picked, few=True, durable=completing).cte("claimed")
@@ -491,7 +511,7 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     ctes = [noted.cte("noted")]
     if keyed:
         ctes.append(
-            _note_key_starts(claimed, select(s.key_name).scalar_subquery()).cte("noted_keys")
+            _note_key_starts(claimed, select(s.key_name).scalar_subquery(), rate).cte("noted_keys")
         )
     # One row at least: the room, with no job when the claim took none.
     return (
@@ -510,13 +530,12 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     )
 
 
-def _note_key_starts(claimed: CTE, key_name: ColumnElement[str]) -> Insert:
+def _note_key_starts(claimed: CTE, key_name: ColumnElement[str], rate: _KeyRate) -> Insert:
     """Count the jobs a claim started against their keys' current window of the rate per key:
     an upsert per (task, key). A key whose row is in a later window already starts nothing in
     this claim (see :data:`KEY_STARTS_FUNCTION`); were it to, the row would keep that window,
     with these starts added, never going back to an earlier one."""
-    key_rate, key_period = _key_rate()
-    window = rate_window(key_period)
+    key_rate, window = rate.limit, rate.window
     key = cast(claimed.c.payload, JSONB).op("->>")(key_name)
     counted = (
         select(
