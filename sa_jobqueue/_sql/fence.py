@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import (
     ARRAY,
     BigInteger,
@@ -56,6 +58,16 @@ def held_attempt() -> ColumnElement[int]:
         )
     ).scalar_subquery()
     return cast(pairs.op("->>")(cast(j.id, Text)), Integer)
+
+
+def held_many(pairs: Iterable[tuple[int, int]]) -> dict[str, list[int]]:
+    """The parameters of :func:`fenced_many` for ``(job id, attempt)`` pairs."""
+    job_ids: list[int] = []
+    attempts: list[int] = []
+    for job_id, attempt in pairs:
+        job_ids.append(job_id)
+        attempts.append(attempt)
+    return {"job_ids": job_ids, "attempt_list": attempts}
 
 
 def fenced_many() -> tuple[ColumnElement[bool], ...]:

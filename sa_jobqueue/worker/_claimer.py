@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._error_text import one_line
 from .._sql import claiming
 from .._sql import queues as queues_sql
+from .._sql.fence import held_many
 from ..database import HeldConnection
 from ..models import RUNNING
 from ._claimed import Claimed
@@ -298,8 +299,7 @@ class HandOff:
             "from_queue": queue,
             "limit": 0 if self._stopping.is_set() else freed,
             "worker": self._worker,
-            "job_ids": [job_id for job_id, _ in batch],
-            "attempt_list": [attempt for _, attempt in batch],
+            **held_many(batch),
             "results": results,
         }
         statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)

@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from .._deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
 from .._error_text import one_line
 from .._sql import leases as leases_sql
+from .._sql.fence import held_many
 from ..observability import Observers
 from ._leases import Held, LeaseTable, overdue, renewal_due, schedule_renewals, schedule_retries
 from ._recorder import Recorder
@@ -79,8 +80,7 @@ class Heartbeat:
         Returns the jobs that could not be renewed because another transaction held their
         rows locked for the moment; they are still this worker's, to be renewed again soon.
         """
-        ids = list(held)
-        params = {"job_ids": ids, "attempt_list": [held[i].attempt for i in ids]}
+        params = held_many((job_id, h.attempt) for job_id, h in held.items())
         # A renewal stuck on a silent connection is given up in time to retry on a fresh one
         # before the shortest lease runs out (a third of it, as renewals are spaced).
         shortest = min(h.lease.total_seconds() for h in held.values())
@@ -90,7 +90,7 @@ class Heartbeat:
             rows = conn.execute(leases_sql.extend_leases(), params)
             kept = {row.id: row.cancel_requested for row in rows}
             busy: set[int] = set()
-            if len(kept) < len(ids):
+            if len(kept) < len(held):
                 busy = set(conn.execute(leases_sql.still_held(), params).scalars()) - set(kept)
         still = self._leases.ours(held)  # jobs that finished meanwhile were simply not renewed
         for job_id in still - set(kept) - busy:

@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import error_json, one_line
 from .._sql import transitions
+from .._sql.fence import held_many
 from ..database import HeldConnection
 from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
@@ -234,11 +235,7 @@ class Recorder:
                 log.warning("completing and claiming in one failed: %s", one_line(exc))
         rows = self._batch_conn.rows(
             transitions.complete_many(),
-            {
-                "job_ids": [job_id for job_id, _ in batch],
-                "attempt_list": [attempt for _, attempt in batch],
-                "results": results,
-            },
+            {**held_many(batch), "results": results},
             # A connection lost on the way (a silent network cut at its deadline) most likely
             # never delivered the statement: try once more on a fresh one rather than leave
             # the jobs to run again after their leases.
@@ -251,11 +248,7 @@ class Recorder:
         if not jobs:
             return set()
         pairs = [(j.id, j.attempts) for j in jobs]
-        params = {
-            "job_ids": [job_id for job_id, _ in pairs],
-            "attempt_list": [attempt for _, attempt in pairs],
-            "results": self.results.take_many(pairs),
-        }
+        params = {**held_many(pairs), "results": self.results.take_many(pairs)}
         return set(conn.execute(transitions.complete_many(), params).scalars())
 
     # -- no completion ----------------------------------------------------------------------
@@ -288,10 +281,7 @@ class Recorder:
             with self._single.connect() as conn:
                 released = conn.execute(
                     transitions.release(),
-                    {
-                        "job_ids": [job.id for job in jobs],
-                        "attempt_list": [job.attempts for job in jobs],
-                    },
+                    held_many((job.id, job.attempts) for job in jobs),
                 ).all()
         except SQLAlchemyError as exc:
             log.warning(
