@@ -26,8 +26,14 @@ from sqlalchemy.engine import URL
 from starlette.testclient import TestClient
 
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.models import jobs_table, periodic_table, workers_table
-from sa_jobqueue.ops import paused_queues, set_queue_concurrency, set_queue_rate
+from sa_jobqueue.models import dependencies_table, jobs_table, periodic_table, workers_table
+from sa_jobqueue.ops import (
+    paused_queues,
+    set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
+    set_queue_rate,
+)
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._tokens import CSRF_FIELD
 from tests.helpers.databases import admin_engine, unique_name, url_string
@@ -171,6 +177,21 @@ def test_retry_every_dead_job_of_a_filter(
     assert status_of(engine, jobs["dead"]) == "dead"  # another queue's
 
 
+def test_retry_every_dead_job_with_no_filter(
+    engine: sa.Engine, client: TestClient, jobs: dict[str, int]
+) -> None:
+    listing = client.get("/jobs", params={"status": "dead"}).text
+    form = post_form(listing, "/jobs/retry")
+    assert form.fields["queue"] == ""
+
+    shown = client.post(form.action, data=form.fields).text
+
+    assert "2 dead job(s) queued again" in shown
+    assert "nothing changed" not in shown
+    assert status_of(engine, jobs["dead"]) == "queued"
+    assert status_of(engine, jobs["dead2"]) == "queued"
+
+
 def test_purge_counts_first_then_deletes(
     engine: sa.Engine, client: TestClient, jobs: dict[str, int]
 ) -> None:
@@ -230,6 +251,66 @@ def test_the_overview_shows_each_queues_limits(
         "reports": "none",
         "webhooks": "10/5m (used 0)",
     }
+
+
+def test_the_overview_shows_limits_per_key(
+    engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    with engine.begin() as conn:
+        set_queue_key_concurrency(conn, "emails", 1, key="customer_id")
+        set_queue_concurrency(conn, "reports", 2)
+        set_queue_key_rate(conn, "reports", "10/s", key="tenant")
+    assert limit_cells(read_only_client.get("/").text) == {
+        "emails": "at most 1 per customer_id",
+        "reports": "at most 2 running, 10/1s per tenant",
+    }
+
+
+def limit_cells(html: str) -> dict[str, str]:
+    return {
+        queue: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
+        for queue, cell in re.findall(
+            r'<a href="/jobs\?queue=(\w+)">.*?<td class="queue-limits">(.*?)</td>',
+            html,
+            flags=re.S,
+        )
+    }
+
+
+def test_the_overview_counts_jobs_waiting_for_dependencies(
+    engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    with engine.begin() as conn:
+        waiting = [add_job(conn, queue="reports", status="waiting") for _ in range(2)]
+        conn.execute(
+            sa.insert(dependencies_table),
+            [
+                {"job_id": w, "depends_on": jobs["queued"], "on_failure": "cancel", "pending": True}
+                for w in waiting
+            ],
+        )
+    html = read_only_client.get("/").text
+    heads = [re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", html)]
+    assert "Waiting" in heads
+    column = heads.index("Waiting")
+    rows = {
+        cells[0]: cells
+        for cells in (
+            [
+                re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", c)).strip()
+                for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)
+            ]
+            for tr in re.findall(
+                r"<tr>(.*?)</tr>", html.split('<table class="queues">')[1], flags=re.S
+            )
+        )
+        if cells
+    }
+    assert rows["reports"][column] == "2"
+    assert rows["emails"][column] == "0"
+    # The link under the count lists them.
+    listed = read_only_client.get("/jobs", params={"queue": "reports", "status": "waiting"}).text
+    assert all(f'href="/jobs/{w}"' in listed for w in waiting)
 
 
 def test_without_actions_no_button_and_every_action_refused(
