@@ -279,6 +279,21 @@ def limit_cells(html: str) -> dict[str, str]:
     }
 
 
+def cell_text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).strip()
+
+
+def queue_table(html: str) -> dict[str, dict[str, str]]:
+    """The overview's queues table: each queue's row, its cells' text by column heading."""
+    table = html.split('<table class="queues">')[1].split("</table>")[0]
+    heads = [cell_text(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table, flags=re.S)]
+    rows = [
+        [cell_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)
+    ]
+    return {cells[0]: dict(zip(heads, cells, strict=True)) for cells in rows if cells}
+
+
 def test_the_overview_counts_jobs_waiting_for_dependencies(
     engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
 ) -> None:
@@ -291,25 +306,9 @@ def test_the_overview_counts_jobs_waiting_for_dependencies(
                 for w in waiting
             ],
         )
-    html = read_only_client.get("/").text
-    heads = [re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", html)]
-    assert "Waiting" in heads
-    column = heads.index("Waiting")
-    rows = {
-        cells[0]: cells
-        for cells in (
-            [
-                re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", c)).strip()
-                for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)
-            ]
-            for tr in re.findall(
-                r"<tr>(.*?)</tr>", html.split('<table class="queues">')[1], flags=re.S
-            )
-        )
-        if cells
-    }
-    assert rows["reports"][column] == "2"
-    assert rows["emails"][column] == "0"
+    table = queue_table(read_only_client.get("/").text)
+    assert table["reports"]["Waiting"] == "2"
+    assert table["emails"]["Waiting"] == "0"
     # The link under the count lists them.
     listed = read_only_client.get("/jobs", params={"queue": "reports", "status": "waiting"}).text
     assert all(f'href="/jobs/{w}"' in listed for w in waiting)
