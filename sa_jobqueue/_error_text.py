@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import traceback
 
+from ._visible import visible
+
 #: Longest error message and traceback kept in ``last_error`` (characters). Enough for any
 #: useful traceback, small enough that a handler raising a megabyte string cannot bloat rows.
 MAX_ERROR_MESSAGE = 2_000
@@ -12,9 +14,10 @@ MAX_ERROR_TRACEBACK = 20_000
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of an error (the driver's own message for a database error)."""
+    """The first line of an error (the driver's own message for a database error), its control
+    characters written out (:func:`~sa_jobqueue._visible.visible`): for logs and reports."""
     text = str(getattr(exc, "orig", None) or exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
+    return visible((text.splitlines() or [type(exc).__name__])[0][:300], lines=False)
 
 
 def _clean(text: str, limit: int) -> str:

@@ -18,6 +18,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── SchemaOutdatedError
      │    └── SchemaManagedElsewhereError    another route of installing it owns the schema
      ├── WorkerConfigError (ValueError)      a Worker option is out of range
+     ├── WebConfigError (ValueError)         a dashboard option (a host, an origin) is malformed
      ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
      └── AppImportError                      the worker's ``module:attribute`` could not be loaded
 
@@ -125,6 +126,10 @@ class WorkerConfigError(JobQueueError, ValueError):
     message names the option. It is a ValueError too, so code written against the ValueError
     the worker raised before keeps catching it.
     """
+
+
+class WebConfigError(JobQueueError, ValueError):
+    """A web dashboard option (an allowed host, a trusted origin) is not valid."""
 
 
 class DatabaseUnavailableError(JobQueueError):

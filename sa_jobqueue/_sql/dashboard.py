@@ -29,12 +29,21 @@ from sqlalchemy import (
     select,
 )
 
-from ..models import claimable, dead, jobs_table, periodic_table, prunable
+from ..models import (
+    WAITING,
+    claimable,
+    dead,
+    dependencies_table,
+    jobs_table,
+    periodic_table,
+    prunable,
+)
 from .clock import seconds
 from .listing import job_filters
 
 j = jobs_table.c
 p = periodic_table.c
+e = dependencies_table.c
 
 #: Width of one bar of the throughput chart, in seconds.
 MINUTE = 60
@@ -259,4 +268,24 @@ def count_dead(*, queue: bool, task: bool, older_than: bool) -> Select[int]:
         newest_first=False,
         prefix="b_",
     )
-    return select(func.count()).where(dead(), *conditions)
+    # dead() is a literal, which names no table: without the FROM, a count with no filter
+    # (no column of the table in it) would have none.
+    return select(func.count()).select_from(jobs_table).where(dead(), *conditions)
+
+
+@cache
+def waiting_per_queue() -> Select[str, int]:
+    """Per queue: its jobs waiting for dependencies.
+
+    No index of the jobs table holds waiting jobs; every one of them has a pending edge, and
+    the pending edges have an index of their own, so the count reads those and probes the
+    jobs by primary key: its cost follows the waiting jobs, not the table.
+    """
+    pending = select(e.job_id).where(e.pending).distinct().subquery("pending")
+    return (
+        select(j.queue, func.count())
+        .select_from(jobs_table.join(pending, j.id == pending.c.job_id))
+        .where(j.status == literal_column(f"'{WAITING}'"))
+        .group_by(j.queue)
+        .order_by(j.queue)
+    )

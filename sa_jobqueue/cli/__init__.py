@@ -114,5 +114,7 @@ def _configure_logging(level: str | None, log_format: str) -> None:
 
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        from ..observability.logs import TextFormatter
+
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level or DEFAULT_LOG_LEVEL, handlers=[handler])

@@ -74,6 +74,24 @@ def add_parser(
         help=f"require HTTP basic authentication (default ${BASIC_AUTH_ENV}; prefer the variable)",
     )
     web.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="also answer requests addressed to this name (Host header; *.example.com for the"
+        " names under example.com, * for any); repeat for more (default: only the --host"
+        " address and localhost, 127.0.0.1, [::1], which stops DNS rebinding)",
+    )
+    web.add_argument(
+        "--trusted-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="also accept actions posted from pages of this origin (https://admin.example.com:"
+        " the address a reverse proxy serves it under, when that proxy changes the Host);"
+        " repeat for more",
+    )
+    web.add_argument(
         "--root-path",
         default="",
         metavar="PATH",
@@ -87,6 +105,7 @@ def run_web(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401 - what serves it, checked before anything starts
 
         from ..web import create_app
+        from ..web._app import LOCAL_HOSTS
         from ..web._serve import CredentialsGate, basic_credentials, listen, serve
     except ImportError as exc:
         raise JobQueueError(
@@ -99,13 +118,21 @@ def run_web(args: argparse.Namespace) -> int:
     queue = load_app(args.app) if args.app else None
     engine = _web_engine(args)
     try:
+        # Built first: a malformed --allowed-host or --trusted-origin is said before anything
+        # connects or listens (building connects nothing).
+        app = create_app(
+            engine,
+            allow_actions=args.allow_actions,
+            queue=queue,
+            allowed_hosts=[args.host, *LOCAL_HOSTS, *args.allowed_host],
+            trusted_origins=args.trusted_origin,
+        )
         ping(engine)
         check_schema(engine)
         try:
             sock = listen(args.host, args.port)
         except OSError as exc:
             raise JobQueueError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
-        app = create_app(engine, allow_actions=args.allow_actions, queue=queue)
         guarded = (
             CredentialsGate(app, token=args.token, basic=basic) if args.token or basic else app
         )
@@ -118,6 +145,13 @@ def run_web(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if _unspecified(args.host) and not args.allowed_host:
+            print(
+                f"sa-jobqueue web: note: it answers only requests addressed to {args.host} or"
+                " localhost; give the names it is reached by with --allowed-host",
+                file=sys.stderr,
+                flush=True,
+            )
         if guarded is app and not _loopback(args.host):
             print(
                 f"sa-jobqueue web: warning: listening on {args.host} with no credentials:"
@@ -147,5 +181,13 @@ def _loopback(host: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _unspecified(host: str) -> bool:
+    """Whether ``host`` is 0.0.0.0 or ``::``: every address of the machine, none of its names."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False

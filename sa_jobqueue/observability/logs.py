@@ -25,16 +25,25 @@ show ID``).
 :class:`JsonFormatter` writes one JSON object per line: ``timestamp`` (UTC, ISO 8601),
 ``level``, ``logger``, ``message``, then every ``extra`` field of the record, and
 ``exception`` when the record carries one. ``sa-jobqueue --log-format json`` uses it.
+:class:`TextFormatter` is the text lines' formatter.
+
+Neither writes a control character as it is: a job's error can carry ESC sequences, carriage
+returns or bidirectional overrides, which a terminal or a log viewer would obey. The text
+formatter writes them out (``\x1b[31m``) and keeps each record's message on one line; the JSON
+formatter escapes those JSON leaves as they are (``\u007f``), which reads back the same.
+The ``error`` field is the message's first line with its control characters written out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from .._error_text import one_line
+from .._visible import visible
 from ._observer import JobRun, Observer
 
 #: The logger of the job records.
@@ -68,7 +77,7 @@ class LoggingObserver(Observer):
             self.logger.debug(
                 "job %d (%s) attempt %d/%d started",
                 job.id,
-                job.task,
+                visible(job.task, lines=False),
                 job.attempt,
                 job.max_attempts,
                 extra=_fields(job, "started"),
@@ -84,13 +93,13 @@ class LoggingObserver(Observer):
         fields["outcome"] = outcome
         fields["duration"] = None if run_time is None else round(run_time, 6)
         if error is not None:
-            fields["error_type"] = type(error).__name__
+            fields["error_type"] = visible(type(error).__name__, lines=False)
             fields["error"] = _message(error)
         self.logger.log(
             level,
             "job %d (%s) attempt %d/%d %s%s%s",
             job.id,
-            job.task,
+            visible(job.task, lines=False),
             job.attempt,
             job.max_attempts,
             outcome,
@@ -104,7 +113,7 @@ class LoggingObserver(Observer):
             self.logger.warning(
                 "job %d (%s) attempt %d lost its lease while running",
                 job.id,
-                job.task,
+                visible(job.task, lines=False),
                 job.attempt,
                 extra=_fields(job, "lease_lost"),
             )
@@ -136,6 +145,29 @@ _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))
 }
 
 
+#: What ``json.dumps(..., ensure_ascii=False)`` leaves as it is and a terminal may obey: DEL,
+#: the C1 controls, the bidirectional marks and the line and paragraph separators. In JSON
+#: text they occur only inside strings, where ``\uNNNN`` stands for the same character.
+_RAW_IN_JSON: Final = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+class TextFormatter(logging.Formatter):
+    """``logging.Formatter`` whose lines show control characters rather than obey them.
+
+    The message (and the line it is on) keeps to one line: a line feed in it is written
+    ``\x0a``, so no message can pass for another record. A traceback keeps its lines.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return visible(super().formatMessage(record), lines=False)
+
+    def formatException(self, ei: Any) -> str:
+        return visible(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return visible(super().formatStack(stack_info))
+
+
 class JsonFormatter(logging.Formatter):
     """Formats a record as one line of JSON: timestamp, level, logger, message, extra fields.
 
@@ -161,4 +193,5 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        line = json.dumps(entry, default=str, ensure_ascii=False)
+        return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", line)

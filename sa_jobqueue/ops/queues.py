@@ -5,9 +5,12 @@ Each function takes a Session, scoped_session or Connection, runs in its transac
 commits: a pause takes effect, for every worker of the cluster, when the caller commits, and a
 rollback leaves the queue as it was. A bad queue name raises InvalidNameError before any SQL.
 
-What is not promised: a pause stops *starting* jobs, not running ones. A job already claimed
-when the pause commits (a claim that had begun, or jobs buffered in a worker waiting for a free
-slot) still runs. Expired leases of a paused queue are not reclaimed until it resumes.
+What is not promised: a pause stops *claiming* jobs, not running ones. A job already claimed
+when the pause commits still runs: one of a claim that had begun (a claim reads the pause as
+its statement starts), or one buffered in a worker waiting for a free thread. A worker holds
+at most its concurrency plus its prefetch (adaptive: up to 8 times its concurrency), so that,
+less what it was running, is what it may start after the commit. A queue with a cap or a rate
+has no buffer. Expired leases of a paused queue are not reclaimed until it resumes.
 
 A cap (:func:`set_queue_concurrency`) bounds the queue's jobs that are running with a live
 lease, counted by the database when each worker claims: every claim of a capped queue takes at

@@ -4,6 +4,9 @@ Pure functions from the dataclasses of :mod:`sa_jobqueue.ops` and
 :class:`~sa_jobqueue.queue.JobInfo` to strings; nothing here touches the database. Times are
 shown relative to the database's ``now()``, which the caller passes in. The text layout is for
 people and may change; the JSON is for programs: durations in seconds, times in ISO 8601.
+
+Text from the rows (names, payloads, errors) is shown with its control characters written out
+(:func:`~sa_jobqueue._visible.visible`): a terminal shows ``\x1b[2J``, it does not clear.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .._visible import visible
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
 from .admin import Edge, JobInfo
 from .health import Finding, span, worst
@@ -25,8 +29,14 @@ ERROR_WIDTH = 60
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], right: int = 0) -> str:
-    """Columns padded to their widest cell; the last ``right`` columns aligned right."""
-    cells = [[str(c) for c in headers], *([str(c) for c in row] for row in rows)]
+    """Columns padded to their widest cell; the last ``right`` columns aligned right.
+
+    Each cell stays on its line: its control characters, line feeds and tabs are written out.
+    """
+    cells = [
+        [str(c) for c in headers],
+        *([visible(str(c), lines=False) for c in row] for row in rows),
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     first_right = len(headers) - right
     lines = [
@@ -153,10 +163,12 @@ def job_detail(
         lines.append("waited on by: " + ", ".join(_edge(e, e.job_id) for e in waited_by))
     if isinstance(job.last_error, dict):
         lines.append(f"last error:   {_error(job, width=None)}")
-        traceback = job.last_error.get("traceback")
-        if traceback:
-            lines += ["", str(traceback).rstrip()]
-    return "\n".join(lines)
+    # One field a line: a line feed in a name or an error cannot start a line of its own.
+    text = "\n".join(visible(line, lines=False) for line in lines)
+    traceback = job.last_error.get("traceback") if isinstance(job.last_error, dict) else None
+    if traceback:
+        text += "\n\n" + visible(str(traceback).rstrip())
+    return text
 
 
 # -- stats -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 to mount in your own Starlette or FastAPI application under any prefix; ``sa-jobqueue web``
 serves it with uvicorn. Server-rendered HTML, a small script of its own for refreshing, no
 JavaScript build. Reading needs only SELECT on sa_jobqueue's tables; actions (retry, cancel,
-purge) are off unless asked for.
+purge, pause and resume a queue) are off unless asked for. It answers only the host names it
+is given (by default this machine's) and refuses forms posted from another origin.
 
 This package needs the ``web`` extra (Starlette, Jinja2, python-multipart, uvicorn);
 ``import sa_jobqueue`` never loads it. Its modules are internal; :func:`create_app` and the

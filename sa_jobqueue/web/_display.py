@@ -8,7 +8,6 @@ control character visible.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,13 +15,8 @@ from typing import Any, Final
 
 from markupsafe import Markup
 
+from .._visible import visible as shown
 from ..ops.health import span
-
-#: C0 controls but tab and line feed, DEL, C1 controls, and the bidirectional overrides and
-#: isolates, which can make text read in another order than it is stored.
-_HIDDEN: Final = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]"
-)
 
 #: Deepest JSON re-indented for display; deeper (possible in jsonb, not through enqueue) is
 #: shown as the database wrote it. Python's json module spends a frame per level.
@@ -33,15 +27,11 @@ def visible(value: Any) -> Any:
     """A string with each control character written as ``\\xNN`` or ``\\uNNNN``; else as is.
 
     Markup (a macro's output, already made of finalized and escaped values) passes unchanged.
+    The same function as the CLI's and the logs' (:func:`sa_jobqueue._visible.visible`).
     """
     if not isinstance(value, str) or isinstance(value, Markup):
         return value
-    return _HIDDEN.sub(_escape_one, value)
-
-
-def _escape_one(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return shown(value)
 
 
 def absolute(moment: datetime | None) -> str:

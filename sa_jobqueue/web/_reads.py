@@ -49,6 +49,8 @@ class QueueRow:
     """One queue on the overview."""
 
     name: str
+    #: Jobs waiting for their dependencies (they become queued once those have ended).
+    waiting: int = 0
     queued: int = 0
     due: int = 0
     running: int = 0
@@ -67,6 +69,12 @@ class QueueRow:
     rate: str | None = None
     #: Jobs started in the rate limit's current window.
     rate_used: int = 0
+    #: Its cap per key (jobs of one task with the same key running at once); None: none.
+    key_concurrency: int | None = None
+    #: Its rate per key (``10/1s``); None: none.
+    key_rate: str | None = None
+    #: The payload's field whose value is the key of both; None without either.
+    key_field: str | None = None
 
     @property
     def busiest_minute(self) -> int:
@@ -88,14 +96,16 @@ class Overview:
 
 
 def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
-    """Each queue's backlog, dead jobs, last hour, paused state and limits, the live workers,
-    and ``check``."""
+    """Each queue's backlog (waiting, queued, due, running), dead jobs, last hour, paused state
+    and limits (per key too), the live workers, and ``check``."""
     as_of = now(conn)
     rows: dict[str, dict[str, Any]] = {}
     for name, queued, due, running, oldest in conn.execute(live_per_queue()):
         rows[name] = {"queued": queued, "due": due, "running": running, "oldest_due": oldest}
     for name, dead in conn.execute(dashboard_sql.dead_per_queue()):
         rows.setdefault(name, {})["dead"] = dead
+    for name, waiting in conn.execute(dashboard_sql.waiting_per_queue()):
+        rows.setdefault(name, {})["waiting"] = waiting
     minutes: dict[str, dict[str, list[int]]] = {}
     window = {"window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
     for name, status, minute, n in conn.execute(dashboard_sql.finished_per_minute(), window):
@@ -105,9 +115,16 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
         rows.setdefault(name, {})
     for name, paused_at in conn.execute(paused_queues()):
         rows.setdefault(name, {})["paused_at"] = paused_at
-    for name, cap, count, period, used, *_ in conn.execute(all_limits()):
-        rate = None if count is None else str(RateLimit(count, period))
-        rows.setdefault(name, {}).update(concurrency=cap, rate=rate, rate_used=used)
+    for limits in conn.execute(all_limits()):
+        name, cap, count, period, used, key_cap, key_field, key_count, key_period = limits
+        rows.setdefault(name, {}).update(
+            concurrency=cap,
+            rate=None if count is None else str(RateLimit(count, period)),
+            rate_used=used,
+            key_concurrency=key_cap,
+            key_rate=None if key_count is None else str(RateLimit(key_count, key_period)),
+            key_field=key_field,
+        )
     queues = [
         QueueRow(
             name=name,

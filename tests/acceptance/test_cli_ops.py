@@ -209,6 +209,52 @@ def test_jobs_show(run: Run, engine: sa.Engine) -> None:
     assert one_line_error(run) == "sa-jobqueue: no job with id 999999"
 
 
+#: What a terminal obeys rather than shows: BEL, ESC sequences (colour, clear screen, a window
+#: title), CR (which lets later text overwrite earlier), backspace, DEL, the C1 CSI, and a
+#: bidirectional override.
+CONTROLS = (
+    "bell\x07 red\x1b[31m clear\x1b[2J title\x1b]0;owned\x07 bs\x08 del\x7f csi\x9b1m"
+    " rtl\u202e cr\roverwritten"
+)
+
+
+def obeyed(text: str) -> list[str]:
+    """The characters of ``text`` a terminal would act on: controls but line feed and tab."""
+    return [
+        c
+        for c in text
+        if (ord(c) < 0x20 and c not in "\n\t")
+        or 0x7F <= ord(c) <= 0x9F
+        or c in "\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+    ]
+
+
+def test_jobs_show_and_list_print_control_characters_visibly(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        job_id = add_dead(
+            conn,
+            queue="hostile",
+            task=f"task{CONTROLS}",
+            payload={"text": CONTROLS},
+            unique_key=CONTROLS,
+            last_error={
+                "type": f"Evil{CONTROLS}",
+                "message": f"{CONTROLS}\nsecond line",
+                "traceback": f"Traceback (most recent call last):\n  {CONTROLS}\nEvil",
+            },
+        )
+    assert run("jobs", "show", str(job_id)) == 0
+    assert obeyed(run.out) == []
+    assert "red\\x1b[31m" in run.out  # shown, as the dashboard shows it
+    assert "rtl\\u202e" in run.out
+    assert run.out.count("\n") == run.out.rstrip("\n").count("\n") + 1  # no line of its own
+    assert run("jobs", "list", "--queue", "hostile") == 0
+    assert obeyed(run.out) == []
+    (_, listed) = run.out.strip("\n").split("\n")
+    assert listed.split()[0] == str(job_id)
+    assert "  hostile  taskbell\\x07 red\\x1b[31m" in listed
+
+
 # -- jobs retry / cancel ---------------------------------------------------------------------
 
 

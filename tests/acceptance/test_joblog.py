@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from sa_jobqueue import Worker
 from sa_jobqueue.observability.logs import JOB_LOGGER, LoggingObserver
 from tests.apps.observed import queue
 from tests.helpers.databases import url_string
-from tests.helpers.processes import run_cli
+from tests.helpers.processes import CLI, REPO_ROOT, run_cli, subprocess_env
 from tests.helpers.waiting import running, wait_for
 from tests.unit.test_joblog import field, job_records
 
@@ -87,3 +88,34 @@ def test_the_cli_worker_logs_json_lines(engine: sa.Engine, database_url: URL, be
     assert dead[0]["job_id"] == bad
     assert dead[0]["level"] == "ERROR"
     assert (dead[0]["attempt"], dead[0]["error_type"]) == (1, "ValueError")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_worker_logs_an_errors_control_characters_visibly(
+    engine: sa.Engine, database_url: URL, log_format: str
+) -> None:
+    message = "red\x1b[31m clear\x1b[2J bell\x07 del\x7f csi\x9b1m rtl\u202e cr\roverwritten"
+    with Session(engine) as session:
+        job_id = queue.enqueue(session, "echoes", {"message": message})
+        session.commit()
+    command = ["worker", "tests.apps.observed:queue", "--database-url", url_string(database_url)]
+    command += ["--burst", "--log-level", "DEBUG", "--log-format", log_format]
+    result = subprocess.run(
+        [*CLI, *command],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,  # bytes: no newline translation hides a CR
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode()
+    lines = [line for line in err.split("\n") if f"job {job_id} (echoes)" in line]
+    assert any("dead" in line for line in lines), err
+    controls = [
+        c for c in err if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F or c in "\u202e"
+    ]
+    assert controls == []
+    shown = "\\x1b[31m" if log_format == "text" else "\\\\x1b[31m"  # JSON escapes the \\
+    assert any(shown in line for line in lines), lines

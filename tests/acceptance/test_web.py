@@ -15,8 +15,10 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx2
 import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
@@ -26,13 +28,19 @@ from sqlalchemy.engine import URL
 from starlette.testclient import TestClient
 
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.models import jobs_table, periodic_table, workers_table
-from sa_jobqueue.ops import paused_queues, set_queue_concurrency, set_queue_rate
+from sa_jobqueue.models import dependencies_table, jobs_table, periodic_table, workers_table
+from sa_jobqueue.ops import (
+    paused_queues,
+    set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
+    set_queue_rate,
+)
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._tokens import CSRF_FIELD
 from tests.helpers.databases import admin_engine, unique_name, url_string
 from tests.helpers.job_states import add_dead, add_job, add_worker
-from tests.helpers.pages import forms, links, post_form
+from tests.helpers.pages import LOCAL, forms, links, post_form
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.helpers.waiting import wait_for
 
@@ -69,13 +77,13 @@ def jobs(engine: sa.Engine) -> dict[str, int]:
 
 @pytest.fixture
 def client(engine: sa.Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine, allow_actions=True)) as client:
+    with TestClient(create_app(engine, allow_actions=True), base_url=LOCAL) as client:
         yield client
 
 
 @pytest.fixture
 def read_only_client(engine: sa.Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine)) as client:
+    with TestClient(create_app(engine), base_url=LOCAL) as client:
         yield client
 
 
@@ -171,6 +179,21 @@ def test_retry_every_dead_job_of_a_filter(
     assert status_of(engine, jobs["dead"]) == "dead"  # another queue's
 
 
+def test_retry_every_dead_job_with_no_filter(
+    engine: sa.Engine, client: TestClient, jobs: dict[str, int]
+) -> None:
+    listing = client.get("/jobs", params={"status": "dead"}).text
+    form = post_form(listing, "/jobs/retry")
+    assert form.fields["queue"] == ""
+
+    shown = client.post(form.action, data=form.fields).text
+
+    assert "2 dead job(s) queued again" in shown
+    assert "nothing changed" not in shown
+    assert status_of(engine, jobs["dead"]) == "queued"
+    assert status_of(engine, jobs["dead2"]) == "queued"
+
+
 def test_purge_counts_first_then_deletes(
     engine: sa.Engine, client: TestClient, jobs: dict[str, int]
 ) -> None:
@@ -230,6 +253,65 @@ def test_the_overview_shows_each_queues_limits(
         "reports": "none",
         "webhooks": "10/5m (used 0)",
     }
+
+
+def test_the_overview_shows_limits_per_key(
+    engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    with engine.begin() as conn:
+        set_queue_key_concurrency(conn, "emails", 1, key="customer_id")
+        set_queue_concurrency(conn, "reports", 2)
+        set_queue_key_rate(conn, "reports", "10/s", key="tenant")
+    assert limit_cells(read_only_client.get("/").text) == {
+        "emails": "at most 1 per customer_id",
+        "reports": "at most 2 running, 10/1s per tenant",
+    }
+
+
+def limit_cells(html: str) -> dict[str, str]:
+    return {
+        queue: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
+        for queue, cell in re.findall(
+            r'<a href="/jobs\?queue=(\w+)">.*?<td class="queue-limits">(.*?)</td>',
+            html,
+            flags=re.S,
+        )
+    }
+
+
+def cell_text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).strip()
+
+
+def queue_table(html: str) -> dict[str, dict[str, str]]:
+    """The overview's queues table: each queue's row, its cells' text by column heading."""
+    table = html.split('<table class="queues">')[1].split("</table>")[0]
+    heads = [cell_text(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table, flags=re.S)]
+    rows = [
+        [cell_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)
+    ]
+    return {cells[0]: dict(zip(heads, cells, strict=True)) for cells in rows if cells}
+
+
+def test_the_overview_counts_jobs_waiting_for_dependencies(
+    engine: sa.Engine, read_only_client: TestClient, jobs: dict[str, int]
+) -> None:
+    with engine.begin() as conn:
+        waiting = [add_job(conn, queue="reports", status="waiting") for _ in range(2)]
+        conn.execute(
+            sa.insert(dependencies_table),
+            [
+                {"job_id": w, "depends_on": jobs["queued"], "on_failure": "cancel", "pending": True}
+                for w in waiting
+            ],
+        )
+    table = queue_table(read_only_client.get("/").text)
+    assert table["reports"]["Waiting"] == "2"
+    assert table["emails"]["Waiting"] == "0"
+    # The link under the count lists them.
+    listed = read_only_client.get("/jobs", params={"queue": "reports", "status": "waiting"}).text
+    assert all(f'href="/jobs/{w}"' in listed for w in waiting)
 
 
 def test_without_actions_no_button_and_every_action_refused(
@@ -366,7 +448,7 @@ def test_mounted_under_a_prefix_every_link_stays_under_it(
 
     app.mount("/jobs", create_app(engine, allow_actions=True))
     seen: set[str] = set()
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         assert client.get("/").json() == {"app": "the host application's own"}
         queue = ["/jobs/"]
         while queue:
@@ -424,7 +506,7 @@ def test_a_role_with_select_only_renders_every_page(
 ) -> None:
     reader = create_engine(reader_url)
     try:
-        with TestClient(create_app(reader, allow_actions=True)) as client:
+        with TestClient(create_app(reader, allow_actions=True), base_url=LOCAL) as client:
             for path in (
                 "/",
                 "/jobs",
@@ -447,7 +529,7 @@ def test_a_role_with_select_only_renders_every_page(
 def test_a_database_without_the_schema_says_what_to_run(empty_database_url: URL) -> None:
     engine = create_engine(empty_database_url)
     try:
-        with TestClient(create_app(engine)) as client:
+        with TestClient(create_app(engine), base_url=LOCAL) as client:
             response = client.get("/")
     finally:
         engine.dispose()
@@ -533,3 +615,92 @@ def test_the_web_command_refuses_a_port_in_use(database_url: URL) -> None:
     assert result.stderr.strip().splitlines() == [
         f"sa-jobqueue: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
     ]
+
+
+@contextmanager
+def web_command(database_url: URL, err: Path, *options: str) -> Iterator[int]:
+    """``sa-jobqueue web --port 0 OPTIONS`` running; yields its port, stops it with SIGTERM."""
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*CLI, "web", "--database-url", url_string(database_url), "--port", "0", *options],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        found = wait_for(
+            lambda: re.search(r"http://127\.0\.0\.1:(\d+)/ ", err.read_text()), timeout=30
+        )
+        yield int(found[1])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err.read_text()
+
+
+def test_the_web_command_answers_only_its_own_host_names(
+    engine: sa.Engine, database_url: URL, tmp_path: Path, jobs: dict[str, int]
+) -> None:
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches the
+    dashboard with ``Host: evil.example``; its forms post with ``Origin: http://evil.example``."""
+    options = ("--allow-actions", "--allowed-host", "dash.example")
+    options += ("--trusted-origin", "https://proxy.example")
+    with web_command(database_url, tmp_path / "web.err", *options) as port:
+        evil = f"evil.example:{port}"
+        payload = f"/jobs/{jobs['dead']}/payload.json"
+        with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            for path in (payload, f"/jobs/{jobs['dead']}", "/"):
+                refused = client.get(path, headers={"host": evil})
+                assert refused.status_code == 400, path
+                assert '"n"' not in refused.text
+            assert client.get(payload).json() == {"n": 1}  # Host: 127.0.0.1:PORT
+            assert client.get(payload, headers={"host": f"localhost:{port}"}).status_code == 200
+            assert client.get(payload, headers={"host": f"dash.example:{port}"}).status_code == 200
+
+            pauses = {f.fields["queue"]: f for f in forms(client.get("/").text)}
+            emails = pauses["emails"]
+            assert emails.action == "/queues/pause"
+            for headers in (
+                {"origin": f"http://{evil}"},
+                {"origin": f"http://{evil}", "host": evil},
+                {"origin": "null"},
+                {"origin": f"https://127.0.0.1:{port}.evil.example"},
+            ):
+                refused = client.post(emails.action, data=emails.fields, headers=headers)
+                assert refused.status_code in (400, 403), headers
+            with engine.connect() as conn:
+                assert list(paused_queues(conn)) == []
+
+            # The same form, from the dashboard's own page and from the trusted origin.
+            own = {"origin": f"http://127.0.0.1:{port}"}
+            done = client.post(emails.action, data=emails.fields, headers=own)
+            assert done.status_code == 303
+            reports = pauses["reports"]
+            trusted = {"origin": "https://proxy.example", "host": f"dash.example:{port}"}
+            done = client.post(reports.action, data=reports.fields, headers=trusted)
+            assert done.status_code == 303
+            with engine.connect() as conn:
+                assert sorted(paused_queues(conn)) == ["emails", "reports"]
+
+
+def test_the_web_command_refuses_a_malformed_host_or_origin(database_url: URL) -> None:
+    for option, value, says in [
+        ("--allowed-host", "dash.example:8080", "allowed host dash.example:8080: a host name"),
+        ("--trusted-origin", "dash.example", "trusted origin dash.example: scheme://host[:port]"),
+    ]:
+        result = subprocess.run(
+            [*CLI, "web", "--database-url", url_string(database_url), option, value],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"sa-jobqueue: {says}")

@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from sa_jobqueue.web import _reads, create_app
 from tests.helpers.dashboard_history import JOBS, PAGES, fill, reads_jobs, recording
+from tests.helpers.pages import LOCAL
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -33,7 +34,10 @@ def test_every_page_reads_the_jobs_table_through_an_index(
     # a million jobs: a window over the whole table would rightly be read end to end.
     monkeypatch.setattr(_reads, "SCAN_WINDOW", 8_000)
     ids = fill(engine, 40_000)
-    with TestClient(create_app(engine, allow_actions=True)) as client, recording(engine) as sent:
+    with (
+        TestClient(create_app(engine, allow_actions=True), base_url=LOCAL) as client,
+        recording(engine) as sent,
+    ):
         for page in PAGES:
             assert client.get(page.format(**ids)).status_code == 200, page
     reading = [(s, p) for s, p in sent if reads_jobs(s)]

@@ -25,3 +25,9 @@ def fails(ctx: JobContext, payload: Any) -> None:
 def dies(ctx: JobContext, payload: Any) -> None:
     """Fails its only attempt: dead at once (a burst worker sees it through)."""
     raise ValueError("boom")
+
+
+@queue.task(max_attempts=1)
+def echoes(ctx: JobContext, payload: Any) -> None:
+    """Fails its only attempt with the payload's ``message`` as the error's message."""
+    raise ValueError(payload["message"])

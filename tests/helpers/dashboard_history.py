@@ -161,6 +161,7 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
     from sa_jobqueue.migrations import upgrade
     from sa_jobqueue.web import create_app
     from tests.helpers.databases import drop_database, recreate_database
+    from tests.helpers.pages import LOCAL
 
     name = "sajq_dashboard_timings"
     engine = create_engine(recreate_database(url, name))
@@ -182,7 +183,7 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
         rows: list[str] = []
         plans: dict[str, list[tuple[str, Any]]] = {}
         load = os.getloadavg()[0]
-        with TestClient(create_app(engine)) as client:
+        with TestClient(create_app(engine), base_url=LOCAL) as client:
             for page in PAGES:
                 path = page.format(**ids)
                 began = time.perf_counter()

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from typing import Final
+
+#: The base URL for a TestClient of the dashboard: by default it answers only this machine's
+#: names (``Host: localhost``), not the client's own default ``testserver``.
+LOCAL: Final = "http://localhost"
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -21,7 +22,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.errors import InvalidJobError
+from sa_jobqueue.errors import InvalidJobError, WebConfigError
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._display import (
     CHART_HEIGHT,
@@ -35,6 +36,7 @@ from sa_jobqueue.web._display import (
 from sa_jobqueue.web._filters import PAGE, JobFilter, finished_statuses, read_filter
 from sa_jobqueue.web._serve import CredentialsGate, basic_credentials
 from sa_jobqueue.web._tokens import CSRF_COOKIE, CSRF_FIELD, Signer
+from tests.helpers.pages import LOCAL
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 ACTION_ROUTES = ("/jobs/1/retry", "/jobs/1/cancel", "/jobs/retry", "/purge")
@@ -200,7 +202,7 @@ def test_flash_messages_are_signed() -> None:
 
 
 def test_every_response_carries_the_security_headers(unconnected: sa.Engine) -> None:
-    with TestClient(create_app(unconnected)) as client:
+    with TestClient(create_app(unconnected), base_url=LOCAL) as client:
         response = client.get("/static/dashboard.css")
     assert response.status_code == 200
     policy = response.headers["content-security-policy"]
@@ -224,7 +226,7 @@ def test_authorize_refusing_answers_403_for_pages_and_actions(
         return deny(request)
 
     app = create_app(unconnected, allow_actions=True, authorize=deny if kind == "sync" else adeny)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         for path in ("/", "/jobs", "/static/dashboard.js"):
             assert client.get(path).status_code == 403
         assert client.post("/jobs/1/retry").status_code == 403
@@ -233,7 +235,7 @@ def test_authorize_refusing_answers_403_for_pages_and_actions(
 
 @pytest.mark.parametrize("path", ACTION_ROUTES)
 def test_with_actions_off_every_action_is_refused(unconnected: sa.Engine, path: str) -> None:
-    with TestClient(create_app(unconnected)) as client:
+    with TestClient(create_app(unconnected), base_url=LOCAL) as client:
         response = client.post(path, data={CSRF_FIELD: "x"})
     assert response.status_code == 403
     assert "actions are off" in response.text
@@ -242,7 +244,9 @@ def test_with_actions_off_every_action_is_refused(unconnected: sa.Engine, path: 
 @pytest.mark.parametrize("path", ACTION_ROUTES)
 def test_a_post_without_the_csrf_token_is_refused(unconnected: sa.Engine, path: str) -> None:
     signer_token = Signer(b"s" * 32).new_token()
-    with TestClient(create_app(unconnected, allow_actions=True, secret=b"s" * 32)) as client:
+    with TestClient(
+        create_app(unconnected, allow_actions=True, secret=b"s" * 32), base_url=LOCAL
+    ) as client:
         client.cookies.set(CSRF_COOKIE, signer_token)
         missing = client.post(path, data={})
         other = client.post(path, data={CSRF_FIELD: Signer(b"s" * 32).new_token()})
@@ -252,8 +256,76 @@ def test_a_post_without_the_csrf_token_is_refused(unconnected: sa.Engine, path: 
 
 
 def test_actions_answer_get_with_405(unconnected: sa.Engine) -> None:
-    with TestClient(create_app(unconnected, allow_actions=True)) as client:
+    with TestClient(create_app(unconnected, allow_actions=True), base_url=LOCAL) as client:
         assert client.get("/jobs/1/retry").status_code == 405
+
+
+# -- host names and origins ------------------------------------------------------------------
+
+
+def test_by_default_only_localhost_names_are_answered(unconnected: sa.Engine) -> None:
+    app = create_app(unconnected)
+    for base, status in [
+        ("http://localhost:8080", 200),
+        ("http://127.0.0.1", 200),
+        ("http://[::1]:8080", 200),
+        ("http://evil.example:8080", 400),
+        ("http://127.0.0.1.evil.example", 400),
+    ]:
+        with TestClient(app, base_url=base) as client:
+            assert client.get("/static/dashboard.css").status_code == status, base
+
+
+def test_allowed_hosts_of_a_mounted_dashboard(unconnected: sa.Engine) -> None:
+    host = Starlette()
+    host.mount("/jobs", create_app(unconnected, allowed_hosts=["jobs.example.com", "*.internal"]))
+    for base, status in [
+        ("http://jobs.example.com", 200),
+        ("https://JOBS.example.com:8443", 200),
+        ("http://ops.internal", 200),
+        ("http://localhost", 400),  # the list replaces the default
+        ("http://evil.example", 400),
+    ]:
+        with TestClient(host, base_url=base) as client:
+            assert client.get("/jobs/static/dashboard.css").status_code == status, base
+    anyone = create_app(unconnected, allowed_hosts=["*"])
+    with TestClient(anyone, base_url="http://evil.example") as client:
+        assert client.get("/static/dashboard.css").status_code == 200
+
+
+@pytest.mark.parametrize("path", [*ACTION_ROUTES, "/queues/pause"])
+def test_a_post_from_another_origin_is_refused(unconnected: sa.Engine, path: str) -> None:
+    app = create_app(unconnected, allow_actions=True, trusted_origins=["https://admin.example.com"])
+    with TestClient(app, base_url="http://localhost:8080") as client:
+        for origin in ("http://evil.example:8080", "null", "http://localhost:9090"):
+            refused = client.post(path, data={}, headers={"origin": origin})
+            assert refused.status_code == 403, origin
+            assert "another site" in refused.text
+            assert refused.headers["x-frame-options"] == "DENY"
+        # Past the origin's check, the missing token is what stops these.
+        for origin in ("http://localhost:8080", "https://admin.example.com", None):
+            headers = {"origin": origin} if origin else {}
+            response = client.post(path, data={}, headers=headers)
+            assert response.status_code == 403
+            assert "security token" in response.text
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("allowed_hosts", ["jobs.example.com:8080"], "a host name or address, with no port"),
+        ("allowed_hosts", ["http://jobs.example.com"], "a host name or address, with no port"),
+        ("allowed_hosts", ["jobs.*.com"], "a host name or address, with no port"),
+        ("allowed_hosts", [""], "a host name or address, with no port"),
+        ("trusted_origins", ["admin.example.com"], "scheme://host[:port]"),
+        ("trusted_origins", ["https://admin.example.com/jobs"], "scheme://host[:port]"),
+    ],
+)
+def test_bad_host_and_origin_options_are_refused(
+    unconnected: sa.Engine, option: str, value: list[str], says: str
+) -> None:
+    with pytest.raises(WebConfigError, match=re.escape(says)):
+        create_app(unconnected, **{option: value})  # type: ignore[arg-type]
 
 
 # -- the CLI's credentials ---------------------------------------------------------------------
