@@ -19,6 +19,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the seed's workers, pooler and database are cleaned up.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = Config(
         steps=args.steps,
         workers=args.workers,

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from tests.helpers.databases import url_string
-from tests.helpers.poolers import PGBOUNCER, PgBouncer
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
 
@@ -38,7 +38,10 @@ class FaultProxy:
     """A TCP proxy to the server that can silence its open connections or refuse new ones."""
 
     def __init__(self, server: URL) -> None:
-        self._target = (server.host or "127.0.0.1", server.port or 5432)
+        host, port = _host(server), server.port or 5432
+        # The embedded server (pgserver) listens on a Unix socket only.
+        self._unix = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else None
+        self._target = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
@@ -73,7 +76,11 @@ class FaultProxy:
                     client.close()
                 continue
             try:
-                upstream = socket.create_connection(self._target, timeout=5)
+                if self._unix is not None:
+                    upstream = socket.socket(socket.AF_UNIX)
+                    upstream.connect(self._unix)
+                else:
+                    upstream = socket.create_connection(self._target, timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 client.close()

@@ -42,6 +42,9 @@ def sample(conn: sa.Connection, model: Model) -> list[Violation]:
             j.task,
             j.payload["k"].astext.label("k"),
             j.started_at,
+            j.worker,
+            j.visible_at,
+            j.attempts,
             (j.visible_at > sa.func.now()).label("live"),
             sa.func.now().label("now"),
         ).where(j.status == "running")

@@ -91,6 +91,8 @@ class Outcome:
         lines += ["  " + v.describe() for v in self.violations]
         lines += ["  note: " + n for n in self.notes]
         if not self.ok:
+            for pid, stopped, resumed in self.model.stops:
+                lines.append(f"  SIGSTOP of worker {pid} from {stopped} to {resumed}")
             lines.append("schedule:")
             lines.append(self.schedule.describe().split("\n")[0])
             for step in self.schedule.steps:
@@ -118,6 +120,9 @@ class Sampler(threading.Thread):
             except sa.exc.DBAPIError as exc:  # the checker's own connection: note, go on
                 self.model.log.append((-1, f"sampler: {exc.__class__.__name__}"))
                 continue
+            except Exception as exc:  # a defect of the checker: say so, and stop sampling
+                self.model.found.append(Violation("checker_error", (), f"sampler: {exc!r}"))
+                return
             self.samples += 1
             for v in found:
                 if (v.invariant, v.jobs) not in self.seen:
