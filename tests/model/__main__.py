@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         "--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 800, under a lease)"
     )
     parser.add_argument(
-        "--ci-plans", action="store_true", help="only the CI run's handler plans (no discard)"
+        "--ci-plans",
+        action="store_true",
+        help="the CI run's handlers and jobs: no discard, no unique key with dependencies",
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         operations=args.ops,
         plans=CI_PLANS if args.ci_plans else PLANS,
         max_stop_ms=args.max_stop_ms,
+        unique_with_deps=not args.ci_plans,
     )
     replay = _replay_flags(args)
     failed = 0
