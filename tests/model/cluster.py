@@ -1,0 +1,278 @@
+"""What one seed runs against: its database, its worker processes, and the network between.
+
+The workers reach the database directly, through a :class:`FaultProxy` (which can black-hole
+the connections open now, or refuse new ones for a while), or through a real PgBouncer in
+transaction mode (which can be restarted on its port). The checker's own connections and the
+handlers' audit always go straight to the server: the faults are aimed at the workers alone.
+Every process and socket here belongs to the seed, and :meth:`Cluster.close` ends them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from tests.helpers.databases import url_string
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
+from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
+from tests.model.tasks import AUDIT_URL
+
+APP = "tests.model.tasks:queue"
+QUEUES = ("default", "q1", "q2")
+#: The application_name of the checker's own connections: never a fault's target.
+CHECKER_APP = "mc_checker"
+
+
+class FaultProxy:
+    """A TCP proxy to the server that can silence its open connections or refuse new ones."""
+
+    def __init__(self, server: URL) -> None:
+        host, port = _host(server), server.port or 5432
+        # The embedded server (pgserver) listens on a Unix socket only.
+        self._unix = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else None
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._pairs: list[_Pair] = []
+        self._refusing = False
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, database: URL) -> URL:
+        return database.set(host="127.0.0.1", port=self.port, query={})
+
+    def silence(self) -> int:
+        """Black-hole every connection open now; how many there were. New ones work."""
+        with self._lock:
+            live = [p for p in self._pairs if not p.closed.is_set()]
+            for pair in live:
+                pair.silent = True
+            return len(live)
+
+    def refuse(self, on: bool) -> None:
+        """While on, every new connection is closed as soon as it is accepted."""
+        self._refusing = on
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._refusing:
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
+            try:
+                if self._unix is not None:
+                    upstream = socket.socket(socket.AF_UNIX)
+                    upstream.connect(self._unix)
+                else:
+                    upstream = socket.create_connection(self._target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            pair = _Pair(client, upstream)
+            with self._lock:
+                self._pairs = [p for p in self._pairs if not p.closed.is_set()]
+                self._pairs.append(pair)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for pair in self._pairs:
+                pair.close()
+
+
+class _Pair:
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client, self.upstream = client, upstream
+        self.silent = False
+        self.closed = threading.Event()
+
+    def pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self.closed.is_set():
+                ready, _, _ = select.select([src], [], [], 0.2)
+                if not ready:
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not self.silent:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def restart_bouncer(bouncer: PgBouncer) -> None:
+    """Kill PgBouncer and start it again on the same port and settings (clients reconnect)."""
+    bouncer.proc.kill()
+    bouncer.proc.wait(10)
+    assert PGBOUNCER is not None
+    command = [PGBOUNCER, str(bouncer.dir / "pgbouncer.ini")]
+    if bouncer._user is not None:
+        command[1:1] = ["-u", bouncer._user]
+    deadline = time.monotonic() + 10
+    while True:  # the old process's port may take a moment to be free again
+        bouncer.proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            bouncer.proc.wait(0.3)
+        if bouncer.proc.poll() is None or time.monotonic() > deadline:
+            return
+
+
+@dataclass
+class WorkerProc:
+    """One worker subprocess and what the checker did to it."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    stopped: bool = False  # SIGSTOP sent, no SIGCONT yet
+    leaving: bool = False  # SIGTERM or SIGKILL sent: it may exit
+    term: bool = False  # SIGTERM sent (and no SIGKILL): it must exit 0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class Cluster:
+    """The seed's database URLs, its network and its workers."""
+
+    database: URL  # direct, for the checker and the audit
+    network: str  # "direct", "proxy" or "bouncer"
+    logs: Path
+    concurrency: int = 3
+    proxy: FaultProxy | None = None
+    bouncer: PgBouncer | None = None
+    workers: list[WorkerProc] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, database: URL, network: str, logs: Path, concurrency: int) -> Cluster:
+        cluster = cls(database, network, logs, concurrency)
+        if network == "proxy":
+            cluster.proxy = FaultProxy(database)
+        elif network == "bouncer":
+            cluster.bouncer = PgBouncer(database, "transaction", pool_size=20)
+        return cluster
+
+    def worker_url(self) -> URL:
+        if self.proxy is not None:
+            return self.proxy.url(self.database)
+        if self.bouncer is not None:
+            return self.bouncer.url(self.database)
+        return self.database
+
+    def start_worker(self) -> WorkerProc:
+        log = self.logs / f"worker-{len(self.workers)}.log"
+        pooler = ["--pooler", "transaction"] if self.bouncer is not None else []
+        env = subprocess_env()
+        env[AUDIT_URL] = url_string(self.database)
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    *CLI,
+                    "--log-level",
+                    "INFO",
+                    *pooler,
+                    "worker",
+                    APP,
+                    "--database-url",
+                    url_string(self.worker_url()),
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--queues",
+                    ",".join(QUEUES),
+                    "--poll-interval",
+                    "0.2",
+                    "--shutdown-grace",
+                    "5",
+                    "--wait-for-database",
+                    "10",
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        worker = WorkerProc(proc, log)
+        self.workers.append(worker)
+        return worker
+
+    def live(self) -> list[WorkerProc]:
+        """Workers running and not told to leave (stopped ones included)."""
+        return [w for w in self.workers if w.alive() and not w.leaving]
+
+    def running(self) -> list[WorkerProc]:
+        """Live workers that are not stopped."""
+        return [w for w in self.live() if not w.stopped]
+
+    def signal(self, worker: WorkerProc, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            worker.leaving = True
+            worker.term = signum == signal.SIGTERM
+        if signum == signal.SIGSTOP:
+            worker.stopped = True
+        if signum == signal.SIGCONT:
+            worker.stopped = False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signum)
+
+    def unexpected_exits(self) -> list[WorkerProc]:
+        """Workers that exited without being told to."""
+        return [w for w in self.workers if not w.alive() and not w.leaving]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()  # SIGKILL also ends a stopped process
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(10)
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.bouncer is not None:
+            self.bouncer.stop()
+
+    def output(self, worker: WorkerProc) -> str:
+        return worker.log.read_text(errors="replace")[-2000:]
+
+
+def checker_engine(database: URL) -> sa.Engine:
+    """The checker's engine: direct, named so no fault takes its connections."""
+    return sa.create_engine(
+        database, pool_size=4, max_overflow=4, connect_args={"application_name": CHECKER_APP}
+    )

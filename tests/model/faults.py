@@ -1,0 +1,144 @@
+"""Each fault of a schedule, done to the seed's own workers, network or pooler.
+
+A fault that lasts (a SIGSTOP, a refusing proxy) is undone by the runner when its time is up,
+and every lasting fault is undone at quiescence. The database's connections are terminated by
+``pg_terminate_backend`` on this seed's database only, and only those named ``sa_jobqueue``
+(the workers'); the checker's and the audit's connections have names of their own.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+
+from sa_jobqueue.models import workers_table
+from tests.model.cluster import Cluster, WorkerProc, restart_bouncer
+from tests.model.model import Model
+from tests.model.schedule import Step
+
+
+@dataclass
+class Faults:
+    """Injects faults into one cluster; remembers what must be undone, and when."""
+
+    cluster: Cluster
+    engine: sa.Engine
+    model: Model
+    #: Keep at least this many workers running: a fault that would leave fewer starts one.
+    floor: int = 1
+    #: (monotonic deadline, what undoes the fault)
+    pending: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+
+    def clock(self) -> sa.engine.Row[tuple[object]]:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.clock_timestamp())).one()
+
+    def run(self, step: Step) -> str:
+        handler: Callable[[Step], str] = getattr(self, "fault_" + step.kind)
+        return handler(step)
+
+    def due(self, now: float | None = None) -> None:
+        """Undo the faults whose time is up (all of them, when ``now`` is None)."""
+        keep = []
+        for deadline, undo in self.pending:
+            if now is None or deadline <= now:
+                undo()
+            else:
+                keep.append((deadline, undo))
+        self.pending = keep
+
+    def _pick(self, step: Step, among: list[WorkerProc]) -> WorkerProc | None:
+        return among[step.args["pick"] % len(among)] if among else None
+
+    def _registered(self) -> list[WorkerProc]:
+        """Running workers that have registered: their SIGTERM handler is installed by then.
+
+        A SIGTERM that reaches a worker still importing its app ends it with the default
+        action (-15), which says nothing about the queue: a graceful stop picks among these.
+        """
+        with self.engine.connect() as conn:
+            pids = set(conn.execute(sa.select(workers_table.c.pid)).scalars())
+        return [w for w in self.cluster.running() if w.pid in pids]
+
+    def _top_up(self) -> None:
+        while len(self.cluster.running()) < self.floor:
+            self.cluster.start_worker()
+
+    def fault_sigkill(self, step: Step) -> str:
+        worker = self._pick(step, self.cluster.live())
+        if worker is None:
+            return "no worker"
+        self.cluster.signal(worker, signal.SIGKILL)
+        self._top_up()
+        return f"killed {worker.pid}"
+
+    def fault_sigstop(self, step: Step) -> str:
+        worker = self._pick(step, self.cluster.running())
+        if worker is None:
+            return "no worker"
+        self.cluster.signal(worker, signal.SIGSTOP)
+        at = self.clock()[0]
+        index = len(self.model.stops)
+        self.model.stops.append((worker.pid, at, None))  # type: ignore[arg-type]
+
+        def cont() -> None:
+            self.cluster.signal(worker, signal.SIGCONT)
+            pid, stopped, _ = self.model.stops[index]
+            self.model.stops[index] = (pid, stopped, self.clock()[0])  # type: ignore[assignment]
+
+        self.pending.append((time.monotonic() + step.args["ms"] / 1000, cont))
+        self._top_up()
+        return f"stopped {worker.pid} for {step.args['ms']} ms"
+
+    def fault_terminate(self, step: Step) -> str:
+        with self.engine.connect() as conn:
+            ended = conn.execute(
+                sa.text(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = 'sa_jobqueue'"
+                )
+            ).scalar_one()
+        return f"terminated {ended} worker connections"
+
+    def fault_restart(self, step: Step) -> str:
+        worker = self._pick(step, self._registered())
+        if worker is None:
+            return "no worker"
+        self.cluster.signal(worker, signal.SIGTERM)
+        new = self.cluster.start_worker()
+        return f"SIGTERM {worker.pid}, started {new.pid}"
+
+    def fault_start_worker(self, step: Step) -> str:
+        if len(self.cluster.live()) >= 4:
+            return "enough workers"
+        return f"started {self.cluster.start_worker().pid}"
+
+    def fault_stop_worker(self, step: Step) -> str:
+        worker = self._pick(step, self._registered())
+        if worker is None:
+            return "no worker"
+        self.cluster.signal(worker, signal.SIGTERM)
+        self._top_up()
+        return f"SIGTERM {worker.pid}"
+
+    def fault_blackhole(self, step: Step) -> str:
+        assert self.cluster.proxy is not None
+        return f"silenced {self.cluster.proxy.silence()} connections"
+
+    def fault_refuse(self, step: Step) -> str:
+        proxy = self.cluster.proxy
+        assert proxy is not None
+        proxy.refuse(True)
+        self.pending.append(
+            (time.monotonic() + step.args["ms"] / 1000, lambda: proxy.refuse(False))
+        )
+        return f"refusing for {step.args['ms']} ms"
+
+    def fault_bouncer_restart(self, step: Step) -> str:
+        assert self.cluster.bouncer is not None
+        restart_bouncer(self.cluster.bouncer)
+        return "pgbouncer restarted"

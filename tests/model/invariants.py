@@ -1,0 +1,338 @@
+"""The invariants: each a named function returning the violations it finds, with evidence.
+
+Two kinds. :func:`sample` runs every 100 ms or so while the schedule plays, on one snapshot of
+the jobs table (the limits that hold at any instant). The others run once at quiescence,
+on the final tables, the handlers' audit (``mc_starts``, ``mc_effects``) and the model.
+Times are the database's: ``started_at`` and ``finished_at`` as the queue wrote them, the
+audit's ``clock_timestamp()``, and the clock read after each of the checker's commits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table, workers_table
+from tests.model.model import Model, Violation
+from tests.model.tasks import KEEPS, effects, starts
+
+j = jobs_table.c
+
+
+# -- sampled while running -------------------------------------------------------------------
+
+
+def sample(conn: sa.Connection, model: Model) -> list[Violation]:
+    """Check the instant's limits on one snapshot (run it in a REPEATABLE READ transaction).
+
+    ``caps``: the jobs of a capped queue running with a live lease, among those that started
+    after the cap was last set (a lowered cap stops no job that started before it), are no
+    more than the cap. ``key_caps``: the same per task and payload key. ``unique_live``: no
+    two queued or running jobs of one task hold one unique key.
+    """
+    rows = conn.execute(
+        sa.select(
+            j.id,
+            j.queue,
+            j.task,
+            j.payload["k"].astext.label("k"),
+            j.started_at,
+            j.worker,
+            j.visible_at,
+            j.attempts,
+            (j.visible_at > sa.func.now()).label("live"),
+            sa.func.now().label("now"),
+        ).where(j.status == "running")
+    ).all()
+    settings = {
+        r.queue: {"cap": r.concurrency, "key_cap": r.key_concurrency}
+        for r in conn.execute(sa.select(queues_table))
+    }
+    found: list[Violation] = []
+    for q in {r.queue for r in rows}:
+        for what, group in (("cap", lambda r: ()), ("key_cap", lambda r: (r.task, r.k))):
+            cap, since = model.cap_since(q, what)
+            if cap is None or since is None or settings.get(q, {}).get(what) != cap:
+                continue  # no cap, or one the model has not recorded yet (committing now)
+            held: dict[Any, list[int]] = defaultdict(list)
+            shown: dict[int, str] = {}
+            for r in rows:
+                if r.queue == q and r.live and r.started_at >= since:
+                    if what == "key_cap" and r.k is None:
+                        continue
+                    held[group(r)].append(r.id)
+                    shown[r.id] = (
+                        f"{r.id} attempt {r.attempts} by {r.worker} started {r.started_at}"
+                        f" lease to {r.visible_at}"
+                    )
+            for key, ids in held.items():
+                if len(ids) > cap:
+                    found.append(
+                        Violation(
+                            "caps" if what == "cap" else "key_caps",
+                            tuple(ids),
+                            f"queue {q} {key or ''}: {len(ids)} running with live leases,"
+                            f" started since the {what} of {cap} was set at {since}"
+                            f" (now {rows[0].now}): " + "; ".join(shown[i] for i in ids),
+                        )
+                    )
+    live = conn.execute(
+        sa.select(j.task, j.unique_key, sa.func.array_agg(j.id))
+        .where(j.unique_key.is_not(None), j.status.in_(("queued", "running")))
+        .group_by(j.task, j.unique_key)
+        .having(sa.func.count() > 1)
+    ).all()
+    for task, key, ids in live:
+        found.append(Violation("unique_live", tuple(ids), f"{task} key {key} held by {ids}"))
+    return found
+
+
+# -- at quiescence ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Final:
+    """The final state, read once: jobs by id, each job's effects and audited starts."""
+
+    jobs: dict[int, Any]
+    effects: dict[int, list[int]]  # job -> attempts of its committed effects
+    starts: dict[int, list[Any]]  # job -> its audited starts (attempt, pid, at)
+    workers: list[Any]
+
+    @classmethod
+    def read(cls, conn: sa.Connection) -> Final:
+        jobs = {r.id: r for r in conn.execute(sa.select(jobs_table))}
+        found: dict[int, list[int]] = defaultdict(list)
+        for r in conn.execute(sa.select(effects.c.job_id, effects.c.attempt)):
+            found[r.job_id].append(r.attempt)
+        began: dict[int, list[Any]] = defaultdict(list)
+        for r in conn.execute(sa.select(starts).order_by(starts.c.id)):
+            began[r.job_id].append(r)
+        workers = list(conn.execute(sa.select(workers_table)))
+        return cls(jobs, dict(found), dict(began), workers)
+
+
+def terminal(model: Model, final: Final) -> list[Violation]:
+    """Nothing stuck: at quiescence every job the checker created has ended."""
+    stuck = [
+        i for i in model.jobs if i in final.jobs and final.jobs[i].status not in FINISHED_STATUSES
+    ]
+    if not stuck:
+        return []
+    lines = [
+        f"{i}: {r.status} attempts {r.attempts}/{r.max_attempts} queue {r.queue} visible_at"
+        f" {r.visible_at} worker {r.worker} error {str(r.last_error)[:120]}"
+        for i in stuck[:8]
+        for r in [final.jobs[i]]
+    ]
+    return [
+        Violation("terminal", tuple(stuck), "not ended at quiescence:\n    " + "\n    ".join(lines))
+    ]
+
+
+def nothing_lost(model: Model, final: Final) -> list[Violation]:
+    """Every job the checker's commits created exists; no job exists that none created."""
+    found = []
+    lost = [i for i in model.jobs if i not in final.jobs]
+    if lost:
+        found.append(Violation("nothing_lost", tuple(lost), "created, committed, and gone"))
+    extra = [i for i in final.jobs if i not in model.jobs]
+    if extra:
+        found.append(
+            Violation("nothing_duplicated", tuple(extra), "in the table, created by no enqueue")
+        )
+    return found
+
+
+def effects_once(model: Model, final: Final) -> list[Violation]:
+    """A succeeded job's ``ctx.session`` effect exists once, its last attempt's; others none."""
+    found = []
+    for i in model.jobs:
+        row = final.jobs.get(i)
+        if row is None:
+            continue
+        attempts = final.effects.get(i, [])
+        if row.status == "succeeded":
+            if attempts != [row.attempts]:
+                found.append(
+                    Violation(
+                        "effects_once",
+                        (i,),
+                        f"succeeded at attempt {row.attempts}; committed effects of attempts"
+                        f" {attempts}",
+                    )
+                )
+        elif attempts:
+            found.append(
+                Violation(
+                    "effects_once",
+                    (i,),
+                    f"{row.status} (attempt {row.attempts}), yet effects of attempts {attempts}"
+                    " committed",
+                )
+            )
+    return found
+
+
+def attempts_once(model: Model, final: Final) -> list[Violation]:
+    """No attempt number of a job was handed to two executions (the fencing token is unique)."""
+    found = []
+    for i, began in final.starts.items():
+        twice = [a for a, n in Counter(s.attempt for s in began).items() if n > 1]
+        if twice:
+            pids = [(s.attempt, s.pid, str(s.at)) for s in began if s.attempt in twice]
+            found.append(Violation("attempts_once", (i,), f"attempts run twice: {pids}"))
+    return found
+
+
+def kept_results(model: Model, final: Final) -> list[Violation]:
+    """A succeeded job of a task that keeps results holds what its payload says; others none."""
+    found = []
+    for i, record in model.jobs.items():
+        row = final.jobs.get(i)
+        if row is None:
+            continue
+        keeps = record.task in KEEPS
+        expected = {"n": row.payload["n"]} if keeps and row.status == "succeeded" else None
+        if row.result != expected:
+            found.append(
+                Violation(
+                    "kept_result",
+                    (i,),
+                    f"{record.task} {row.status}: result {row.result!r}, expected {expected!r}",
+                )
+            )
+    return found
+
+
+def dependency_order(model: Model, final: Final) -> list[Violation]:
+    """No job starts before its dependencies have ended; dependents follow their policy.
+
+    A dependency requeued after it ended is left out (it ends again later, by design).
+    """
+    found = []
+    for i, record in model.jobs.items():
+        row = final.jobs.get(i)
+        if row is None or not record.deps:
+            continue
+        deps = [(d, p) for d, p in record.deps if d in final.jobs and model.jobs[d].requeued == 0]
+        if len(deps) != len(record.deps):
+            continue
+        began = final.starts.get(i, [])
+        failed = []
+        for d, policy in deps:
+            dep = final.jobs[d]
+            if dep.finished_at is None:
+                if began:
+                    found.append(
+                        Violation(
+                            "dependency_order",
+                            (i, d),
+                            f"job {i} started at {began[0].at} while dependency {d} is"
+                            f" {dep.status}",
+                        )
+                    )
+                continue
+            early = [s for s in began if s.at < dep.finished_at]
+            if early:
+                found.append(
+                    Violation(
+                        "dependency_order",
+                        (i, d),
+                        f"job {i} attempt {early[0].attempt} started at {early[0].at}, before"
+                        f" dependency {d} ended ({dep.status}) at {dep.finished_at}",
+                    )
+                )
+            if dep.status in ("dead", "cancelled") and policy == "cancel":
+                failed.append(d)
+        if failed and row.status != "cancelled":
+            found.append(
+                Violation(
+                    "dependency_policy",
+                    (i, *failed),
+                    f"dependencies {failed} failed (on_failure=cancel) but job {i} is {row.status}",
+                )
+            )
+        if failed and began:
+            found.append(
+                Violation(
+                    "dependency_policy",
+                    (i, *failed),
+                    f"dependencies {failed} failed (on_failure=cancel) but job {i} ran",
+                )
+            )
+        if (
+            not failed
+            and row.status == "cancelled"
+            and not record.cancelled_by_checker
+            and all(final.jobs[d].status in FINISHED_STATUSES for d, _ in deps)
+        ):
+            found.append(
+                Violation(
+                    "dependency_policy",
+                    (i,),
+                    f"no dependency failed with on_failure=cancel, yet job {i} was cancelled:"
+                    f" {row.last_error}",
+                )
+            )
+    return found
+
+
+def cancels_honoured(model: Model, final: Final) -> list[Violation]:
+    """A job whose cancel returned True ends cancelled (a running one when its attempt ends)."""
+    bad = [
+        i
+        for i, r in model.jobs.items()
+        if r.cancelled_by_checker and i in final.jobs and final.jobs[i].status != "cancelled"
+    ]
+    if not bad:
+        return []
+    lines = [f"{i}: {final.jobs[i].status}" for i in bad[:8]]
+    return [
+        Violation("cancel_honoured", tuple(bad), "cancel returned True, but " + ", ".join(lines))
+    ]
+
+
+def registry(model: Model, final: Final, pids: Iterable[int]) -> list[Violation]:
+    """Each live worker process appears in the registry once."""
+    seen = Counter(w.pid for w in final.workers)
+    bad = {pid: seen[pid] for pid in pids if seen[pid] != 1}
+    if not bad:
+        return []
+    names = [(w.name, w.pid, str(w.last_seen_at)) for w in final.workers]
+    return [Violation("registry", (), f"live worker pids seen {bad} times; registry {names}")]
+
+
+FINAL_CHECKS: tuple[Callable[[Model, Final], list[Violation]], ...] = (
+    terminal,
+    nothing_lost,
+    effects_once,
+    attempts_once,
+    kept_results,
+    dependency_order,
+    cancels_honoured,
+)
+
+
+def at_quiescence(model: Model, final: Final, pids: Iterable[int]) -> list[Violation]:
+    found = [v for check in FINAL_CHECKS for v in check(model, final)]
+    return found + registry(model, final, pids)
+
+
+def settled(conn: sa.Connection, ids: list[int]) -> list[tuple[int, str]]:
+    """The jobs among ``ids`` that have not ended yet, with their status."""
+    return [
+        (r.id, r.status)
+        for r in conn.execute(
+            sa.select(j.id, j.status).where(j.id.in_(ids), j.status.not_in(FINISHED_STATUSES))
+        )
+    ]
+
+
+def earliest(rows: Iterable[datetime]) -> datetime | None:
+    return min(rows, default=None)

@@ -1,0 +1,96 @@
+"""The reference model: what the checker committed, and so what must be true of the jobs.
+
+The runner writes here what every call returned, with the database's clock read right after
+its commit: the jobs each enqueue created (their task, payload and options, their edges and
+unique keys), what each cancel and requeue did, and each queue's settings over time. The
+invariants read the model beside what the database says, and the two must agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class JobRecord:
+    """A job the checker's committed enqueue created."""
+
+    id: int
+    step: int
+    task: str
+    payload: dict[str, Any]
+    queue: str
+    unique_key: str | None
+    #: (dependency id, on_failure) of each edge the job was enqueued with.
+    deps: list[tuple[int, str]] = field(default_factory=list)
+    cancelled_by_checker: bool = False
+    requeued: int = 0
+
+
+@dataclass
+class Change:
+    """One change of a queue's settings, committed before ``at`` (database clock)."""
+
+    step: int
+    queue: str
+    what: str  # "pause", "resume", "cap", "key_cap", "rate", "clear"
+    value: Any
+    at: datetime
+
+
+@dataclass
+class Model:
+    """Everything the checker did and saw, step by step."""
+
+    jobs: dict[int, JobRecord] = field(default_factory=dict)
+    #: Each id an enqueue returned that was not a job it created (a key held), and by whom.
+    returned: list[tuple[int, int, str, str | None]] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    #: (step, what happened) for every step, operations and faults alike.
+    log: list[tuple[int, str]] = field(default_factory=list)
+    #: Violations found while running (an operation's own check), as the invariants give them.
+    found: list[Violation] = field(default_factory=list)
+    #: (pid, SIGSTOP at, SIGCONT at or None), database clock.
+    stops: list[tuple[int, datetime, datetime | None]] = field(default_factory=list)
+
+    def created(self, record: JobRecord) -> None:
+        self.jobs[record.id] = record
+
+    def order(self) -> list[int]:
+        """Job ids in the order they were created."""
+        return list(self.jobs)
+
+    def cap_since(self, queue: str, what: str) -> tuple[int | None, datetime | None]:
+        """The queue's current cap of kind ``what`` and when it was last set or cleared."""
+        value: int | None = None
+        since: datetime | None = None
+        for change in self.changes:
+            if change.queue != queue:
+                continue
+            if change.what == what:
+                value, since = change.value, change.at
+            elif change.what == "clear":
+                value, since = None, change.at
+        return value, since
+
+    def paused(self, queue: str) -> bool:
+        state = False
+        for change in self.changes:
+            if change.queue == queue and change.what in ("pause", "resume"):
+                state = change.what == "pause"
+        return state
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An invariant that did not hold: its name, the jobs concerned, and the evidence."""
+
+    invariant: str
+    jobs: tuple[int, ...]
+    evidence: str
+
+    def describe(self) -> str:
+        jobs = ", ".join(map(str, self.jobs[:20])) or "-"
+        return f"[{self.invariant}] jobs {jobs}: {self.evidence}"

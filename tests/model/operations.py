@@ -1,0 +1,303 @@
+"""Each operation of a schedule, done through the public API, its outcome kept in the model.
+
+Every operation is one transaction of the checker's own (committed, on a direct connection
+no fault touches), followed by a read of the database's ``clock_timestamp()``: whatever the
+operation changed was committed before that moment. Ids come from what ``enqueue`` returned;
+a step that names an earlier job (``depends_on``, cancel, requeue, a wait) resolves it here.
+An exception from the API is a finding (``api_error``), except the ones the docs promise for
+the input given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import Enqueued
+from sa_jobqueue.errors import ResultTimeoutError
+from sa_jobqueue.models import jobs_table
+from sa_jobqueue.ops import (
+    clear_queue_limits,
+    pause_queue,
+    resume_queue,
+    set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_rate,
+)
+from sa_jobqueue.workflows import Call, Dependency
+from tests.model.model import Change, JobRecord, Model, Violation
+from tests.model.schedule import Step
+from tests.model.tasks import KEEPS, queue
+
+j = jobs_table.c
+#: How many of the newest jobs a cancel or a wait picks from (so it hits live ones).
+RECENT = 20
+
+
+class Operations:
+    """Runs operations against one database and writes what they did into ``model``."""
+
+    def __init__(self, engine: sa.Engine, model: Model) -> None:
+        self.engine = engine
+        self.model = model
+        self.by_step: dict[int, list[int]] = {}
+
+    def clock(self) -> datetime:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()  # type: ignore[no-any-return]
+
+    def run(self, step: Step) -> str:
+        handler: Callable[[Step], str] = getattr(self, "op_" + step.kind)
+        return handler(step)
+
+    # -- enqueues ---------------------------------------------------------------------------
+
+    def _deps(self, refs: list[dict[str, Any]]) -> list[Dependency]:
+        edges: dict[int, Dependency] = {}
+        for ref in refs:
+            ids = self.by_step.get(ref["step"], [])
+            if ids:
+                job = ids[ref["pos"] % len(ids)]
+                edges.setdefault(job, Dependency(job, ref["on_failure"]))
+        return list(edges.values())
+
+    @staticmethod
+    def _options(args: dict[str, Any]) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for name in ("queue", "priority", "max_attempts", "unique_mode", "unique_key"):
+            if name in args:
+                options[name] = args[name]
+        if "run_at_ms" in args:
+            options["run_at"] = timedelta(milliseconds=args["run_at_ms"])
+        if "lease_ms" in args:
+            options["lease"] = timedelta(milliseconds=args["lease_ms"])
+        if "unique_period_s" in args:
+            options["unique_period"] = timedelta(seconds=args["unique_period_s"])
+        return options
+
+    def _record(
+        self,
+        step: Step,
+        task: str,
+        payloads: list[dict[str, Any]],
+        ids: list[Enqueued],
+        options: dict[str, Any],
+        deps: list[list[Dependency]],
+    ) -> str:
+        self.by_step[step.index] = [int(i) for i in ids]
+        declared = queue.get_task(task)
+        created = 0
+        keys = [
+            options.get("unique_key") or (declared.unique_key(p) if declared.unique_key else None)
+            for p in payloads
+        ]
+        # A key repeated within a batch keeps its last payload (as calls one after another).
+        last = {k: p for k, p in zip(keys, payloads, strict=True) if k is not None}
+        for job_id, payload, edges, key in zip(ids, payloads, deps, keys, strict=True):
+            if job_id.created and int(job_id) not in self.model.jobs:
+                created += 1
+                self.model.created(
+                    JobRecord(
+                        int(job_id),
+                        step.index,
+                        task,
+                        payload,
+                        options.get("queue", declared.queue),
+                        key,
+                        [(d.job_id, d.on_failure) for d in edges],
+                    )
+                )
+            elif not job_id.created:
+                self.model.returned.append((int(job_id), step.index, task, key))
+                expected = last.get(key, payload) if key is not None else payload
+                self._check_holder(step, int(job_id), task, key, expected, job_id.updated)
+        return f"ids {[int(i) for i in ids]} ({created} created)"
+
+    def _check_holder(
+        self,
+        step: Step,
+        job_id: int,
+        task: str,
+        key: str | None,
+        payload: dict[str, Any],
+        updated: bool,
+    ) -> None:
+        """An enqueue that created nothing returned the job holding its key (and changed it)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(j.task, j.unique_key, j.payload, j.status).where(j.id == job_id)
+            ).one_or_none()
+        if row is None or row.task != task or row.unique_key != key:
+            self.model.found.append(
+                Violation(
+                    "unique_holder",
+                    (job_id,),
+                    f"step {step.index}: enqueue of key {key!r} of {task} returned job"
+                    f" {job_id}, which is {row and (row.task, row.unique_key)}",
+                )
+            )
+        elif updated and row.payload != payload:
+            self.model.found.append(
+                Violation(
+                    "unique_replaced",
+                    (job_id,),
+                    f"step {step.index}: enqueue said it replaced job {job_id}'s payload"
+                    f" with {payload}, the job has {row.payload} ({row.status})",
+                )
+            )
+
+    def op_enqueue(self, step: Step) -> str:
+        args = step.args
+        options = self._options(args)
+        deps = self._deps(args["depends_on"])
+        with Session(self.engine) as session, session.begin():
+            job_id = queue.enqueue(
+                session, args["task"], args["payload"], depends_on=deps or None, **options
+            )
+        return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps])
+
+    def op_enqueue_many(self, step: Step) -> str:
+        args = step.args
+        options = self._options(args)
+        deps = self._deps(args["depends_on"])
+        with Session(self.engine) as session, session.begin():
+            ids = queue.enqueue_many(
+                session, args["task"], args["payloads"], depends_on=deps or None, **options
+            )
+        payloads = args["payloads"]
+        return self._record(step, args["task"], payloads, ids, options, [deps] * len(payloads))
+
+    def _calls(self, step: Step) -> list[Call]:
+        return [Call(c["task"], c["payload"]) for c in step.args["calls"]]
+
+    def _record_calls(self, step: Step, ids: list[Enqueued], deps: list[list[Dependency]]) -> str:
+        self.by_step[step.index] = [int(i) for i in ids]
+        for job_id, call, edges in zip(ids, step.args["calls"], deps, strict=True):
+            self.model.created(
+                JobRecord(
+                    int(job_id),
+                    step.index,
+                    call["task"],
+                    call["payload"],
+                    queue.get_task(call["task"]).queue,
+                    None,
+                    [(d.job_id, d.on_failure) for d in edges],
+                )
+            )
+        return f"ids {[int(i) for i in ids]}"
+
+    def op_chain(self, step: Step) -> str:
+        policy = step.args["on_failure"]
+        with Session(self.engine) as session, session.begin():
+            ids = queue.chain(session, self._calls(step), on_failure=policy)
+        deps: list[list[Dependency]] = [[]]
+        deps += [[Dependency(ids[i], policy)] for i in range(len(ids) - 1)]
+        return self._record_calls(step, ids, deps)
+
+    def op_group(self, step: Step) -> str:
+        with Session(self.engine) as session, session.begin():
+            ids = queue.group(session, self._calls(step))
+        return self._record_calls(step, ids, [[] for _ in ids])
+
+    def op_chord(self, step: Step) -> str:
+        policy = step.args["on_failure"]
+        calls = self._calls(step)
+        with Session(self.engine) as session, session.begin():
+            members, last = queue.chord(session, calls[:-1], calls[-1], on_failure=policy)
+        deps: list[list[Dependency]] = [[] for _ in members]
+        deps.append([Dependency(m, policy) for m in members])
+        return self._record_calls(step, [*members, last], deps)
+
+    # -- job admin --------------------------------------------------------------------------
+
+    def _pick(self, pick: int, among: list[int]) -> int | None:
+        return among[pick % len(among)] if among else None
+
+    def op_cancel(self, step: Step) -> str:
+        job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
+        if job_id is None:
+            return "no job"
+        with Session(self.engine) as session, session.begin():
+            before = session.execute(sa.select(j.status).where(j.id == job_id)).scalar_one()
+            done = queue.cancel(session, job_id)
+        if done:
+            self.model.jobs[job_id].cancelled_by_checker = True
+        return f"job {job_id} ({before}): {done}"
+
+    def op_requeue(self, step: Step) -> str:
+        mine = list(self.model.jobs)
+        with self.engine.connect() as conn:
+            dead = list(
+                conn.execute(
+                    sa.select(j.id).where(j.id.in_(mine), j.status == "dead").order_by(j.id)
+                ).scalars()
+            )
+        job_id = self._pick(step.args["pick"], dead)
+        if job_id is None:
+            return "no dead job"
+        with Session(self.engine) as session, session.begin():
+            done = queue.requeue(session, job_id)
+        if done:
+            self.model.jobs[job_id].requeued += 1
+        return f"job {job_id}: {done}"
+
+    def op_wait_result(self, step: Step) -> str:
+        kept = [i for i in self.model.order() if self.model.jobs[i].task in KEEPS][-RECENT:]
+        job_id = self._pick(step.args["pick"], kept)
+        if job_id is None:
+            return "no job keeps a result"
+        try:
+            outcome = queue.wait_for_result(self.engine, job_id, timeout=1.0)
+        except ResultTimeoutError:
+            return f"job {job_id}: not ended within 1 s"
+        if outcome.succeeded:
+            with self.engine.connect() as conn:
+                payload = conn.execute(sa.select(j.payload).where(j.id == job_id)).scalar_one()
+            if outcome.value != {"n": payload["n"]}:
+                self.model.found.append(
+                    Violation(
+                        "kept_result",
+                        (job_id,),
+                        f"step {step.index}: wait_for_result gave {outcome.value!r} for"
+                        f" payload {payload}",
+                    )
+                )
+        return f"job {job_id}: {outcome.status}"
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def _change(self, step: Step, what: str, value: Any, call: Callable[[Session], Any]) -> str:
+        with Session(self.engine) as session, session.begin():
+            said = call(session)
+        self.model.changes.append(Change(step.index, step.args["queue"], what, value, self.clock()))
+        return f"{step.args['queue']}: {said}"
+
+    def op_pause(self, step: Step) -> str:
+        q = step.args["queue"]
+        return self._change(step, "pause", True, lambda s: pause_queue(s, q))
+
+    def op_resume(self, step: Step) -> str:
+        q = step.args["queue"]
+        return self._change(step, "resume", False, lambda s: resume_queue(s, q))
+
+    def op_set_cap(self, step: Step) -> str:
+        q, cap = step.args["queue"], step.args["cap"]
+        return self._change(step, "cap", cap, lambda s: set_queue_concurrency(s, q, cap))
+
+    def op_set_key_cap(self, step: Step) -> str:
+        q, cap = step.args["queue"], step.args["cap"]
+        return self._change(
+            step, "key_cap", cap, lambda s: set_queue_key_concurrency(s, q, cap, key="k")
+        )
+
+    def op_set_rate(self, step: Step) -> str:
+        q, rate = step.args["queue"], step.args["rate"]
+        return self._change(step, "rate", rate, lambda s: set_queue_rate(s, q, rate))
+
+    def op_clear_limits(self, step: Step) -> str:
+        q = step.args["queue"]
+        return self._change(step, "clear", None, lambda s: clear_queue_limits(s, q))

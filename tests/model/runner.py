@@ -1,0 +1,274 @@
+"""One seed, end to end: a database, workers, the schedule played, quiescence, the checks.
+
+Phases:
+
+1. **Setup.** The seed's database is cloned from the migrated template, the checker's tables
+   are created in it, and the schedule's workers start (direct, behind a fault proxy, or
+   behind PgBouncer in transaction mode, as the schedule says).
+2. **Play.** Each step waits its gap (pacing, not synchronisation: the workers run
+   meanwhile), then runs: an operation through the public API, or a fault. Lasting faults are
+   undone when their time is up. A sampler thread checks the instant's limits every 100 ms.
+3. **Quiescence.** Faults stop and are undone (SIGCONT, the proxy accepts again); every queue
+   is resumed (limits are kept: a capped queue must drain too); a worker is started if none
+   runs. Then every job the checker created must end within :func:`quiescence_bound`.
+4. **Checks.** The invariants run on the final tables and the model; the workers are stopped
+   with SIGTERM and must exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue.models import jobs_table, workers_table
+from sa_jobqueue.ops import resume_queue
+from tests.helpers.databases import cloned_database
+from tests.model import invariants
+from tests.model.cluster import QUEUES, Cluster, checker_engine
+from tests.model.faults import Faults
+from tests.model.model import Change, Model, Violation
+from tests.model.operations import Operations
+from tests.model.schedule import Config, Schedule, generate
+from tests.model.tasks import metadata
+
+j = jobs_table.c
+SAMPLE_EVERY = 0.1
+#: How long a worker may take to (re)register once everything is quiet, in seconds.
+REGISTRY_BOUND = 10.0
+#: How long the first workers may take to start (import, connect, register), in seconds.
+STARTUP_BOUND = 20.0
+#: How long a SIGTERMed worker may take to exit: its shutdown grace (5 s) and a margin.
+EXIT_BOUND = 15.0
+
+
+def quiescence_bound(jobs: int, threads: int) -> float:
+    """Seconds every job gets to end once nothing holds it.
+
+    A job may need: a lease to expire (2 s, or 3 s when enqueued with a longer one), its
+    backoffs (at most 3 attempts x 0.5 s), its run_at (at most 1.5 s), its longest action
+    (3 s), each in turn down a chain of dependencies; and the queue's cap of 1 may make the
+    jobs run one at a time (about 0.1 s each for most plans). 30 s plus 0.15 s a job covers
+    it on a loaded 2-core machine.
+    """
+    return 30.0 + 0.15 * jobs / max(1, min(threads, 3)) * 3
+
+
+@dataclass
+class Outcome:
+    """What one seed did and found."""
+
+    seed: int
+    schedule: Schedule
+    model: Model
+    violations: list[Violation]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self, replay: str = "") -> str:
+        said = dict(self.model.log)
+        lines = [
+            f"seed {self.seed}: {'ok' if self.ok else 'VIOLATION'} after {self.seconds:.1f}s,"
+            f" {len(self.model.jobs)} jobs"
+            + (
+                f"; replay with: python -m tests.model --replay {self.seed}{replay}"
+                if not self.ok
+                else ""
+            )
+        ]
+        lines += ["  " + v.describe() for v in self.violations]
+        lines += ["  note: " + n for n in self.notes]
+        if not self.ok:
+            for pid, stopped, resumed in self.model.stops:
+                lines.append(f"  SIGSTOP of worker {pid} from {stopped} to {resumed}")
+            lines.append("schedule:")
+            lines.append(self.schedule.describe().split("\n")[0])
+            for step in self.schedule.steps:
+                lines.append(f"{step.describe()}  -> {said.get(step.index, 'not run')}")
+        return "\n".join(lines)
+
+
+class Sampler(threading.Thread):
+    """Runs :func:`invariants.sample` every 100 ms until stopped; keeps new violations."""
+
+    def __init__(self, engine: sa.Engine, model: Model) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.model = engine, model
+        self.halt = threading.Event()
+        self.seen: set[tuple[str, tuple[int, ...]]] = set()
+        self.samples = 0
+
+    def run(self) -> None:
+        while not self.halt.wait(SAMPLE_EVERY):
+            try:
+                with self.engine.connect() as conn:
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                    with conn.begin():
+                        found = invariants.sample(conn, self.model)
+            except sa.exc.DBAPIError as exc:  # the checker's own connection: note, go on
+                self.model.log.append((-1, f"sampler: {exc.__class__.__name__}"))
+                continue
+            except Exception as exc:  # a defect of the checker: say so, and stop sampling
+                self.model.found.append(Violation("checker_error", (), f"sampler: {exc!r}"))
+                return
+            self.samples += 1
+            for v in found:
+                if (v.invariant, v.jobs) not in self.seen:
+                    self.seen.add((v.invariant, v.jobs))
+                    self.model.found.append(v)
+
+
+def run_seed(
+    server: URL,
+    template: str,
+    seed: int,
+    config: Config,
+    *,
+    logs: Path | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Outcome:
+    """Play seed ``seed``'s schedule on a database cloned from ``template``; check it."""
+    schedule = generate(seed, config)
+    began = time.monotonic()
+    model = Model()
+    notes: list[str] = []
+    logdir = logs or Path(tempfile.mkdtemp(prefix=f"sajq-mc-{seed}-"))
+    with cloned_database(server, template, prefix="sajq_mc") as url:
+        engine = checker_engine(url)
+        metadata.create_all(engine)
+        cluster = Cluster.open(url, schedule.network, logdir, schedule.concurrency)
+        sampler = Sampler(engine, model)
+        try:
+            ops = Operations(engine, model)
+            faults = Faults(cluster, engine, model)
+            for _ in range(schedule.workers):
+                cluster.start_worker()
+            _registered(engine, cluster, STARTUP_BOUND, enough=3.0)  # faults need something to hit
+            sampler.start()
+            for step in schedule.steps:
+                _pause(step.gap_ms / 1000, faults)
+                try:
+                    said = faults.run(step) if step.fault else ops.run(step)
+                except Exception as exc:
+                    said = f"raised {exc.__class__.__name__}: {exc}"
+                    model.found.append(
+                        Violation("api_error", (), f"step {step.index} {step.kind}: {said}")
+                    )
+                model.log.append((step.index, said))
+            say(f"seed {seed}: {len(schedule.steps)} steps played, quiescing")
+            _quiesce(engine, cluster, faults, model)
+            bound = quiescence_bound(len(model.jobs), schedule.workers * schedule.concurrency)
+            ids = list(model.jobs)
+            deadline = time.monotonic() + bound
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    if not invariants.settled(conn, ids):
+                        break
+                time.sleep(0.1)
+            sampler.halt.set()
+            sampler.join(5)
+            pids = _registered(engine, cluster)
+            with engine.connect() as conn:
+                final = invariants.Final.read(conn)
+            violations = list(model.found) + invariants.at_quiescence(model, final, pids)
+            violations += _exits(cluster)
+            notes.append(f"{sampler.samples} samples; quiescence bound {bound:.0f}s; logs {logdir}")
+        finally:
+            sampler.halt.set()
+            cluster.close()
+            engine.dispose()
+    return Outcome(seed, schedule, model, violations, time.monotonic() - began, notes)
+
+
+def _pause(seconds: float, faults: Faults) -> None:
+    """Let the workers run for ``seconds``, undoing lasting faults as their time comes."""
+    end = time.monotonic() + seconds
+    while True:
+        faults.due(time.monotonic())
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
+def _quiesce(engine: sa.Engine, cluster: Cluster, faults: Faults, model: Model) -> None:
+    faults.due(None)
+    with Session(engine) as session, session.begin():
+        for q in QUEUES:
+            resume_queue(session, q)
+    with engine.connect() as conn:
+        at = conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+    model.changes += [Change(-1, q, "resume", False, at) for q in QUEUES]
+    if not cluster.running():
+        cluster.start_worker()
+
+
+def _registered(
+    engine: sa.Engine, cluster: Cluster, bound: float = REGISTRY_BOUND, enough: float | None = None
+) -> list[int]:
+    """The live workers' pids, once each is in the registry (or after ``bound`` seconds).
+
+    With ``enough``, stop waiting as soon as one is registered and ``enough`` seconds have
+    passed: the registry invariant, not the start, says whether each worker is there.
+    """
+    pids = [w.pid for w in cluster.running()]
+    start = time.monotonic()
+    while time.monotonic() < start + bound:
+        with engine.connect() as conn:
+            seen = list(conn.execute(sa.select(workers_table.c.pid)).scalars())
+        if all(seen.count(p) == 1 for p in pids):
+            break
+        if enough is not None and seen and time.monotonic() > start + enough:
+            break
+        time.sleep(0.1)
+    return pids
+
+
+def _exits(cluster: Cluster) -> list[Violation]:
+    """Workers that exited untold, and workers told to stop (SIGTERM) that did not exit 0."""
+    found = [
+        Violation(
+            "worker_exit",
+            (),
+            f"worker {w.pid} exited {w.proc.returncode} untold:\n" + cluster.output(w),
+        )
+        for w in cluster.unexpected_exits()
+    ]
+    for w in cluster.running():
+        cluster.signal(w, signal.SIGTERM)
+    deadline = time.monotonic() + EXIT_BOUND
+    for w in cluster.workers:
+        while w.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for w in cluster.workers:
+        code = w.proc.returncode
+        if w.term and code not in (0, None):
+            found.append(
+                Violation(
+                    "clean_stop",
+                    (),
+                    f"worker {w.pid} exited {code} after SIGTERM:\n" + cluster.output(w),
+                )
+            )
+        if w.term and code is None:
+            found.append(
+                Violation(
+                    "clean_stop",
+                    (),
+                    f"worker {w.pid} still running {EXIT_BOUND}s after"
+                    " SIGTERM:\n" + cluster.output(w),
+                )
+            )
+    return found

@@ -1,0 +1,161 @@
+"""The tasks the model checker's worker subprocesses run: one handler, driven by its payload.
+
+A payload is ``{"n": N, "plan": [action, ...], "k": KEY}``: attempt ``a`` does
+``plan[min(a, len(plan)) - 1]``. Every attempt first records its start in ``mc_starts``
+through an autocommit connection of its own (the database's ``clock_timestamp()``), then
+writes its effect row into ``mc_effects`` through ``ctx.session``, then does its action:
+
+- ``ok``: return (a kept result is ``{"n": N}``); ``slow``: sleep a little first;
+- ``long``: sleep past the task's lease (heartbeats must keep the job);
+- ``fail``: raise (retried after the backoff, or dead); ``retry``: ``Retry(after=...)``;
+- ``discard``: ``Discard`` (dead at once); ``hold``: wait up to 3 s for ``cancel_requested``.
+
+``mc_effects`` has no unique constraint: a second committed effect of one job is visible as a
+second row, never hidden by a conflict. Only the effect of the attempt that succeeded may
+exist. Before returning or raising, the handler records its end in ``mc_ends``: a start
+without an end is an attempt whose process died or stalled. Leases and backoffs are short so
+that a seed settles in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from sa_jobqueue import Backoff, Discard, JobContext, JobQueue, Retry
+
+metadata = sa.MetaData()
+
+effects = sa.Table(
+    "mc_effects",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+)
+starts = sa.Table(
+    "mc_starts",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("queue", sa.Text, nullable=False),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("key", sa.Text),
+    sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
+)
+ends = sa.Table(
+    "mc_ends",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
+)
+
+#: The environment variable giving the audit's direct database URL (never through a proxy or
+#: pooler the checker injects faults into, so the audit survives the faults it observes).
+AUDIT_URL = "MC_AUDIT_URL"
+LEASE = timedelta(seconds=2)
+SHORT_LEASE = timedelta(seconds=1)
+#: 0.1 s, 0.2 s, 0.4 s ... capped at 0.5 s: three failures cost under a second of waiting.
+BACKOFF = Backoff(base=timedelta(seconds=0.1), cap=timedelta(seconds=0.5), jitter=0.1)
+RETRY_AFTER = timedelta(seconds=0.2)
+SLOW = 0.3
+HOLD = 3.0
+#: Every task the checker enqueues, with its declared lease (the checker's bounds use it).
+LEASES: dict[str, timedelta] = {}
+KEEPS: set[str] = set()
+
+queue = JobQueue()
+
+_lock = threading.Lock()
+_engine: sa.Engine | None = None
+
+
+def _audit() -> sa.Engine:
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = sa.create_engine(
+                os.environ[AUDIT_URL],
+                isolation_level="AUTOCOMMIT",
+                pool_size=4,
+                max_overflow=8,
+                pool_pre_ping=True,
+                connect_args={"application_name": "mc_audit", "connect_timeout": 5},
+            )
+        return _engine
+
+
+def _record(table: sa.Table, **values: Any) -> None:
+    # Twice: a pooled connection may have gone stale; the audit must not be why an attempt fails.
+    for tries in (1, 2):
+        try:
+            with _audit().begin() as conn:
+                conn.execute(table.insert().values(**values))
+            return
+        except sa.exc.DBAPIError:
+            if tries == 2:
+                raise
+
+
+def work(ctx: JobContext, payload: dict[str, Any]) -> object:
+    """Do the action the payload's plan gives this attempt (see the module's docstring)."""
+    plan: list[str] = payload["plan"]
+    action = plan[min(ctx.attempt, len(plan)) - 1]
+    key = payload.get("k")
+    _record(
+        starts,
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        pid=os.getpid(),
+        queue=ctx.queue,
+        task=ctx.task,
+        key=None if key is None else str(key),
+    )
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+    if action == "slow":
+        time.sleep(SLOW)
+    elif action == "long":
+        time.sleep(LEASES[ctx.task].total_seconds() * 1.5)
+    elif action == "hold":
+        deadline = time.monotonic() + HOLD
+        while not ctx.cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action)
+    if action == "fail":
+        raise RuntimeError(f"planned failure of attempt {ctx.attempt}")
+    if action == "retry":
+        raise Retry(after=RETRY_AFTER)
+    if action == "discard":
+        raise Discard("planned discard")
+    return {"n": payload["n"]}
+
+
+def _declare(name: str, lease: timedelta = LEASE, **options: Any) -> None:
+    queue.task(name=name, lease=lease, backoff=BACKOFF, max_attempts=3, **options)(work)
+    LEASES[name] = lease
+    if options.get("keep_result"):
+        KEEPS.add(name)
+
+
+_declare("plain")
+_declare("kept", queue="q1", keep_result=True)
+_declare("brief", lease=SHORT_LEASE, queue="q2")
+_declare("keyed", unique_key=lambda p: p.get("uk"))
+_declare("replacing", unique_key=lambda p: p.get("uk"), unique_mode="replace", keep_result=True)
+_declare("periodic_key", unique_key=lambda p: p.get("uk"), unique_period=timedelta(seconds=2))
+
+#: The tasks a schedule draws from.
+TASKS = tuple(LEASES)
