@@ -83,12 +83,13 @@ class Worker:
             names = list(queues) if queues else _default_queues(queue)
             self._lanes = [Lane(names, concurrency, prefetch)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
-        for name in undeclared_queues(queue, self.queues):
+        # Not ``name``: that is the worker's own name, read below.
+        for undeclared in undeclared_queues(queue, self.queues):
             log.warning(
                 "serving queue %r, which no registered task declares (a typo?); only jobs"
                 " enqueued with queue=%r run there",
-                name,
-                name,
+                undeclared,
+                undeclared,
             )
         async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
         self._has_async = bool(async_tasks)
