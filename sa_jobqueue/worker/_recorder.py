@@ -26,7 +26,7 @@ from ..database import HeldConnection
 from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
 from ..tasks import Backoff, Task
-from ._claimed import Claimed, policy
+from ._claimed import Claimed, policy, retry_delay
 from ._claimer import HandOff
 from ._completer import Completer
 from ._sessions import HandlerSession, deadline
@@ -328,7 +328,7 @@ class Recorder:
                 {
                     "job_id": job_id,
                     "attempt": attempt,
-                    "delay": backoff.delay(attempt).total_seconds(),
+                    "delay": retry_delay(backoff, attempt).total_seconds(),
                     "error": error_json(exc),
                 },
             ).one_or_none()

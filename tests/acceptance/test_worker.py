@@ -101,6 +101,40 @@ def test_retries_follow_the_backoff_schedule_then_dead_letter(db: sa.Engine) -> 
     assert effect_ids(db) == []  # every failed attempt's writes were rolled back
 
 
+class BrokenBackoff(Backoff):
+    """A retry policy whose delay cannot be computed: a bug in settling a failure."""
+
+    def delay(self, attempt: int) -> timedelta:
+        raise ZeroDivisionError("the policy itself is broken")
+
+
+@pytest.mark.parametrize("broken", ["policy", "stored"])
+def test_a_failure_whose_retry_delay_cannot_be_computed_is_still_recorded(
+    db: sa.Engine, broken: str
+) -> None:
+    # Settling a failed attempt once raised inside the worker (a backoff that was not a
+    # Backoff): the job stayed running until its lease expired and the handler's error was lost.
+    queue = JobQueue()
+    backoff = BrokenBackoff() if broken == "policy" else Backoff()
+
+    @queue.task(max_attempts=3, backoff=backoff)
+    def flaky(ctx: JobContext, payload: None) -> None:
+        raise RuntimeError(f"the handler's own error, attempt {ctx.attempt}")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "flaky")
+    if broken == "stored":  # a job's own policy, stored by another version, that cannot be read
+        with db.begin() as conn:
+            conn.execute(sa.update(Job).where(Job.id == job_id).values(backoff={"base": "soon"}))
+    burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert row.last_error["message"] == "the handler's own error, attempt 1"
+    assert row.last_error["type"] == "builtins.RuntimeError"
+    # The delay fell back to the default policy's: a second or so, not the lease.
+    assert timedelta(0) < row.visible_at - db_now(db) <= timedelta(seconds=2)
+
+
 def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -> None:
     queue = JobQueue()
     started = threading.Event()
