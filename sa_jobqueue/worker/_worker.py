@@ -143,6 +143,11 @@ class Worker:
     def run(self, *, burst: bool = False) -> bool:
         """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
 
+        A burst returns once a claim round starts nothing, none of its jobs runs and none of
+        their completions is still to be written. It waits for a used-up rate window only if
+        it opens within ``BURST_WINDOW_WAIT`` (10 s); a pause, a future ``run_at``, a
+        dependency it does not run, and a cap whose slots other workers hold all end it.
+
         Returns True if every started job finished, False if some were still running when the
         shutdown grace ran out (they will be reclaimed after their leases expire).
         """
