@@ -18,6 +18,13 @@ log = logging.getLogger("sa_jobqueue.worker")
 #: the job stays running until its lease expires and the error is lost.
 FALLBACK_BACKOFF: Final = Backoff()
 
+#: The retry policy of a job whose task this worker does not know (and that has no policy of
+#: its own from enqueue). Most likely a rolling deploy: newer code enqueued it and an older
+#: worker claimed it. The attempt counts as a failure, and the job comes back after 30 s,
+#: 1 min, 2 min, 4 min, ... (at most 10 min apart), until a worker that knows the task runs it
+#: or its ``max_attempts`` run out: with the default 5 attempts, about 7.5 minutes.
+UNKNOWN_TASK_BACKOFF: Final = Backoff(base=timedelta(seconds=30), cap=timedelta(minutes=10))
+
 #: The columns of a claimed row that make a :class:`Claimed`, in order.
 CLAIM_COLUMNS: Final = 12
 
@@ -70,6 +77,17 @@ def policy(job: Claimed, task: Task) -> Backoff:
         log.warning("job %d: its stored retry policy cannot be read (%s); using its task's",
                     job.id, exc)  # fmt: skip
         return task.backoff
+
+
+def unknown_task_policy(job: Claimed) -> Backoff:
+    """The retry policy of a job whose task this worker does not know: its own, if enqueue
+    gave one (and it can be read), else :data:`UNKNOWN_TASK_BACKOFF`."""
+    if job.backoff is not None:
+        try:
+            return Backoff.from_json(job.backoff)
+        except Exception:  # unreadable: the default for unknown tasks serves
+            pass
+    return UNKNOWN_TASK_BACKOFF
 
 
 def retry_delay(backoff: Backoff, attempt: int) -> timedelta:

@@ -144,8 +144,14 @@ class Runner:
         """Run one attempt; for an async handler, start it and return its future."""
         try:
             task = self._queue.get_task(job.task)
+        except UnknownTaskError as exc:
+            # Most likely a rolling deploy (newer code enqueued it): a failure with backoff,
+            # so that a worker that knows the task can run it later.
+            self._recorder.unknown_task(job, exc)
+            return None
+        try:
             payload = decode(job.payload)
-        except (UnknownTaskError, PayloadError) as exc:
+        except PayloadError as exc:
             # No later attempt could do better: straight to dead, with the reason.
             self._recorder.unrunnable(job, exc)
             return None

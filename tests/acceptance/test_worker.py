@@ -16,7 +16,8 @@ from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.models import Job
 from sa_jobqueue.worker import _claimer
-from tests.helpers.jobs import burst, job
+from sa_jobqueue.worker._claimed import UNKNOWN_TASK_BACKOFF
+from tests.helpers.jobs import burst, handler, job
 from tests.helpers.waiting import running, wait_for
 
 EFFECTS = sa.table("effects", sa.column("job_id", sa.BigInteger), sa.column("note", sa.Text))
@@ -251,28 +252,53 @@ def test_reclaimed_job_with_no_attempts_left_goes_dead_without_running(db: sa.En
     assert seen == [other]
 
 
-def test_unknown_task_goes_dead_and_the_worker_carries_on(db: sa.Engine) -> None:
-    producer, consumer = JobQueue(), JobQueue()
+def test_an_unknown_task_is_retried_with_backoff_until_a_worker_that_knows_it_runs_it(
+    db: sa.Engine,
+) -> None:
+    # A rolling deploy: new code enqueues a task the old workers do not have yet.
+    old, new = JobQueue(), JobQueue()
     ran: list[int] = []
 
-    @producer.task
-    def retired(ctx: JobContext, payload: None) -> None:  # pragma: no cover - never runs
-        raise AssertionError
+    @new.task(max_attempts=3)
+    def added(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
 
-    @producer.task(name="current")
-    @consumer.task(name="current")
+    @new.task(name="current")
+    @old.task(name="current")
     def current(ctx: JobContext, payload: None) -> None:
         ran.append(ctx.job_id)
 
     with Session(db) as session, session.begin():
+        ghost = new.enqueue(session, "added")
+        live = new.enqueue(session, "current")
+    expected = [UNKNOWN_TASK_BACKOFF.delay(1), UNKNOWN_TASK_BACKOFF.delay(2)]
+    for attempt, delay in enumerate(expected, start=1):
+        burst(old, db)
+        row = job(db, ghost)
+        assert (row.status, row.attempts) == ("queued", attempt)
+        assert row.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
+        assert "'added'" in row.last_error["message"]
+        wait = (row.visible_at - db_now(db)).total_seconds()
+        assert delay.total_seconds() * 0.8 - 2 < wait <= delay.total_seconds() * 1.2
+        make_due(db, ghost)
+    assert ran == [live]  # the old worker carried on with what it knows
+    burst(new, db)
+    row = job(db, ghost)
+    assert (row.status, row.attempts) == ("succeeded", 3)
+    assert ran == [live, ghost]
+
+
+def test_an_unknown_task_out_of_attempts_goes_dead_with_its_error(db: sa.Engine) -> None:
+    producer, consumer = JobQueue(), JobQueue()
+    producer.task(name="retired", max_attempts=2)(handler)
+    with Session(db) as session, session.begin():
         ghost = producer.enqueue(session, "retired")
-        live = producer.enqueue(session, "current")
+    burst(consumer, db)
+    make_due(db, ghost)
     burst(consumer, db)
     row = job(db, ghost)
-    assert (row.status, row.attempts) == ("dead", 1)
+    assert (row.status, row.attempts) == ("dead", 2)
     assert row.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
-    assert "retired" in row.last_error["message"]
-    assert ran == [live]
 
 
 def test_a_future_run_at_is_not_run_early(db: sa.Engine) -> None:
