@@ -158,8 +158,9 @@ class Task:
     ``keep_result``: the handler's return value is stored with the job's completion (in the
     same fenced statement, so a stale attempt stores nothing), as JSON under the rules and
     size cap of payloads, and read back with ``JobQueue.get_result`` or waited for with
-    ``JobQueue.wait_for_result``. A value that cannot be stored fails the attempt with
-    :class:`~sa_jobqueue.errors.PayloadError` (retried like any failure).
+    ``JobQueue.wait_for_result``. A value that cannot be stored (not JSON, or over the size
+    cap) moves the job to dead at once with :class:`~sa_jobqueue.errors.PayloadError`: no
+    retry, since every attempt's result would be refused alike.
 
     The handler is called as ``handler(ctx, payload)``; one that cannot be called that way
     (too few or too many required parameters, a required keyword-only one) is refused with

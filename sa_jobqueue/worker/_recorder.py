@@ -382,7 +382,7 @@ class Recorder:
                 params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
                 row = conn.execute(transitions.snooze(), params).one_or_none()
             else:
-                exc = verdict.discard
+                exc = verdict.error
                 params = {**_fence(job), "error": error_json(exc)}
                 row = conn.execute(transitions.bury(), params).one_or_none()
         outcome = outcome_of(verdict, None if row is None else row.status)
@@ -394,7 +394,7 @@ class Recorder:
         elif isinstance(verdict, Snooze):
             log.info("job %d (%s) will run again at %s", job.id, job.task, row.visible_at)
         else:
-            log.info("job %d (%s) discarded: %s", job.id, job.task, verdict.discard.reason)
+            log.info("job %d (%s) discarded: %s", job.id, job.task, verdict.reason)
 
 
 def _fence(job: Claimed) -> dict[str, object]:
