@@ -174,6 +174,18 @@ def pause_queue(session: SessionLike, queue: str) -> bool:
     return conn.execute(queues_sql.pause(), {"b_queue": name}).first() is not None
 
 
+def queue_known(session: SessionLike, queue: str) -> bool:
+    """Whether anything knows ``queue``: it has queued, running or dead jobs, settings (a
+    pause, a limit), or a registered worker serving it.
+
+    For a warning before pausing or resuming a queue, which works on any valid name: a queue
+    can be paused before its first job. Not a list of every queue ever used: a queue whose
+    jobs have all succeeded and been pruned is unknown again.
+    """
+    name = check_queue_name(queue)
+    return bool(connection_of(session).execute(queues_sql.known(), {"b_queue": name}).scalar())
+
+
 def resume_queue(session: SessionLike, queue: str) -> bool:
     """Resume ``queue`` in the caller's transaction; its workers are woken when it commits.
 
