@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-from ._durations import value_text
+from ._durations import duration_text, value_text
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
@@ -118,7 +118,7 @@ class Retry(Exception):
     def __init__(self, after: timedelta = timedelta(0), reason: str = "") -> None:
         if not isinstance(after, timedelta) or after < timedelta(0):
             raise TypeError("Retry(after=...) takes a timedelta of zero or more")
-        super().__init__(reason or f"retry in {after}")
+        super().__init__(reason or f"retry in {duration_text(after)}")
         self.after = after
         self.reason = reason
 

@@ -31,6 +31,7 @@ from typing import Final
 from sqlalchemy import Executable
 
 from .._binds import SessionLike, connection_of
+from .._durations import value_text
 from .._enqueue import wake
 from .._sql import queues as queues_sql
 from .._sql.stats import live_per_queue
@@ -71,11 +72,13 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            raise InvalidLimitError(f"a rate's count must be an int, not {self.limit!r}")
+            raise InvalidLimitError(f"a rate's count must be an int, not {value_text(self.limit)}")
         if not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidLimitError(f"a rate's count must be from 1 to {MAX_LIMIT}")
         if not isinstance(self.period, timedelta) or self.period < timedelta(milliseconds=1):
-            raise InvalidLimitError(f"a rate's period must be 1 ms or longer, not {self.period!r}")
+            raise InvalidLimitError(
+                f"a rate's period must be 1 ms or longer, not {value_text(self.period)}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> RateLimit:
@@ -205,7 +208,7 @@ def check_cap(concurrency: int | None) -> int | None:
     if concurrency is None:
         return None
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise InvalidLimitError(f"a cap must be an int, not {concurrency!r}")
+        raise InvalidLimitError(f"a cap must be an int, not {value_text(concurrency)}")
     if not 1 <= concurrency <= MAX_LIMIT:
         raise InvalidLimitError(
             f"a cap must be from 1 to {MAX_LIMIT}, not {concurrency} (to stop a queue, pause it)"
@@ -270,7 +273,9 @@ def _rate(rate: RateLimit | str | None) -> RateLimit | None:
     """``rate`` as a RateLimit (parsed if text), or None; InvalidLimitError if it is neither."""
     limit = RateLimit.parse(rate) if isinstance(rate, str) else rate
     if limit is not None and not isinstance(limit, RateLimit):
-        raise InvalidLimitError(f"a rate must be a RateLimit or text like '50/s', not {rate!r}")
+        raise InvalidLimitError(
+            f"a rate must be a RateLimit or text like '50/s', not {value_text(rate)}"
+        )
     return limit
 
 
