@@ -44,7 +44,7 @@ from ._validation import (
     encode_payload,
 )
 from .errors import InvalidJobError, JobQueueError
-from .tasks import Backoff, Task
+from .tasks import Backoff, Task, check_backoff
 
 #: How many times a unique insert is tried again when the job holding its key finished between
 #: the insert and the lookup. Each retry needs another transaction to enqueue and finish a job
@@ -169,8 +169,7 @@ def resolve_options(
         unique_mode=mode,
         unique_period=period,
     )
-    if backoff is not None and not isinstance(backoff, Backoff):
-        raise InvalidJobError(f"backoff must be a Backoff, not {type(backoff).__name__}")
+    check_backoff(backoff)
     return resolved
 
 

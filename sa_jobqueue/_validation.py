@@ -14,6 +14,7 @@ import sys
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, get_args
 
+from ._durations import duration_text, value_text
 from .errors import InvalidJobError, InvalidNameError, InvalidScheduleError, PayloadError
 
 QUEUE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
@@ -282,7 +283,8 @@ def check_run_at(run_at: datetime | timedelta | None) -> datetime | timedelta | 
     elif isinstance(run_at, timedelta):
         if not timedelta(0) <= run_at <= MAX_DELAY:
             raise InvalidScheduleError(
-                f"run_at as a delay must be from 0 to {MAX_DELAY.days} days, not {run_at}"
+                f"run_at as a delay must be from 0s to {duration_text(MAX_DELAY)},"
+                f" not {duration_text(run_at)}"
             )
     elif run_at is not None:
         raise InvalidScheduleError(
@@ -298,7 +300,7 @@ def check_priority(priority: object) -> int:
         or priority not in PRIORITY_RANGE
     ):
         raise InvalidScheduleError(
-            f"priority must be an int from -32768 to 32767, not {priority!r}"
+            f"priority must be an int from -32768 to 32767, not {value_text(priority)}"
         )
     return priority
 
@@ -310,7 +312,7 @@ def check_max_attempts(max_attempts: object) -> int:
         or not 1 <= max_attempts <= MAX_ATTEMPTS
     ):
         raise InvalidScheduleError(
-            f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, not {max_attempts!r}"
+            f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, not {value_text(max_attempts)}"
         )
     return max_attempts
 
@@ -344,7 +346,9 @@ def check_unique_key(key: object, *, task: str) -> str | None:
 
 def check_unique_mode(mode: object) -> str:
     if not isinstance(mode, str) or mode not in UNIQUE_MODES:
-        raise InvalidJobError(f"unique_mode must be one of {', '.join(UNIQUE_MODES)}, not {mode!r}")
+        raise InvalidJobError(
+            f"unique_mode must be one of {', '.join(UNIQUE_MODES)}, not {value_text(mode)}"
+        )
     return mode
 
 
@@ -362,8 +366,8 @@ def check_unique_period(period: object) -> timedelta | None:
         or period.microseconds
     ):
         raise InvalidJobError(
-            f"unique_period must be a timedelta of whole seconds, from 1 second to"
-            f" {MAX_DELAY.days} days, not {period!r}"
+            f"unique_period must be a timedelta of whole seconds, from 1s to"
+            f" {duration_text(MAX_DELAY)}, not {value_text(period)}"
         )
     return period
 
@@ -371,6 +375,18 @@ def check_unique_period(period: object) -> timedelta | None:
 def check_lease(lease: object) -> timedelta:
     if not isinstance(lease, timedelta) or not timedelta(0) < lease <= MAX_LEASE:
         raise InvalidScheduleError(
-            f"lease must be a timedelta above 0 and at most {MAX_LEASE}, not {lease!r}"
+            f"lease must be a timedelta above 0s and at most {duration_text(MAX_LEASE)},"
+            f" not {value_text(lease)}"
         )
     return lease
+
+
+def check_timeout(timeout: object) -> timedelta | None:
+    """None (no time limit on an attempt), or a timedelta above 0."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+        raise InvalidScheduleError(
+            f"timeout must be a timedelta above 0s (or None), not {value_text(timeout)}"
+        )
+    return timeout

@@ -176,7 +176,7 @@ class JobQueue:
                 priority=priority,
                 max_attempts=max_attempts,
                 lease=lease,
-                backoff=backoff or Backoff(),
+                backoff=Backoff() if backoff is None else backoff,
                 timeout=timeout,
                 unique_key=unique_key,
                 unique_mode=unique_mode,

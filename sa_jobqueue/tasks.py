@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+from ._durations import duration_text, value_text
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
@@ -23,6 +24,7 @@ from ._validation import (
     check_queue_name,
     check_run_at,
     check_task_name,
+    check_timeout,
     check_unique_mode,
     check_unique_period,
 )
@@ -46,10 +48,22 @@ class Backoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        for option in ("base", "cap"):
+            value = getattr(self, option)
+            if not isinstance(value, timedelta):
+                raise TaskDefinitionError(
+                    f"Backoff.{option} must be a timedelta, not {value_text(value)}"
+                )
         if self.base <= timedelta(0) or self.cap < self.base:
-            raise TaskDefinitionError("Backoff needs 0 < base <= cap")
-        if not 0 <= self.jitter <= 1:
-            raise TaskDefinitionError("Backoff.jitter is a fraction from 0 to 1")
+            raise TaskDefinitionError("Backoff needs 0s < base <= cap")
+        if (
+            isinstance(self.jitter, bool)
+            or not isinstance(self.jitter, int | float)
+            or not 0 <= self.jitter <= 1
+        ):
+            raise TaskDefinitionError(
+                f"Backoff.jitter is a fraction from 0 to 1, not {value_text(self.jitter)}"
+            )
 
     def to_json(self) -> dict[str, float]:
         """The policy as stored with a job enqueued with it (seconds and a fraction)."""
@@ -79,6 +93,16 @@ class Backoff:
         return timedelta(seconds=min(seconds, self.cap.total_seconds()))
 
 
+def check_backoff(backoff: object) -> Backoff | None:
+    """None (the task's policy), or a :class:`Backoff`; the same rule at ``@task`` and enqueue."""
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise InvalidJobError(
+            f"backoff must be a Backoff (e.g. Backoff(base=timedelta(seconds=1))),"
+            f" not {value_text(backoff)}"
+        )
+    return backoff
+
+
 Handler = Callable[["JobContext", Any], object]
 
 
@@ -94,7 +118,7 @@ class Retry(Exception):
     def __init__(self, after: timedelta = timedelta(0), reason: str = "") -> None:
         if not isinstance(after, timedelta) or after < timedelta(0):
             raise TypeError("Retry(after=...) takes a timedelta of zero or more")
-        super().__init__(reason or f"retry in {after}")
+        super().__init__(reason or f"retry in {duration_text(after)}")
         self.after = after
         self.reason = reason
 
@@ -134,8 +158,9 @@ class Task:
     ``keep_result``: the handler's return value is stored with the job's completion (in the
     same fenced statement, so a stale attempt stores nothing), as JSON under the rules and
     size cap of payloads, and read back with ``JobQueue.get_result`` or waited for with
-    ``JobQueue.wait_for_result``. A value that cannot be stored fails the attempt with
-    :class:`~sa_jobqueue.errors.PayloadError` (retried like any failure).
+    ``JobQueue.wait_for_result``. A value that cannot be stored (not JSON, or over the size
+    cap) moves the job to dead at once with :class:`~sa_jobqueue.errors.PayloadError`: no
+    retry, since every attempt's result would be refused alike.
 
     The handler is called as ``handler(ctx, payload)``; one that cannot be called that way
     (too few or too many required parameters, a required keyword-only one) is refused with
@@ -160,8 +185,6 @@ class Task:
     def __post_init__(self) -> None:
         if not isinstance(self.keep_result, bool):
             raise TaskDefinitionError(f"task {self.name!r}: keep_result must be True or False")
-        if self.timeout is not None and self.timeout <= timedelta(0):
-            raise TaskDefinitionError(f"task {self.name!r}: timeout must be above 0")
         if self.debounce is not None and self.unique_mode != "debounce":
             raise TaskDefinitionError(
                 f"task {self.name!r}: debounce is the delay of unique_mode='debounce'"
@@ -176,6 +199,8 @@ class Task:
             check_priority(self.priority)
             check_max_attempts(self.max_attempts)
             check_lease(self.lease)
+            check_backoff(self.backoff)
+            check_timeout(self.timeout)
             check_unique_mode(self.unique_mode)
             check_unique_period(self.unique_period)
             if self.debounce is not None:

@@ -14,8 +14,10 @@ from sqlalchemy import (
     Interval,
     Select,
     Text,
+    any_,
     bindparam,
     case,
+    exists,
     func,
     null,
     or_,
@@ -25,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
-from ..models import RUNNING, claimable, jobs_table, queues_table
+from ..models import DEAD, RUNNING, claimable, jobs_table, queues_table, workers_table
 from .claiming import rate_window
 from .stats import elapsed
 
@@ -46,6 +48,26 @@ def pause() -> ReturningInsert[str]:
         set_={"paused_at": func.now()},
         where=q.paused_at.is_(None),
     ).returning(q.queue)
+
+
+@cache
+def known() -> Select[tuple[bool]]:
+    """Whether anything knows the queue ``:b_queue``: a queued or running job, a dead one, a
+    settings row (a pause, a limit), or a registered worker serving it.
+
+    Read through the claim index, the dead-job index, the settings' key and the small worker
+    registry, never the table's history: a queue whose only jobs have succeeded or been
+    cancelled (or wait for dependencies) counts as unknown.
+    """
+    name = bindparam("b_queue", type_=Text)
+    return select(
+        or_(
+            exists().where(j.queue == name, claimable()),
+            exists().where(j.queue == name, j.status == DEAD),
+            exists().where(q.queue == name),
+            exists().where(name == any_(workers_table.c.queues)),
+        )
+    )
 
 
 @cache

@@ -183,7 +183,10 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         help="keep retrying an unreachable database at start for up to this long (default 0)",
     )
     worker.add_argument(
-        "--burst", action="store_true", help="exit once no job is due instead of waiting for more"
+        "--burst",
+        action="store_true",
+        help="run the jobs that can start now, then exit (never waits on a pause, on other"
+        " workers' jobs holding a cap, or on a rate window more than 10s off)",
     )
     worker.add_argument(
         "--metrics-port",

@@ -33,6 +33,7 @@ from ..ops.queues import (
     clear_queue_limits,
     list_queues,
     pause_queue,
+    queue_known,
     queue_limits,
     resume_queue,
     set_queue_concurrency,
@@ -286,10 +287,24 @@ def _queues(engine: Engine, args: argparse.Namespace) -> int:
         return _queues_limit(engine, args)
     # One transaction: the change and, for a resume, the workers' wake-up commit together.
     with engine.begin() as conn:
+        known = queue_known(conn, args.name)
         if args.action == "pause":
             changed = pause_queue(conn, args.name)
         else:
             changed = resume_queue(conn, args.name)
+    if not known:
+        # Done all the same (a queue may be paused before its first job), but a typo should
+        # not pass unnoticed.
+        print(
+            f"sa-jobqueue: warning: no job, worker or setting knows queue {args.name} yet"
+            " (a typo?); "
+            + (
+                "paused all the same: its jobs wait once they come"
+                if args.action == "pause"
+                else "nothing to resume"
+            ),
+            file=sys.stderr,
+        )
     done = "paused" if args.action == "pause" else "resumed"
     if changed:
         print(f"queue {args.name}: {done}")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """Run a worker until it is stopped (or, with ``--burst``, until no job is due)."""
+    """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
     from ..worker import Worker
 
     if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
+from .._durations import value_text
 from ..errors import InvalidJobError
 from ..models import STATUSES
 
@@ -33,12 +34,14 @@ def check_statuses(statuses: str | Iterable[str]) -> list[str]:
 def check_limit(limit: object, name: str = "limit") -> int:
     """``limit`` if it is an int from 1 to :data:`MAX_PAGE`; InvalidJobError otherwise."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-        raise InvalidJobError(f"{name} must be an int from 1 to {MAX_PAGE}, not {limit!r}")
+        raise InvalidJobError(
+            f"{name} must be an int from 1 to {MAX_PAGE}, not {value_text(limit)}"
+        )
     return limit
 
 
 def check_age(age: object, name: str = "older_than") -> float:
     """A non-negative timedelta, as seconds for :func:`~sa_jobqueue._sql.clock.seconds`."""
     if not isinstance(age, timedelta) or age < timedelta(0):
-        raise InvalidJobError(f"{name} must be a timedelta of 0 or more, not {age!r}")
+        raise InvalidJobError(f"{name} must be a timedelta of 0s or more, not {value_text(age)}")
     return age.total_seconds()

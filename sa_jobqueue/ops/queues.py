@@ -34,6 +34,7 @@ from typing import Final
 from sqlalchemy import Executable
 
 from .._binds import SessionLike, connection_of
+from .._durations import value_text
 from .._enqueue import wake
 from .._sql import queues as queues_sql
 from .._sql.stats import live_per_queue
@@ -74,11 +75,13 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            raise InvalidLimitError(f"a rate's count must be an int, not {self.limit!r}")
+            raise InvalidLimitError(f"a rate's count must be an int, not {value_text(self.limit)}")
         if not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidLimitError(f"a rate's count must be from 1 to {MAX_LIMIT}")
         if not isinstance(self.period, timedelta) or self.period < timedelta(milliseconds=1):
-            raise InvalidLimitError(f"a rate's period must be 1 ms or longer, not {self.period!r}")
+            raise InvalidLimitError(
+                f"a rate's period must be 1 ms or longer, not {value_text(self.period)}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> RateLimit:
@@ -177,6 +180,18 @@ def pause_queue(session: SessionLike, queue: str) -> bool:
     return conn.execute(queues_sql.pause(), {"b_queue": name}).first() is not None
 
 
+def queue_known(session: SessionLike, queue: str) -> bool:
+    """Whether anything knows ``queue``: it has queued, running or dead jobs, settings (a
+    pause, a limit), or a registered worker serving it.
+
+    For a warning before pausing or resuming a queue, which works on any valid name: a queue
+    can be paused before its first job. Not a list of every queue ever used: a queue whose
+    jobs have all succeeded and been pruned is unknown again.
+    """
+    name = check_queue_name(queue)
+    return bool(connection_of(session).execute(queues_sql.known(), {"b_queue": name}).scalar())
+
+
 def resume_queue(session: SessionLike, queue: str) -> bool:
     """Resume ``queue`` in the caller's transaction; its workers are woken when it commits.
 
@@ -196,7 +211,7 @@ def check_cap(concurrency: int | None) -> int | None:
     if concurrency is None:
         return None
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise InvalidLimitError(f"a cap must be an int, not {concurrency!r}")
+        raise InvalidLimitError(f"a cap must be an int, not {value_text(concurrency)}")
     if not 1 <= concurrency <= MAX_LIMIT:
         raise InvalidLimitError(
             f"a cap must be from 1 to {MAX_LIMIT}, not {concurrency} (to stop a queue, pause it)"
@@ -261,7 +276,9 @@ def _rate(rate: RateLimit | str | None) -> RateLimit | None:
     """``rate`` as a RateLimit (parsed if text), or None; InvalidLimitError if it is neither."""
     limit = RateLimit.parse(rate) if isinstance(rate, str) else rate
     if limit is not None and not isinstance(limit, RateLimit):
-        raise InvalidLimitError(f"a rate must be a RateLimit or text like '50/s', not {rate!r}")
+        raise InvalidLimitError(
+            f"a rate must be a RateLimit or text like '50/s', not {value_text(rate)}"
+        )
     return limit
 
 

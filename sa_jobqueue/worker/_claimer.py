@@ -36,6 +36,13 @@ HEAD_EVERY: Final = 1.0
 #: limit set or removed reaches its claims within this, without a restart.
 LIMITS_EVERY: Final = 1.0
 
+#: Longest wait for a rate window a burst worker will sit out (seconds): with nothing of its
+#: own left to run, a burst claims again when a used-up window of a rate (or a rate per key)
+#: opens within this, and exits otherwise. 10 s drains a queue limited per second or per few
+#: seconds in one burst; a rate of so many per minute or hour would hold a cron job for that
+#: long, so the burst leaves those jobs to the next run.
+BURST_WINDOW_WAIT: Final = 10.0
+
 #: Where in a queue's claim order the next claim starts: (priority, visible_at, id).
 Position = tuple[int, datetime, int]
 
@@ -123,7 +130,9 @@ class LaneClaimer:
         # claimed from meanwhile: only the keys that used their window up are held.
         self.key_windows: dict[str, float] = {}
         #: The last round found a queue at its cap (or all threads busy with a limited queue
-        #: waiting): due jobs are held back, not missing.
+        #: waiting): due jobs are held back, not missing. A burst does not wait for it: its
+        #: own jobs holding the slots keep it running anyway, and other workers' are not its
+        #: to wait for.
         self.capped = False
 
     def _claim_jobs(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
@@ -241,12 +250,6 @@ class LaneClaimer:
         self._leases.saturate(lane, more or capped)
         return more
 
-    @property
-    def held_back(self) -> bool:
-        """Due jobs of the lane's queues wait for a limit (a cap, a rate window, a key's rate
-        window), not for work: a burst does not end while they do."""
-        return self.capped or bool(self.not_before) or bool(self.key_windows)
-
     def next_window(self) -> float | None:
         """When the earliest used-up rate window of the lane's queues, or of their keys, opens
         (monotonic)."""
@@ -358,10 +361,17 @@ class ClaimLoop:
                     log.info("claiming again: the database is back")
                 outage = 0
             running, room = self._leases.busy(self._lanes)
-            held_back = any(c.held_back for c in self._claimers)
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)
-            if burst and not more and not running and not held_back and not self._completing():
+            # A rate limit's next window opens at a time the database gave: wake for it.
+            windows = [w for w in (c.next_window() for c in self._claimers) if w is not None]
+            window = min(windows) - time.monotonic() if windows else None
+            # A burst ends once nothing of its own runs or waits to be written and the round
+            # started all it could. What still holds due jobs then is out of its hands (a
+            # pause, a cap whose slots other workers hold, a dependency it is not running), or
+            # a rate window: only one that opens soon is worth waiting for.
+            idle = burst and not more and not running and not self._completing()
+            if idle and (window is None or window > BURST_WINDOW_WAIT):
                 return
             # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or
             # the poll, jittered so idle workers do not poll in lockstep) can bring more.
@@ -369,10 +379,8 @@ class ClaimLoop:
             interval = self._poll_interval.total_seconds() * random.uniform(0.8, 1.2)
             if outage:
                 interval = min(interval * 2 ** min(outage - 1, 10), OUTAGE_RETRY_CAP)
-            # A rate limit's next window opens at a time the database gave: wake for it.
-            windows = [w for w in (c.next_window() for c in self._claimers) if w is not None]
-            if windows:
-                interval = max(min(interval, min(windows) - time.monotonic()), 0.0)
+            if window is not None:
+                interval = max(min(interval, window), 0.0)
             self._wake.wait(interval)
 
     def _round(self) -> bool:

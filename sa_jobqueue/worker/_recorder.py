@@ -26,7 +26,7 @@ from ..database import HeldConnection
 from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
 from ..tasks import Backoff, Task
-from ._claimed import Claimed, policy
+from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
 from ._claimer import HandOff
 from ._completer import Completer
 from ._sessions import HandlerSession, deadline
@@ -64,8 +64,8 @@ class Reports:
         self._settling: dict[_Key, tuple[JobRun, float | None]] = {}
         self._timed_out: set[_Key] = set()
 
-    def ran(self, job: Claimed, run: JobRun, elapsed: float) -> None:
-        """The handler returned or raised after ``elapsed`` seconds."""
+    def ran(self, job: Claimed, run: JobRun, elapsed: float | None) -> None:
+        """The handler returned or raised after ``elapsed`` seconds (None: it never ran)."""
         key = (job.id, job.attempts)
         with self._lock:
             if key in self._timed_out:
@@ -308,8 +308,15 @@ class Recorder:
         )
         self.reports.report(job.id, job.attempts, Outcome.LOST, exc)
 
+    def unknown_task(self, job: Claimed, exc: Exception) -> None:
+        """A job whose task this worker does not know: a failed attempt, retried after the
+        backoff of ``unknown_task_policy`` (dead once its attempts run out)."""
+        if self.reports.observe:  # observers hear of it as of any failed attempt
+            self.reports.ran(job, job.run(), None)
+        self._record_failure(job, Fail(exc), unknown_task_policy(job))
+
     def unrunnable(self, job: Claimed, exc: Exception) -> None:
-        """A job no attempt could run (unknown task, undecodable payload): straight to dead."""
+        """A job no attempt could run (an undecodable payload): straight to dead."""
         with self._single.connect() as conn:
             conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
         log.error("job %d: %s; moved to dead", job.id, exc)
@@ -328,7 +335,7 @@ class Recorder:
                 {
                     "job_id": job_id,
                     "attempt": attempt,
-                    "delay": backoff.delay(attempt).total_seconds(),
+                    "delay": retry_delay(backoff, attempt).total_seconds(),
                     "error": error_json(exc),
                 },
             ).one_or_none()
@@ -375,7 +382,7 @@ class Recorder:
                 params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
                 row = conn.execute(transitions.snooze(), params).one_or_none()
             else:
-                exc = verdict.discard
+                exc = verdict.error
                 params = {**_fence(job), "error": error_json(exc)}
                 row = conn.execute(transitions.bury(), params).one_or_none()
         outcome = outcome_of(verdict, None if row is None else row.status)
@@ -387,7 +394,7 @@ class Recorder:
         elif isinstance(verdict, Snooze):
             log.info("job %d (%s) will run again at %s", job.id, job.task, row.visible_at)
         else:
-            log.info("job %d (%s) discarded: %s", job.id, job.task, verdict.discard.reason)
+            log.info("job %d (%s) discarded: %s", job.id, job.task, verdict.reason)
 
 
 def _fence(job: Claimed) -> dict[str, object]:

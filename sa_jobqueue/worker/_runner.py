@@ -36,7 +36,7 @@ from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode
-from ._settlement import ABANDON, Complete, settle
+from ._settlement import ABANDON, Complete, UnstorableResult, settle
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -144,8 +144,14 @@ class Runner:
         """Run one attempt; for an async handler, start it and return its future."""
         try:
             task = self._queue.get_task(job.task)
+        except UnknownTaskError as exc:
+            # Most likely a rolling deploy (newer code enqueued it): a failure with backoff,
+            # so that a worker that knows the task can run it later.
+            self._recorder.unknown_task(job, exc)
+            return None
+        try:
             payload = decode(job.payload)
-        except (UnknownTaskError, PayloadError) as exc:
+        except PayloadError as exc:
             # No later attempt could do better: straight to dead, with the reason.
             self._recorder.unrunnable(job, exc)
             return None
@@ -208,14 +214,16 @@ class Runner:
 
     def _keep(self, job: Claimed, task: Task, value: object) -> None:
         """A task that keeps results: hold what its handler returned, as JSON, for the
-        completion to store. A value payloads could not carry raises PayloadError (the attempt
-        fails)."""
+        completion to store. A value payloads could not carry raises UnstorableResult (a
+        PayloadError; the job goes to dead at once, as no attempt could store it)."""
         if task.keep_result:
             try:
                 text = encode_payload(value, max_bytes=self._queue.max_payload_bytes)
             except PayloadError as exc:
-                raise PayloadError(
-                    f"task {task.name!r} keeps its result, which cannot be stored: {exc}"
+                # Every message of encode_payload starts with "payload": here it is the result.
+                why = str(exc).removeprefix("payload")
+                raise UnstorableResult(
+                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
                 ) from None
             self._recorder.results.hold(job, text)
 

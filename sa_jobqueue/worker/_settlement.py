@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ..errors import PayloadError
 from ..models import CANCELLED, DEAD
 from ..tasks import Discard, Retry
 
@@ -52,11 +53,32 @@ class Snooze:
     retry: Retry
 
 
+class UnstorableResult(PayloadError):
+    """What a task that keeps its result returned cannot be stored (not JSON, or too large).
+
+    Deterministic, so the job goes to dead at once: another attempt would run the handler (and
+    its effects outside ``ctx.session``) again, only to be refused the same way. It is stored
+    in ``last_error`` as a :class:`~sa_jobqueue.errors.PayloadError`.
+    """
+
+
+# Users search jobs by last_error's type: store it under the public error's name.
+UnstorableResult.__module__ = PayloadError.__module__
+UnstorableResult.__name__ = UnstorableResult.__qualname__ = PayloadError.__name__
+
+
 @dataclass(frozen=True, slots=True)
 class Bury:
-    """The handler raised :class:`~sa_jobqueue.Discard`: move the job to dead at once."""
+    """Move the job to dead at once, whatever attempts are left: the handler raised
+    :class:`~sa_jobqueue.Discard`, or its result cannot be stored (:class:`UnstorableResult`).
+    """
 
-    discard: Discard
+    error: Discard | UnstorableResult
+
+    @property
+    def reason(self) -> str:
+        """Why, in one line: the Discard's reason, or the error's message."""
+        return self.error.reason if isinstance(self.error, Discard) else str(self.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +143,7 @@ def settle(
         return IN_TRANSACTION if wrote else BATCHED
     if isinstance(failure, Retry):
         return Snooze(failure)
-    if isinstance(failure, Discard):
+    if isinstance(failure, Discard | UnstorableResult):
         return Bury(failure)
     return Fail(failure)
 

@@ -83,12 +83,13 @@ class Worker:
             names = list(queues) if queues else _default_queues(queue)
             self._lanes = [Lane(names, concurrency, prefetch)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
-        for name in undeclared_queues(queue, self.queues):
+        # Not ``name``: that is the worker's own name, read below.
+        for undeclared in undeclared_queues(queue, self.queues):
             log.warning(
                 "serving queue %r, which no registered task declares (a typo?); only jobs"
                 " enqueued with queue=%r run there",
-                name,
-                name,
+                undeclared,
+                undeclared,
             )
         async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
         self._has_async = bool(async_tasks)
@@ -141,6 +142,11 @@ class Worker:
 
     def run(self, *, burst: bool = False) -> bool:
         """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
+
+        A burst returns once a claim round starts nothing, none of its jobs runs and none of
+        their completions is still to be written. It waits for a used-up rate window only if
+        it opens within ``BURST_WINDOW_WAIT`` (10 s); a pause, a future ``run_at``, a
+        dependency it does not run, and a cap whose slots other workers hold all end it.
 
         Returns True if every started job finished, False if some were still running when the
         shutdown grace ran out (they will be reclaimed after their leases expire).

@@ -426,6 +426,45 @@ def test_pause_and_resume_commit_and_say_what_they_did(run: Run, engine: sa.Engi
     assert run.out.strip() == "queue emails: already running"
 
 
+def test_pausing_a_queue_nothing_knows_works_and_warns_that_it_is_unknown(
+    run: Run, engine: sa.Engine
+) -> None:
+    # A pause before the queue's first job is useful (before a deploy), a typo is not: the
+    # pause is made and kept, and one line on stderr says no such queue is known yet.
+    assert run("queues", "pause", "nosuchqueue") == 0, run.err
+    assert run.out.strip() == "queue nosuchqueue: paused"
+    warning = one_line_error(run)
+    assert "warning" in warning
+    assert "nosuchqueue" in warning
+    assert "no job, worker or setting" in warning
+    assert paused(engine) == ["nosuchqueue"]
+    # Known by now (its setting): no warning for the second pause, nor for the resume.
+    assert run("queues", "pause", "nosuchqueue") == 0
+    assert run.err == ""
+    assert run("queues", "resume", "nosuchqueue") == 0
+    assert run.err == ""
+
+
+def test_pausing_a_queue_with_jobs_or_a_worker_says_nothing_more(
+    run: Run, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        add_job(conn, queue="emails")
+        add_dead(conn, queue="archive")
+        conn.execute(
+            sa.insert(workers_table).values(
+                name="w1", host="h", pid=1, queues=["reports"], concurrency=1,
+                last_seen_at=sa.func.now(),
+            )
+        )  # fmt: skip
+    for name in ("emails", "archive", "reports"):
+        assert run("queues", "pause", name) == 0, run.err
+        assert (run.out.strip(), run.err) == (f"queue {name}: paused", "")
+    assert run("queues", "resume", "elsewhere") == 0
+    assert run.out.strip() == "queue elsewhere: already running"
+    assert "no job, worker or setting" in one_line_error(run)
+
+
 def test_queues_list_table_and_json(run: Run, engine: sa.Engine) -> None:
     with engine.begin() as conn:
         add_job(conn, queue="emails", visible_in=-60)

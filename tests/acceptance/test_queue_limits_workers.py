@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -40,16 +40,27 @@ TABLES = limited.metadata
 j = jobs_table.c
 enqueue_many = functools.partial(jobs.enqueue_many, queue=limited.queue)
 
-#: Most handlers of the queue running at once, from the recorded intervals; a run without an
-#: end (its worker was killed) ends at ``:killed_at``.
+#: Most handlers of the queue running at once, from the recorded intervals. A run without an
+#: end record ended no later than its job's next attempt started (its attempt had to be settled
+#: first, and its handler returns or raises before that), and, if its worker was killed, no
+#: later than ``:killed_at``. Taking neither (running for ever) would count it beside every
+#: later run of its key: on a loaded server an attempt can fail between its two records.
 MOST_AT_ONCE = sa.text(
     """
+    WITH spans AS (
+        SELECT r.key, r.started,
+               coalesce(r.ended, least(
+                   (SELECT min(n.started) FROM limited_runs n
+                    WHERE n.job_id = r.job_id AND n.attempt > r.attempt),
+                   :killed_at)) AS ended
+        FROM limited_runs r
+    )
     SELECT coalesce(max(n), 0) FROM (
-        SELECT (SELECT count(*) FROM limited_runs b
+        SELECT (SELECT count(*) FROM spans b
                 WHERE b.started <= a.started
-                  AND coalesce(b.ended, :killed_at) > a.started
+                  AND b.ended > a.started
                   AND (NOT :per_key OR b.key = a.key)) AS n
-        FROM limited_runs a
+        FROM spans a
     ) AS counts
     """
 )
@@ -182,6 +193,31 @@ def test_a_killed_worker_keeps_its_slots_until_its_leases_expire(
     assert rerun_after >= killed_at
     assert most_at_once(engine, killed_at=killed_at) <= 3
     assert set(effects_per_job(engine, ids).values()) == {1}
+
+
+def test_a_run_with_no_recorded_end_ends_by_its_jobs_next_attempt(tables: sa.Engine) -> None:
+    # The measure itself: on a loaded server an attempt can fail between its start and end
+    # records (a statement past its deadline). Its run is over by the time its job's next
+    # attempt starts, not running for ever beside every later job of its key.
+    engine = tables
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    at = [t0 + timedelta(seconds=s) for s in (0, 2, 2.1, 3, 3.1)]
+    with engine.begin() as conn:
+        conn.execute(
+            runs.insert(),
+            [
+                {"job_id": 1, "attempt": 1, "pid": 1, "key": "a", "started": at[0], "ended": None},
+                {"job_id": 1, "attempt": 2, "pid": 1, "key": "a", "started": at[1], "ended": at[2]},
+                {"job_id": 2, "attempt": 1, "pid": 1, "key": "a", "started": at[3], "ended": at[4]},
+            ],
+        )
+    assert most_at_once(engine, per_key=True) == 1
+    # A run that truly overlaps another of its key is still counted.
+    with engine.begin() as conn:
+        conn.execute(
+            runs.insert().values(job_id=3, attempt=1, pid=1, key="a", started=at[0], ended=at[3])
+        )
+    assert most_at_once(engine, per_key=True) == 2
 
 
 def test_a_cap_of_1_per_key_runs_each_keys_jobs_one_at_a_time_in_order(

@@ -107,6 +107,28 @@ def test_a_result_that_cannot_be_stored_fails_the_attempt_and_its_writes(
         result.get()
 
 
+def test_a_result_over_the_size_cap_fails_the_job_at_once_without_retries(
+    tables: sa.Engine,
+) -> None:
+    # Storing the result is deterministic: the next attempt's would be refused just the same.
+    engine = tables
+    job_id = enqueue(engine, "oversized")
+    outcome = drain(queue, engine)
+    assert outcome.dead == 1
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(jobs_table.c.status, jobs_table.c.attempts, jobs_table.c.last_error).where(
+                jobs_table.c.id == job_id
+            )
+        ).one()
+    assert (row.status, row.attempts) == ("dead", 1)
+    assert row.last_error["type"] == "sa_jobqueue.errors.PayloadError"
+    assert row.last_error["message"] == (
+        f"task 'oversized' keeps its result, which cannot be stored: result is"
+        f" {queue.max_payload_bytes + 3} bytes of JSON, over the limit of {queue.max_payload_bytes}"
+    )
+
+
 def test_a_stale_attempt_stores_no_result(tables: sa.Engine) -> None:
     engine = tables
     ids = [enqueue(engine, "add", {"a": n, "b": n}) for n in range(2)]

@@ -16,7 +16,8 @@ from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
 from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.models import Job
 from sa_jobqueue.worker import _claimer
-from tests.helpers.jobs import burst, job
+from sa_jobqueue.worker._claimed import UNKNOWN_TASK_BACKOFF
+from tests.helpers.jobs import burst, handler, job
 from tests.helpers.waiting import running, wait_for
 
 EFFECTS = sa.table("effects", sa.column("job_id", sa.BigInteger), sa.column("note", sa.Text))
@@ -99,6 +100,40 @@ def test_retries_follow_the_backoff_schedule_then_dead_letter(db: sa.Engine) -> 
     assert row.last_error["type"] == "builtins.RuntimeError"
     assert "Traceback" in row.last_error["traceback"]
     assert effect_ids(db) == []  # every failed attempt's writes were rolled back
+
+
+class BrokenBackoff(Backoff):
+    """A retry policy whose delay cannot be computed: a bug in settling a failure."""
+
+    def delay(self, attempt: int) -> timedelta:
+        raise ZeroDivisionError("the policy itself is broken")
+
+
+@pytest.mark.parametrize("broken", ["policy", "stored"])
+def test_a_failure_whose_retry_delay_cannot_be_computed_is_still_recorded(
+    db: sa.Engine, broken: str
+) -> None:
+    # Settling a failed attempt once raised inside the worker (a backoff that was not a
+    # Backoff): the job stayed running until its lease expired and the handler's error was lost.
+    queue = JobQueue()
+    backoff = BrokenBackoff() if broken == "policy" else Backoff()
+
+    @queue.task(max_attempts=3, backoff=backoff)
+    def flaky(ctx: JobContext, payload: None) -> None:
+        raise RuntimeError(f"the handler's own error, attempt {ctx.attempt}")
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "flaky")
+    if broken == "stored":  # a job's own policy, stored by another version, that cannot be read
+        with db.begin() as conn:
+            conn.execute(sa.update(Job).where(Job.id == job_id).values(backoff={"base": "soon"}))
+    burst(queue, db)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert row.last_error["message"] == "the handler's own error, attempt 1"
+    assert row.last_error["type"] == "builtins.RuntimeError"
+    # The delay fell back to the default policy's: a second or so, not the lease.
+    assert timedelta(0) < row.visible_at - db_now(db) <= timedelta(seconds=2)
 
 
 def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -> None:
@@ -217,28 +252,53 @@ def test_reclaimed_job_with_no_attempts_left_goes_dead_without_running(db: sa.En
     assert seen == [other]
 
 
-def test_unknown_task_goes_dead_and_the_worker_carries_on(db: sa.Engine) -> None:
-    producer, consumer = JobQueue(), JobQueue()
+def test_an_unknown_task_is_retried_with_backoff_until_a_worker_that_knows_it_runs_it(
+    db: sa.Engine,
+) -> None:
+    # A rolling deploy: new code enqueues a task the old workers do not have yet.
+    old, new = JobQueue(), JobQueue()
     ran: list[int] = []
 
-    @producer.task
-    def retired(ctx: JobContext, payload: None) -> None:  # pragma: no cover - never runs
-        raise AssertionError
+    @new.task(max_attempts=3)
+    def added(ctx: JobContext, payload: None) -> None:
+        ran.append(ctx.job_id)
 
-    @producer.task(name="current")
-    @consumer.task(name="current")
+    @new.task(name="current")
+    @old.task(name="current")
     def current(ctx: JobContext, payload: None) -> None:
         ran.append(ctx.job_id)
 
     with Session(db) as session, session.begin():
+        ghost = new.enqueue(session, "added")
+        live = new.enqueue(session, "current")
+    expected = [UNKNOWN_TASK_BACKOFF.delay(1), UNKNOWN_TASK_BACKOFF.delay(2)]
+    for attempt, delay in enumerate(expected, start=1):
+        burst(old, db)
+        row = job(db, ghost)
+        assert (row.status, row.attempts) == ("queued", attempt)
+        assert row.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
+        assert "'added'" in row.last_error["message"]
+        wait = (row.visible_at - db_now(db)).total_seconds()
+        assert delay.total_seconds() * 0.8 - 2 < wait <= delay.total_seconds() * 1.2
+        make_due(db, ghost)
+    assert ran == [live]  # the old worker carried on with what it knows
+    burst(new, db)
+    row = job(db, ghost)
+    assert (row.status, row.attempts) == ("succeeded", 3)
+    assert ran == [live, ghost]
+
+
+def test_an_unknown_task_out_of_attempts_goes_dead_with_its_error(db: sa.Engine) -> None:
+    producer, consumer = JobQueue(), JobQueue()
+    producer.task(name="retired", max_attempts=2)(handler)
+    with Session(db) as session, session.begin():
         ghost = producer.enqueue(session, "retired")
-        live = producer.enqueue(session, "current")
+    burst(consumer, db)
+    make_due(db, ghost)
     burst(consumer, db)
     row = job(db, ghost)
-    assert (row.status, row.attempts) == ("dead", 1)
+    assert (row.status, row.attempts) == ("dead", 2)
     assert row.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
-    assert "retired" in row.last_error["message"]
-    assert ran == [live]
 
 
 def test_a_future_run_at_is_not_run_early(db: sa.Engine) -> None:

@@ -1,9 +1,9 @@
 """Tasks for the cluster-wide limits, run by real worker subprocesses (queue ``limited``).
 
 Each handler records its run in ``limited_runs`` through an autocommit connection of its own:
-when it started and when it was about to return, by the database's ``clock_timestamp()``, and
-the key it ran under. The exactly-once effect goes to ``limited_effects`` through
-``ctx.session`` and commits with the job's completion.
+when it started and when it was about to return or raise, by the database's
+``clock_timestamp()``, and the key it ran under. The exactly-once effect goes to
+``limited_effects`` through ``ctx.session`` and commits with the job's completion.
 """
 
 from __future__ import annotations
@@ -47,11 +47,17 @@ def _run(ctx: JobContext, payload: Any, *, write: bool = True) -> None:
             )
             .returning(r.id)
         ).scalar_one()
-    time.sleep(payload.get("ms", 0) / 1000)
-    if write:
-        recorder.write_effect(ctx)
-    with engine.connect() as conn:
-        conn.execute(runs.update().where(r.id == run_id).values(ended=sa.func.clock_timestamp()))
+    try:
+        time.sleep(payload.get("ms", 0) / 1000)
+        if write:
+            recorder.write_effect(ctx)
+    finally:
+        # The run is over whether it returns or raises (its attempt then fails and is retried):
+        # only a killed worker, or a failure of this very record, leaves a run with no end.
+        with engine.connect() as conn:
+            conn.execute(
+                runs.update().where(r.id == run_id).values(ended=sa.func.clock_timestamp())
+            )
 
 
 @queue.task

@@ -46,6 +46,12 @@ def unstorable(ctx: JobContext, payload: Any) -> Any:
     return {1, 2, 3}
 
 
+@queue.task(keep_result=True, max_attempts=5)
+def oversized(ctx: JobContext, payload: Any) -> Any:
+    """Returns a result over the queue's size cap: no later attempt could store it either."""
+    return "x" * (queue.max_payload_bytes + 1)
+
+
 @queue.task(keep_result=True, max_attempts=1)
 def broken(ctx: JobContext, payload: Any) -> Any:
     raise RuntimeError("no result today")

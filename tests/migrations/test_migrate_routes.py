@@ -195,3 +195,41 @@ def test_the_applications_history_refuses_tables_our_route_installed(
     assert f"{SCHEMA_REVISION} in {VERSION_TABLE}" in last
     assert "alembic stamp" in last
     assert versions(empty_engine, VERSION_TABLE) == [SCHEMA_REVISION]
+
+
+def test_migrate_says_what_it_did_created_upgraded_or_nothing(
+    tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
+) -> None:
+    status, out, err = migrate_cli(empty_database_url, tmp_path)
+    assert status == 0, err
+    assert single_line(out, err) == (
+        f"sa-jobqueue: created the sa_jobqueue tables at revision {SCHEMA_REVISION}"
+    )
+    status, out, err = migrate_cli(empty_database_url, tmp_path)
+    assert status == 0, err
+    assert single_line(out, err) == (
+        f"sa-jobqueue: schema is up to date (revision {SCHEMA_REVISION}); nothing to do"
+    )
+
+
+def test_migrate_names_the_revisions_it_upgraded_between(
+    tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
+) -> None:
+    upgrade(empty_engine, "sajq_0011")
+    status, out, err = migrate_cli(empty_database_url, tmp_path)
+    assert status == 0, err
+    assert single_line(out, err) == (
+        f"sa-jobqueue: upgraded the sa_jobqueue schema from sajq_0011 to {SCHEMA_REVISION}"
+    )
+
+
+def test_migrate_at_head_in_the_applications_history_says_where_it_is_recorded(
+    tmp_path: Path, empty_database_url: URL, empty_engine: sa.Engine
+) -> None:
+    install_in_app_history(empty_engine, SCHEMA_REVISION)
+    status, out, err = migrate_cli(empty_database_url, tmp_path)
+    assert status == 0, err
+    assert single_line(out, err) == (
+        f"sa-jobqueue: schema is up to date (revision {SCHEMA_REVISION}, recorded in"
+        f" {APP_VERSION_TABLE}); nothing to do"
+    )

@@ -41,3 +41,34 @@ def test_durations(text: str, expected: timedelta) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="duration"):
         _duration(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (
+            ["queues", "limit", "q", "--rate", "4/0s"],
+            "a rate's period must be 1 ms or longer, not 0s",
+        ),
+        (["queues", "limit", "q", "--key-rate", "4/0.0001s"], "not 0.1ms"),
+    ],
+)
+def test_cli_errors_show_durations_as_people_write_them(
+    args: list[str], shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main([*args, "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+    err = capsys.readouterr().err
+    assert shown in err
+    assert "datetime." not in err
+    assert "day, " not in err
+
+
+def test_operations_errors_show_durations_as_people_write_them() -> None:
+    from sa_jobqueue.errors import InvalidJobError
+    from sa_jobqueue.ops.filters import check_age
+
+    with pytest.raises(
+        InvalidJobError, match=r"^older_than must be a timedelta of 0s or more, not -5s$"
+    ):
+        check_age(timedelta(seconds=-5))

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from sa_jobqueue import Backoff, InvalidJobError, JobContext, Task
+from sa_jobqueue import Backoff, InvalidJobError, JobContext, JobQueue, Task
+from sa_jobqueue._durations import duration_text
 from sa_jobqueue._enqueue import EnqueueOptions, new_jobs, resolve_options
-from sa_jobqueue.errors import InvalidNameError, InvalidScheduleError, PayloadError
+from sa_jobqueue.errors import (
+    InvalidNameError,
+    InvalidScheduleError,
+    PayloadError,
+    TaskDefinitionError,
+)
 
 
 def handler(ctx: JobContext, payload: Any) -> None:
@@ -187,3 +194,75 @@ def test_job_params_carry_the_trace_and_the_jobs_own_backoff() -> None:
     plain = new_jobs(resolve_options(TASK), [1], [None], max_payload_bytes=100).params()
     assert "backoff" not in plain
     assert "trace_context" not in plain
+
+
+# -- the same rules at @task as at enqueue -------------------------------------------------------
+
+SHARED_RULES = [
+    pytest.param("backoff", 0.05, "backoff must be a Backoff (e.g. ", id="backoff-float"),
+    pytest.param("backoff", {"base": 1}, "backoff must be a Backoff", id="backoff-dict"),
+    pytest.param("lease", 30, "lease must be a timedelta above 0s and at most 1d, not 30", id="l"),
+    pytest.param("lease", timedelta(0), "at most 1d, not 0s", id="lease-zero"),
+    pytest.param("lease", timedelta(days=2), "at most 1d, not 2d", id="lease-long"),
+    pytest.param("priority", 40_000, "priority must be an int", id="priority"),
+    pytest.param("max_attempts", 0, "max_attempts must be an int from 1", id="max_attempts"),
+    pytest.param("unique_period", 5, "unique_period must be a timedelta", id="unique_period"),
+]
+
+
+@pytest.mark.parametrize(("option", "value", "message"), SHARED_RULES)
+def test_an_option_is_refused_at_task_as_at_enqueue_with_the_same_message(
+    option: str, value: object, message: str
+) -> None:
+    queue = JobQueue()
+    with pytest.raises(TaskDefinitionError) as declared:
+        queue.task(name="declared", **{option: value})(handler)
+    with pytest.raises(InvalidJobError) as enqueued:
+        resolve_options(TASK, **{option: value})
+    text = str(enqueued.value)
+    assert message in text
+    assert str(declared.value) == f"task 'declared': {text}"
+    assert "\n" not in text
+    assert "datetime." not in text
+    assert "day, " not in text
+    assert queue.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (5, "timeout must be a timedelta above 0s (or None), not 5"),
+        (timedelta(0), "timeout must be a timedelta above 0s (or None), not 0s"),
+        (timedelta(seconds=-1), "not -1s"),
+    ],
+)
+def test_a_bad_timeout_is_a_task_definition_error(value: object, message: str) -> None:
+    with pytest.raises(TaskDefinitionError, match=re.escape(message)):
+        JobQueue().task(name="slow", timeout=value)(handler)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"base": 0.05}, "Backoff.base must be a timedelta, not 0.05"),
+        ({"cap": 600}, "Backoff.cap must be a timedelta, not 600"),
+        ({"jitter": "0.1"}, "Backoff.jitter is a fraction from 0 to 1, not '0.1'"),
+        ({"base": timedelta(0)}, "Backoff needs 0s < base <= cap"),
+    ],
+)
+def test_a_bad_backoff_is_refused_when_it_is_made(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(TaskDefinitionError, match=re.escape(message)):
+        Backoff(**options)
+
+
+def test_durations_read_as_people_write_them() -> None:
+    shown = [
+        duration_text(timedelta(0)),
+        duration_text(timedelta(milliseconds=500)),
+        duration_text(timedelta(seconds=1.5)),
+        duration_text(timedelta(seconds=90)),
+        duration_text(timedelta(days=1)),
+        duration_text(timedelta(days=365_000)),
+        duration_text(timedelta(seconds=-5)),
+    ]
+    assert shown == ["0s", "500ms", "1.5s", "1m30s", "1d", "365000d", "-5s"]

@@ -183,7 +183,6 @@ class FakeLaneClaimer:
         self.lane = lane
         self.answers = answers
         self.rounds = 0
-        self.held_back = False
 
     def claim(self) -> bool:
         self.rounds += 1
