@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from .._error_text import one_line
-from .._visible import visible
+from .._visible import json_visible, visible
 from ._observer import JobRun, Observer
 
 #: The logger of the job records.
@@ -145,12 +144,6 @@ _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))
 }
 
 
-#: What ``json.dumps(..., ensure_ascii=False)`` leaves as it is and a terminal may obey: DEL,
-#: the C1 controls, the bidirectional marks and the line and paragraph separators. In JSON
-#: text they occur only inside strings, where ``\uNNNN`` stands for the same character.
-_RAW_IN_JSON: Final = re.compile("[\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-
-
 class TextFormatter(logging.Formatter):
     """``logging.Formatter`` whose lines show control characters rather than obey them.
 
@@ -193,5 +186,4 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        line = json.dumps(entry, default=str, ensure_ascii=False)
-        return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", line)
+        return json_visible(json.dumps(entry, default=str, ensure_ascii=False))

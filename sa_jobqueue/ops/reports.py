@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._visible import visible
+from .._visible import json_visible, visible
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
 from .admin import Edge, JobInfo
 from .health import Finding, span, worst
@@ -67,8 +67,12 @@ def _plain(value: Any) -> Any:
 
 
 def to_json(value: Any, indent: int | None = 2) -> str:
-    """Dataclasses, lists and dicts of them as JSON (timedeltas as seconds)."""
-    return json.dumps(_plain(value), indent=indent, ensure_ascii=False)
+    """Dataclasses, lists and dicts of them as JSON (timedeltas as seconds).
+
+    Non-ASCII text stays as it is, but for the characters a terminal would obey (DEL, C1,
+    bidirectional controls, which ``json.dumps`` leaves raw): those are ``\\uNNNN`` escapes.
+    """
+    return json_visible(json.dumps(_plain(value), indent=indent, ensure_ascii=False))
 
 
 def findings_json(findings: Sequence[Finding]) -> str:

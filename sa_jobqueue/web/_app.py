@@ -30,6 +30,10 @@ Authorize = Callable[[Request], bool | Awaitable[bool]]
 
 #: Headers on every response: no script, style or frame from anywhere but the dashboard itself,
 #: no inline script at all, and no Referer that could carry a URL's query to another site.
+#: ``same-origin``, not ``no-referrer``: under ``no-referrer`` a browser sends ``Origin: null``
+#: with every form it posts (the Fetch standard's rule for non-GET requests), and the Guard,
+#: which must refuse ``null`` (a sandboxed frame or another site's page can send it), would
+#: refuse the dashboard's own forms.
 SECURITY_HEADERS: Final = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
@@ -37,7 +41,7 @@ SECURITY_HEADERS: Final = {
     ),
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
@@ -87,7 +91,9 @@ class Guard:
     A request whose method is not safe (a POST) and that carries an ``Origin`` header is let
     through only when that origin is the address the request was sent to (its ``Host``) or one
     of ``trusted_origins``. Browsers send ``Origin`` with every POST; a request without one
-    (curl, a script) is judged by its CSRF token alone, as before. The scheme of the request's
+    (curl, a script) is judged by its CSRF token alone, as before. ``Origin: null`` (what a
+    browser sends from a sandboxed frame, or from a page whose Referrer-Policy is
+    ``no-referrer``) is refused. The scheme of the request's
     own origin is not compared: behind a proxy that ends TLS the dashboard sees ``http``
     where the browser wrote ``https``; the host and port are what another site cannot fake.
     """

@@ -319,7 +319,7 @@ class Recorder:
         """A job no attempt could run (an undecodable payload): straight to dead."""
         with self._single.connect() as conn:
             conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
-        log.error("job %d: %s; moved to dead", job.id, exc)
+        log.error("job %d: %s; moved to dead", job.id, one_line(exc))
         if self.reports.observe:
             self.reports.observe.finished(job.run(), Outcome.DEAD.value, None, exc)
 

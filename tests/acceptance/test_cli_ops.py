@@ -255,6 +255,34 @@ def test_jobs_show_and_list_print_control_characters_visibly(run: Run, engine: s
     assert "  hostile  taskbell\\x07 red\\x1b[31m" in listed
 
 
+def test_jobs_show_and_list_json_escape_control_characters(run: Run, engine: sa.Engine) -> None:
+    # json.dumps escapes the C0 controls itself; DEL, C1, the bidi controls and the line and
+    # paragraph separators it would print as they are.
+    text = f"{CONTROLS} nel\x85 lre\u202a fsi\u2068 ls\u2028 ps\u2029"
+    error = {"type": f"Evil{text}", "message": text, "traceback": f"Traceback\n  {text}"}
+    with engine.begin() as conn:
+        job_id = add_dead(
+            conn,
+            queue="hostile",
+            task=f"task{text}",
+            payload={"text": text},
+            unique_key=text,
+            last_error=error,
+        )
+    shown = run.json("jobs", "show", str(job_id))
+    assert obeyed(run.out) == []
+    assert "del\\u007f csi\\u009b1m rtl\\u202e" in run.out
+    assert (shown["task"], shown["payload"], shown["unique_key"]) == (
+        f"task{text}",
+        {"text": text},
+        text,
+    )
+    assert shown["last_error"] == error  # the escapes read back as the characters
+    (listed,) = run.json("jobs", "list", "--queue", "hostile")
+    assert obeyed(run.out) == []
+    assert (listed["id"], listed["task"], listed["last_error"]) == (job_id, f"task{text}", error)
+
+
 # -- jobs retry / cancel ---------------------------------------------------------------------
 
 

@@ -249,3 +249,20 @@ def test_error_tree_is_the_errors_module_tree() -> None:
     assert shown[1] == tree, (
         "copy the tree from sa_jobqueue/errors.py into docs/reference/errors.md"
     )
+
+
+def test_the_errors_page_names_every_error_class() -> None:
+    public = {
+        name
+        for name, value in vars(sa_jobqueue.errors).items()
+        if not name.startswith("_")
+        and isinstance(value, type)
+        and issubclass(value, sa_jobqueue.errors.JobQueueError)
+    }
+    page = (DOCS / "reference" / "errors.md").read_text()
+    shown = re.search(r"<!-- error-tree: .* -->\n```text\n(.*?)\n```", page, flags=re.S)
+    assert shown, "docs/reference/errors.md should show the tree after its error-tree mark"
+    # Each line of the tree names one class: its first word after the branch drawing.
+    named = {re.sub(r"^[\s│├└─]*", "", line).split()[0] for line in shown[1].splitlines()}
+    assert sorted(public - named) == [], "draw these in the tree of sa_jobqueue/errors.py"
+    assert sorted(named - public) == [], "the tree names classes sa_jobqueue.errors lacks"

@@ -176,6 +176,7 @@ def test_find_a_dead_job_and_retry_it(
     assert "ConnectTimeout" in browser.find_element(By.TAG_NAME, "main").text
     browser.save_screenshot(str(artefacts / "3-job.png"))
 
+    # The browser's own POST, with the Origin header it chooses, through the origin check.
     browser.find_element(By.ID, "retry").click()
     wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
     assert browser.find_element(By.CSS_SELECTOR, ".flash").text == f"job {history} is queued again"

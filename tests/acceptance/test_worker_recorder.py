@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import Discard, JobQueue, Retry
 from sa_jobqueue._sql import claiming
+from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import Job
 from sa_jobqueue.observability import Observers
 from sa_jobqueue.tasks import Task
@@ -159,3 +161,17 @@ def test_hand_back_returns_the_attempt_uncounted(
         assert row is not None
         assert (row.status, row.attempts) == ("queued", 0)
     assert outcomes.seen == [(job.id, "handed_back")]
+
+
+def test_an_unrunnable_job_is_dead_and_its_log_line_shows_control_characters(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes], caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder, outcomes = recorded
+    (job,) = claim(db, recorder)
+    caplog.set_level(logging.ERROR, logger="sa_jobqueue.worker")
+    recorder.unrunnable(job, PayloadError("bad\x1b[2J payload\u202e\nsecond line"))
+    assert status(db, job.id) == "dead"
+    assert outcomes.seen == [(job.id, "dead")]
+    (record,) = [r for r in caplog.records if r.name == "sa_jobqueue.worker"]
+    # Written out, on one line, whatever formatter the application's logging uses.
+    assert record.getMessage() == f"job {job.id}: bad\\x1b[2J payload\\u202e; moved to dead"
