@@ -32,7 +32,15 @@ from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
 from tests.helpers.databases import drop_database, recreate_database
 from tests.model.runner import run_seed
-from tests.model.schedule import CI_FAULTS, CI_PLANS, FAULTS, OPERATIONS, PLANS, Config
+from tests.model.schedule import (
+    CI_FAULTS,
+    CI_OPERATIONS,
+    CI_PLANS,
+    FAULTS,
+    OPERATIONS,
+    PLANS,
+    Config,
+)
 
 
 @contextlib.contextmanager
@@ -83,6 +91,8 @@ def parse_ops(text: str) -> dict[str, int]:
     weights = dict(OPERATIONS)
     if text == "all":
         return weights
+    if text == "ci":
+        return dict(CI_OPERATIONS)
     for part in text.split(","):
         name, _, weight = part.partition("=")
         if name not in weights:
@@ -99,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, metavar="SEED", help="run this one seed once")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds to explore")
     parser.add_argument("--steps", type=int, default=100, help="steps per seed")
+    parser.add_argument("--clients", type=int, default=3, help="client threads per seed")
     parser.add_argument("--workers", type=int, default=2, help="worker processes per seed")
     parser.add_argument("--concurrency", type=int, default=3, help="threads per worker")
     parser.add_argument(
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ops",
         type=parse_ops,
         default=dict(OPERATIONS),
-        help="all (default), or name=weight,... to change weights",
+        help="all (default), ci, or name=weight,... to change weights",
     )
     parser.add_argument(
         "--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 800, under a lease)"
@@ -127,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = Config(
         steps=args.steps,
+        clients=args.clients,
         workers=args.workers,
         concurrency=args.concurrency,
         faults=args.faults,
@@ -162,6 +174,8 @@ def _replay_flags(args: argparse.Namespace) -> str:
     flags = ""
     if args.steps != 100:
         flags += f" --steps {args.steps}"
+    if args.clients != 3:
+        flags += f" --clients {args.clients}"
     if args.workers != 2:
         flags += f" --workers {args.workers}"
     if args.concurrency != 3:
@@ -172,8 +186,11 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --ci-plans"
     if args.max_stop_ms != 3500:
         flags += f" --max-stop-ms {args.max_stop_ms}"
-    if args.ops != dict(OPERATIONS):
-        flags += " --ops " + ",".join(f"{k}={v}" for k, v in args.ops.items())
+    if args.ops == dict(CI_OPERATIONS):
+        flags += " --ops ci"
+    elif args.ops != dict(OPERATIONS):
+        changed = {k: v for k, v in args.ops.items() if OPERATIONS.get(k) != v}
+        flags += " --ops " + ",".join(f"{k}={v}" for k, v in changed.items())
     return flags
 
 

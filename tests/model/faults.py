@@ -9,6 +9,7 @@ and every lasting fault is undone at quiescence. The database's connections are 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ class Faults:
     floor: int = 1
     #: (monotonic deadline, what undoes the fault)
     pending: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    #: The clients inject and undo faults from their own threads: one at a time.
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def clock(self) -> sa.engine.Row[tuple[object]]:
         with self.engine.connect() as conn:
@@ -39,17 +42,19 @@ class Faults:
 
     def run(self, step: Step) -> str:
         handler: Callable[[Step], str] = getattr(self, "fault_" + step.kind)
-        return handler(step)
+        with self.lock:
+            return handler(step)
 
     def due(self, now: float | None = None) -> None:
         """Undo the faults whose time is up (all of them, when ``now`` is None)."""
-        keep = []
-        for deadline, undo in self.pending:
-            if now is None or deadline <= now:
-                undo()
-            else:
-                keep.append((deadline, undo))
-        self.pending = keep
+        with self.lock:
+            keep = []
+            for deadline, undo in self.pending:
+                if now is None or deadline <= now:
+                    undo()
+                else:
+                    keep.append((deadline, undo))
+            self.pending = keep
 
     def _pick(self, step: Step, among: list[WorkerProc]) -> WorkerProc | None:
         return among[step.args["pick"] % len(among)] if among else None

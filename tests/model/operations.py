@@ -10,7 +10,10 @@ the input given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +48,12 @@ class Operations:
         self.engine = engine
         self.model = model
         self.by_step: dict[int, list[int]] = {}
+        # Per unique key: enqueues of it under way, and how many have begun. A holder's
+        # payload is checked only when no other enqueue of its key overlapped this one (the
+        # clients run at once: another's replace may land between a commit and its check).
+        self._keys = threading.Lock()
+        self._busy: Counter[str] = Counter()
+        self._begun: Counter[str] = Counter()
 
     def clock(self) -> datetime:
         with self.engine.connect() as conn:
@@ -87,8 +96,8 @@ class Operations:
         ids: list[Enqueued],
         options: dict[str, Any],
         deps: list[list[Dependency]],
+        begun: dict[str, int],
     ) -> str:
-        self.by_step[step.index] = [int(i) for i in ids]
         declared = queue.get_task(task)
         created = 0
         keys = [
@@ -98,7 +107,7 @@ class Operations:
         # A key repeated within a batch keeps its last payload (as calls one after another).
         last = {k: p for k, p in zip(keys, payloads, strict=True) if k is not None}
         for job_id, payload, edges, key in zip(ids, payloads, deps, keys, strict=True):
-            if job_id.created and int(job_id) not in self.model.jobs:
+            if job_id.created and not self.model.has(int(job_id)):
                 created += 1
                 self.model.created(
                     JobRecord(
@@ -114,7 +123,10 @@ class Operations:
             elif not job_id.created:
                 self.model.returned.append((int(job_id), step.index, task, key))
                 expected = last.get(key, payload) if key is not None else payload
-                self._check_holder(step, int(job_id), task, key, expected, job_id.updated)
+                alone = key is None or self._alone(key, begun.get(key, 0))
+                self._check_holder(step, int(job_id), task, key, expected, job_id.updated, alone)
+        # After the jobs are in the model: a racing step may resolve its reference now.
+        self.by_step.setdefault(step.index, [int(i) for i in ids])
         return f"ids {[int(i) for i in ids]} ({created} created)"
 
     def _check_holder(
@@ -125,6 +137,7 @@ class Operations:
         key: str | None,
         payload: dict[str, Any],
         updated: bool,
+        alone: bool,
     ) -> None:
         """An enqueue that created nothing returned the job holding its key (and changed it)."""
         with self.engine.connect() as conn:
@@ -140,7 +153,7 @@ class Operations:
                     f" {job_id}, which is {row and (row.task, row.unique_key)}",
                 )
             )
-        elif updated and row.payload != payload:
+        elif updated and alone and row.payload != payload:
             self.model.found.append(
                 Violation(
                     "unique_replaced",
@@ -150,32 +163,66 @@ class Operations:
                 )
             )
 
+    def _key_names(
+        self, task: str, payloads: list[dict[str, Any]], options: dict[str, Any]
+    ) -> set[str]:
+        declared = queue.get_task(task)
+        if "unique_key" in options:
+            return {options["unique_key"]}
+        if declared.unique_key is None:
+            return set()
+        return {k for k in map(declared.unique_key, payloads) if k is not None}
+
+    @contextlib.contextmanager
+    def _enqueueing(self, keys: set[str]) -> Iterator[dict[str, int]]:
+        """Mark the enqueue of ``keys`` under way; yield each key's count of begun enqueues
+        (with ``-1`` for a key another enqueue was already busy with)."""
+        with self._keys:
+            begun = {}
+            for k in keys:
+                self._begun[k] += 1
+                begun[k] = -1 if self._busy[k] else self._begun[k]
+                self._busy[k] += 1
+        try:
+            yield begun
+        finally:
+            with self._keys:
+                for k in keys:
+                    self._busy[k] -= 1
+
+    def _alone(self, key: str, begun: int) -> bool:
+        """No other enqueue of ``key`` was under way when this began, or began since."""
+        with self._keys:
+            return begun == self._begun[key]
+
     def op_enqueue(self, step: Step) -> str:
         args = step.args
         options = self._options(args)
         deps = self._deps(args["depends_on"])
-        with Session(self.engine) as session, session.begin():
-            job_id = queue.enqueue(
-                session, args["task"], args["payload"], depends_on=deps or None, **options
-            )
-        return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps])
+        with self._enqueueing(self._key_names(args["task"], [args["payload"]], options)) as b:
+            with Session(self.engine) as session, session.begin():
+                job_id = queue.enqueue(
+                    session, args["task"], args["payload"], depends_on=deps or None, **options
+                )
+            return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps], b)
 
     def op_enqueue_many(self, step: Step) -> str:
         args = step.args
         options = self._options(args)
         deps = self._deps(args["depends_on"])
-        with Session(self.engine) as session, session.begin():
-            ids = queue.enqueue_many(
-                session, args["task"], args["payloads"], depends_on=deps or None, **options
-            )
         payloads = args["payloads"]
-        return self._record(step, args["task"], payloads, ids, options, [deps] * len(payloads))
+        with self._enqueueing(self._key_names(args["task"], payloads, options)) as b:
+            with Session(self.engine) as session, session.begin():
+                ids = queue.enqueue_many(
+                    session, args["task"], payloads, depends_on=deps or None, **options
+                )
+            deps_each = [deps] * len(payloads)
+            return self._record(step, args["task"], payloads, ids, options, deps_each, b)
 
     def _calls(self, step: Step) -> list[Call]:
         return [Call(c["task"], c["payload"]) for c in step.args["calls"]]
 
     def _record_calls(self, step: Step, ids: list[Enqueued], deps: list[list[Dependency]]) -> str:
-        self.by_step[step.index] = [int(i) for i in ids]
         for job_id, call, edges in zip(ids, step.args["calls"], deps, strict=True):
             self.model.created(
                 JobRecord(
@@ -188,6 +235,7 @@ class Operations:
                     [(d.job_id, d.on_failure) for d in edges],
                 )
             )
+        self.by_step[step.index] = [int(i) for i in ids]
         return f"ids {[int(i) for i in ids]}"
 
     def op_chain(self, step: Step) -> str:
@@ -218,18 +266,23 @@ class Operations:
         return among[pick % len(among)] if among else None
 
     def op_cancel(self, step: Step) -> str:
-        job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
+        ref = step.args.get("ref")
+        if ref is not None:  # a race's cancel: the job the racing enqueues depend on
+            ids = self.by_step.get(ref["step"], [])
+            job_id = ids[ref["pos"] % len(ids)] if ids else None
+        else:
+            job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
         if job_id is None:
             return "no job"
         with Session(self.engine) as session, session.begin():
             before = session.execute(sa.select(j.status).where(j.id == job_id)).scalar_one()
             done = queue.cancel(session, job_id)
-        if done:
+        if done and self.model.has(job_id):
             self.model.jobs[job_id].cancelled_by_checker = True
         return f"job {job_id} ({before}): {done}"
 
     def op_requeue(self, step: Step) -> str:
-        mine = list(self.model.jobs)
+        mine = self.model.order()
         with self.engine.connect() as conn:
             dead = list(
                 conn.execute(

@@ -5,9 +5,12 @@ Phases:
 1. **Setup.** The seed's database is cloned from the migrated template, the checker's tables
    are created in it, and the schedule's workers start (direct, behind a fault proxy, or
    behind PgBouncer in transaction mode, as the schedule says).
-2. **Play.** Each step waits its gap (pacing, not synchronisation: the workers run
-   meanwhile), then runs: an operation through the public API, or a fault. Lasting faults are
-   undone when their time is up. A sampler thread checks the instant's limits every 100 ms.
+2. **Play.** Each client thread plays its own steps (the schedule says which), each on its
+   own connections: a step waits its gap (pacing, not synchronisation: the workers and the
+   other clients run meanwhile), then runs: an operation through the public API, or a fault.
+   A race step is played by every client: each waits for the others, then runs its part.
+   Lasting faults are undone when their time is up. A sampler thread checks the instant's
+   limits every 100 ms.
 3. **Quiescence.** Faults stop and are undone (SIGCONT, the proxy accepts again); every queue
    is resumed (limits are kept: a capped queue must drain too); a worker is started if none
    runs. Then every job the checker created must end within :func:`quiescence_bound`.
@@ -37,7 +40,7 @@ from tests.model.cluster import QUEUES, Cluster, checker_engine
 from tests.model.faults import Faults
 from tests.model.model import Change, Model, Violation
 from tests.model.operations import Operations
-from tests.model.schedule import Config, Schedule, generate
+from tests.model.schedule import ALL, Config, Schedule, generate
 from tests.model.tasks import metadata
 
 j = jobs_table.c
@@ -78,7 +81,9 @@ class Outcome:
         return not self.violations
 
     def report(self, replay: str = "") -> str:
-        said = dict(self.model.log)
+        said: dict[int, list[str]] = {}
+        for index, what in self.model.log:
+            said.setdefault(index, []).append(what)
         lines = [
             f"seed {self.seed}: {'ok' if self.ok else 'VIOLATION'} after {self.seconds:.1f}s,"
             f" {len(self.model.jobs)} jobs"
@@ -96,7 +101,8 @@ class Outcome:
             lines.append("schedule:")
             lines.append(self.schedule.describe().split("\n")[0])
             for step in self.schedule.steps:
-                lines.append(f"{step.describe()}  -> {said.get(step.index, 'not run')}")
+                done = "; ".join(said.get(step.index, ["not run"]))
+                lines.append(f"{step.describe()}  -> {done}")
         return "\n".join(lines)
 
 
@@ -157,16 +163,7 @@ def run_seed(
                 cluster.start_worker()
             _registered(engine, cluster, STARTUP_BOUND, enough=3.0)  # faults need something to hit
             sampler.start()
-            for step in schedule.steps:
-                _pause(step.gap_ms / 1000, faults)
-                try:
-                    said = faults.run(step) if step.fault else ops.run(step)
-                except Exception as exc:
-                    said = f"raised {exc.__class__.__name__}: {exc}"
-                    model.found.append(
-                        Violation("api_error", (), f"step {step.index} {step.kind}: {said}")
-                    )
-                model.log.append((step.index, said))
+            _play(schedule, ops, faults, model)
             say(f"seed {seed}: {len(schedule.steps)} steps played, quiescing")
             _quiesce(engine, cluster, faults, model)
             bound = quiescence_bound(len(model.jobs), schedule.workers * schedule.concurrency)
@@ -190,6 +187,46 @@ def run_seed(
             cluster.close()
             engine.dispose()
     return Outcome(seed, schedule, model, violations, time.monotonic() - began, notes)
+
+
+#: How long a race's client waits for the others to arrive, in seconds.
+RACE_BOUND = 60.0
+
+
+def _play(schedule: Schedule, ops: Operations, faults: Faults, model: Model) -> None:
+    """Play every client's steps, the clients in threads of their own; return when all end."""
+    races = {
+        s.index: threading.Barrier(schedule.clients, timeout=RACE_BOUND)
+        for s in schedule.steps
+        if s.client == ALL
+    }
+
+    def client(c: int) -> None:
+        for step in schedule.of(c):
+            _pause(step.gap_ms / 1000, faults)
+            what = step
+            try:
+                if step.client == ALL:
+                    what = step.part(c)
+                    races[step.index].wait()
+                said = faults.run(what) if what.fault else ops.run(what)
+            except threading.BrokenBarrierError:
+                said = "race abandoned"
+                model.found.append(
+                    Violation("checker_error", (), f"step {step.index}: client {c} waited alone")
+                )
+            except Exception as exc:
+                said = f"raised {exc.__class__.__name__}: {exc}"
+                model.found.append(
+                    Violation("api_error", (), f"step {step.index} c{c} {what.kind}: {said}")
+                )
+            model.log.append((step.index, said if step.client != ALL else f"c{c}: {said}"))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(schedule.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _pause(seconds: float, faults: Faults) -> None:
