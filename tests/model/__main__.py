@@ -87,13 +87,13 @@ def parse_faults(text: str) -> frozenset[str]:
 
 
 def parse_ops(text: str) -> dict[str, int]:
-    """``all``, or ``name=weight,...`` changing the default weights (0 leaves one out)."""
+    """``all``, ``ci``, or either followed by (or just) ``name=weight,...`` changing weights
+    (0 leaves one out): ``ci,burst=10`` is the CI mix with more bursts."""
+    parts = [p for p in text.split(",") if p]
     weights = dict(OPERATIONS)
-    if text == "all":
-        return weights
-    if text == "ci":
-        return dict(CI_OPERATIONS)
-    for part in text.split(","):
+    if parts and parts[0] in ("all", "ci"):
+        weights = dict(CI_OPERATIONS) if parts.pop(0) == "ci" else dict(OPERATIONS)
+    for part in parts:
         name, _, weight = part.partition("=")
         if name not in weights:
             raise argparse.ArgumentTypeError(f"unknown operation {name}; known: {list(weights)}")
@@ -186,11 +186,13 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --ci-plans"
     if args.max_stop_ms != 3500:
         flags += f" --max-stop-ms {args.max_stop_ms}"
-    if args.ops == dict(CI_OPERATIONS):
-        flags += " --ops ci"
-    elif args.ops != dict(OPERATIONS):
-        changed = {k: v for k, v in args.ops.items() if OPERATIONS.get(k) != v}
-        flags += " --ops " + ",".join(f"{k}={v}" for k, v in changed.items())
+    if args.ops != dict(OPERATIONS):
+        # The shorter of: the changes to all the operations, or "ci" and the changes to it.
+        ways = [
+            [f"{k}={v}" for k, v in args.ops.items() if OPERATIONS.get(k) != v],
+            ["ci"] + [f"{k}={v}" for k, v in args.ops.items() if CI_OPERATIONS.get(k) != v],
+        ]
+        flags += " --ops " + ",".join(min(ways, key=len))
     return flags
 
 

@@ -178,6 +178,8 @@ class Cluster:
     proxy: FaultProxy | None = None
     bouncer: PgBouncer | None = None
     workers: list[WorkerProc] = field(default_factory=list)
+    #: Burst workers (``--burst``): not targets of faults, each watched by its own thread.
+    bursts: list[WorkerProc] = field(default_factory=list)
 
     @classmethod
     def open(cls, database: URL, network: str, logs: Path, concurrency: int) -> Cluster:
@@ -195,11 +197,17 @@ class Cluster:
             return self.bouncer.url(self.database)
         return self.database
 
-    def start_worker(self) -> WorkerProc:
-        log = self.logs / f"worker-{len(self.workers)}.log"
+    def start_worker(self, burst: list[str] | None = None) -> WorkerProc:
+        """Start a worker of every queue, or with ``burst``, a burst worker of those queues."""
+        if burst is None:
+            log = self.logs / f"worker-{len(self.workers)}.log"
+        else:
+            log = self.logs / f"burst-{len(self.bursts)}.log"
         pooler = ["--pooler", "transaction"] if self.bouncer is not None else []
         env = subprocess_env()
         env[AUDIT_URL] = url_string(self.database)
+        # A SIGABRT then writes every thread's stack to the log: a stuck burst's evidence.
+        env["PYTHONFAULTHANDLER"] = "1"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -214,7 +222,8 @@ class Cluster:
                     "--concurrency",
                     str(self.concurrency),
                     "--queues",
-                    ",".join(QUEUES),
+                    ",".join(QUEUES if burst is None else burst),
+                    *(["--burst"] if burst is not None else []),
                     "--poll-interval",
                     "0.2",
                     "--shutdown-grace",
@@ -229,7 +238,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
             )
         worker = WorkerProc(proc, log)
-        self.workers.append(worker)
+        (self.workers if burst is None else self.bursts).append(worker)
         return worker
 
     def live(self) -> list[WorkerProc]:
@@ -256,7 +265,7 @@ class Cluster:
         return [w for w in self.workers if not w.alive() and not w.leaving]
 
     def close(self) -> None:
-        for worker in self.workers:
+        for worker in [*self.workers, *self.bursts]:
             if worker.alive():
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.kill()  # SIGKILL also ends a stopped process
@@ -268,7 +277,7 @@ class Cluster:
             self.bouncer.stop()
 
     def output(self, worker: WorkerProc) -> str:
-        return worker.log.read_text(errors="replace")[-2000:]
+        return worker.log.read_text(errors="replace")[-6000:]
 
 
 def checker_engine(database: URL) -> sa.Engine:

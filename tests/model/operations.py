@@ -11,7 +11,10 @@ the input given.
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -22,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued
 from sa_jobqueue.errors import ResultTimeoutError
-from sa_jobqueue.models import jobs_table
+from sa_jobqueue.models import jobs_table, queues_table
 from sa_jobqueue.ops import (
     clear_queue_limits,
     pause_queue,
@@ -32,6 +35,7 @@ from sa_jobqueue.ops import (
     set_queue_rate,
 )
 from sa_jobqueue.workflows import Call, Dependency
+from tests.model.cluster import Cluster, WorkerProc
 from tests.model.model import Change, JobRecord, Model, Violation
 from tests.model.schedule import Step
 from tests.model.tasks import KEEPS, queue
@@ -39,14 +43,25 @@ from tests.model.tasks import KEEPS, queue
 j = jobs_table.c
 #: How many of the newest jobs a cancel or a wait picks from (so it hits live ones).
 RECENT = 20
+#: A burst's time for its start, its own jobs and its completions, in seconds.
+BURST_BASE = 20.0
+#: A burst's time per job of its queues not ended at its start (the mix's slowest rate).
+BURST_PER_JOB = 0.2
+
+
+def burst_bound(backlog: int) -> float:
+    """Seconds a burst worker has to exit, given its queues' jobs not ended at its start."""
+    return BURST_BASE + BURST_PER_JOB * backlog
 
 
 class Operations:
     """Runs operations against one database and writes what they did into ``model``."""
 
-    def __init__(self, engine: sa.Engine, model: Model) -> None:
+    def __init__(self, engine: sa.Engine, model: Model, cluster: Cluster | None = None) -> None:
         self.engine = engine
         self.model = model
+        self.cluster = cluster
+        self.watchers: list[threading.Thread] = []
         self.by_step: dict[int, list[int]] = {}
         # Per unique key: enqueues of it under way, and how many have begun. A holder's
         # payload is checked only when no other enqueue of its key overlapped this one (the
@@ -320,6 +335,88 @@ class Operations:
                     )
                 )
         return f"job {job_id}: {outcome.status}"
+
+    # -- burst workers ----------------------------------------------------------------------
+
+    def op_burst(self, step: Step) -> str:
+        """Start ``sa-jobqueue worker --burst`` on some queues; a thread watches it exit.
+
+        ``burst_exits``: it exits 0 within :func:`burst_bound` of its start. A burst waits
+        only for what it controls: its own jobs (the longest plan action is 3 s), their
+        completions, and rate windows that open within 10 s; it exits at once on a pause, on
+        other workers' slots, on dependencies, on jobs not due. The bound gives it 20 s for
+        all that and its start (import, connect: seconds on a loaded 2-core machine), and
+        0.2 s more per job of its queues not ended at its start (the slowest rate of the mix,
+        5/s, starts one every 0.2 s).
+        """
+        assert self.cluster is not None
+        queues = step.args["queues"]
+        with self.engine.connect() as conn:
+            backlog = conn.execute(
+                sa.select(sa.func.count()).where(
+                    j.queue.in_(queues), j.status.in_(("queued", "running"))
+                )
+            ).scalar_one()
+        bound = burst_bound(backlog)
+        worker = self.cluster.start_worker(burst=queues)
+        watcher = threading.Thread(
+            target=self._watch, args=(step, worker, bound, queues), daemon=True
+        )
+        watcher.start()
+        self.watchers.append(watcher)
+        return f"burst {worker.pid} on {','.join(queues)}, bound {bound:.1f}s"
+
+    def _watch(self, step: Step, worker: WorkerProc, bound: float, queues: list[str]) -> None:
+        began = time.monotonic()
+        try:
+            code = worker.proc.wait(bound)
+        except subprocess.TimeoutExpired:
+            worker.proc.send_signal(signal.SIGABRT)  # its threads' stacks go to its log
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(5)
+            self.model.found.append(
+                Violation(
+                    "burst_exits",
+                    (),
+                    f"step {step.index}: burst worker {worker.pid} on {','.join(queues)} still"
+                    f" running {bound:.1f}s after its start; queues then:"
+                    f" {self._queues(queues)}\n" + self.cluster_output(worker),
+                )
+            )
+            worker.proc.kill()
+            return
+        if code != 0:
+            self.model.found.append(
+                Violation(
+                    "burst_exits",
+                    (),
+                    f"step {step.index}: burst worker {worker.pid} on {','.join(queues)} exited"
+                    f" {code} after {time.monotonic() - began:.1f}s:\n"
+                    + self.cluster_output(worker),
+                )
+            )
+
+    def cluster_output(self, worker: WorkerProc) -> str:
+        assert self.cluster is not None
+        return self.cluster.output(worker)
+
+    def _queues(self, queues: list[str]) -> str:
+        """Each queue's pause, limits and jobs by status, for a burst's evidence."""
+        with self.engine.connect() as conn:
+            settings = {
+                r.queue: f"paused={r.paused_at is not None} cap={r.concurrency} rate={r.rate_limit}"
+                f"/{r.rate_period}"
+                for r in conn.execute(
+                    sa.select(queues_table).where(queues_table.c.queue.in_(queues))
+                )
+            }
+            counts = conn.execute(
+                sa.select(j.queue, j.status, sa.func.count())
+                .where(j.queue.in_(queues))
+                .group_by(j.queue, j.status)
+            ).all()
+        jobs = {q: {s: n for qq, s, n in counts if qq == q} for q in queues}
+        return "; ".join(f"{q}: {settings.get(q, 'no settings')} jobs {jobs[q]}" for q in queues)
 
     # -- queues -----------------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ def run_seed(
         cluster = Cluster.open(url, schedule.network, logdir, schedule.concurrency)
         sampler = Sampler(engine, model)
         try:
-            ops = Operations(engine, model)
+            ops = Operations(engine, model, cluster)
             faults = Faults(cluster, engine, model)
             for _ in range(schedule.workers):
                 cluster.start_worker()
@@ -174,6 +174,8 @@ def run_seed(
                     if not invariants.settled(conn, ids):
                         break
                 time.sleep(0.1)
+            for watcher in ops.watchers:  # each ends within its burst's bound
+                watcher.join()
             sampler.halt.set()
             sampler.join(5)
             pids = _registered(engine, cluster)

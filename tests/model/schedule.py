@@ -41,6 +41,7 @@ OPERATIONS: Mapping[str, int] = {
     "race_deps": 3,
     "race_key": 3,
     "race_cancel": 2,
+    "burst": 2,
 }
 #: Operations that every client runs at once, each its own part (see :func:`_race_args`).
 RACES = ("race_deps", "race_key", "race_cancel")
@@ -366,6 +367,8 @@ def _op_args(
         return args
     if kind in ("cancel", "requeue", "wait_result"):
         return {"pick": rng.randrange(1000)}
+    if kind == "burst":
+        return {"queues": sorted(rng.sample(QUEUES, k=rng.randint(1, len(QUEUES))))}
     if kind in ("pause", "resume", "clear_limits"):
         return {"queue": rng.choice(QUEUES)}
     if kind == "set_cap":
