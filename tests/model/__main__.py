@@ -39,6 +39,7 @@ from tests.model.schedule import (
     FAULTS,
     OPERATIONS,
     PLANS,
+    PREFETCH,
     Config,
 )
 
@@ -86,6 +87,13 @@ def parse_faults(text: str) -> frozenset[str]:
     return chosen
 
 
+def parse_prefetch(text: str) -> tuple[int | None, ...]:
+    try:
+        return tuple(None if p == "adaptive" else int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("a list of: adaptive, or a number of jobs") from None
+
+
 def parse_ops(text: str) -> dict[str, int]:
     """``all``, ``ci``, or either followed by (or just) ``name=weight,...`` changing weights
     (0 leaves one out): ``ci,burst=10`` is the CI mix with more bursts."""
@@ -130,7 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no discard, no unique key with dependencies",
+        help="the CI run's handlers and jobs: no discard, no unique key with dependencies,"
+        " burst workers connect directly",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=parse_prefetch,
+        default=PREFETCH,
+        help="the workers' --prefetch each seed draws from: adaptive, N, or a list (default:"
+        " adaptive,2; CI: adaptive)",
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         operations=args.ops,
         plans=CI_PLANS if args.ci_plans else PLANS,
         max_stop_ms=args.max_stop_ms,
+        prefetch=args.prefetch,
+        bursts_direct=args.ci_plans,
         unique_with_deps=not args.ci_plans,
     )
     replay = _replay_flags(args)
@@ -184,6 +202,10 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --faults " + (",".join(sorted(args.faults)) or "none")
     if args.ci_plans:
         flags += " --ci-plans"
+    if args.prefetch != PREFETCH:
+        flags += " --prefetch " + ",".join(
+            "adaptive" if p is None else str(p) for p in args.prefetch
+        )
     if args.max_stop_ms != 3500:
         flags += f" --max-stop-ms {args.max_stop_ms}"
     if args.ops != dict(OPERATIONS):

@@ -23,6 +23,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR
 from tests.helpers.databases import url_string
 from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
@@ -175,6 +176,9 @@ class Cluster:
     network: str  # "direct", "proxy" or "bouncer"
     logs: Path
     concurrency: int = 3
+    prefetch: int | None = None
+    #: Burst workers reach the database directly, not through the proxy or the pooler.
+    bursts_direct: bool = False
     proxy: FaultProxy | None = None
     bouncer: PgBouncer | None = None
     workers: list[WorkerProc] = field(default_factory=list)
@@ -182,8 +186,10 @@ class Cluster:
     bursts: list[WorkerProc] = field(default_factory=list)
 
     @classmethod
-    def open(cls, database: URL, network: str, logs: Path, concurrency: int) -> Cluster:
-        cluster = cls(database, network, logs, concurrency)
+    def open(
+        cls, database: URL, network: str, logs: Path, concurrency: int, prefetch: int | None
+    ) -> Cluster:
+        cluster = cls(database, network, logs, concurrency, prefetch)
         if network == "proxy":
             cluster.proxy = FaultProxy(database)
         elif network == "bouncer":
@@ -203,7 +209,8 @@ class Cluster:
             log = self.logs / f"worker-{len(self.workers)}.log"
         else:
             log = self.logs / f"burst-{len(self.bursts)}.log"
-        pooler = ["--pooler", "transaction"] if self.bouncer is not None else []
+        direct = burst is not None and self.bursts_direct
+        pooler = ["--pooler", "transaction"] if self.bouncer is not None and not direct else []
         env = subprocess_env()
         env[AUDIT_URL] = url_string(self.database)
         # A SIGABRT then writes every thread's stack to the log: a stuck burst's evidence.
@@ -218,12 +225,13 @@ class Cluster:
                     "worker",
                     APP,
                     "--database-url",
-                    url_string(self.worker_url()),
+                    url_string(self.database if direct else self.worker_url()),
                     "--concurrency",
                     str(self.concurrency),
                     "--queues",
                     ",".join(QUEUES if burst is None else burst),
                     *(["--burst"] if burst is not None else []),
+                    *(["--prefetch", str(self.prefetch)] if self.prefetch is not None else []),
                     "--poll-interval",
                     "0.2",
                     "--shutdown-grace",
@@ -240,6 +248,12 @@ class Cluster:
         worker = WorkerProc(proc, log)
         (self.workers if burst is None else self.bursts).append(worker)
         return worker
+
+    def most_held(self) -> int:
+        """The most running jobs a worker holds: its threads, and the most it claims ahead
+        (``--prefetch``, or the adaptive buffer's ceiling, PREFETCH_MAX_FACTOR x threads)."""
+        ahead = PREFETCH_MAX_FACTOR * self.concurrency if self.prefetch is None else self.prefetch
+        return self.concurrency + ahead
 
     def live(self) -> list[WorkerProc]:
         """Workers running and not told to leave (stopped ones included)."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table, workers_table
 from tests.model.model import Model, Violation
-from tests.model.tasks import KEEPS, effects, starts
+from tests.model.tasks import KEEPS, effects, ends, starts
 
 j = jobs_table.c
 
@@ -81,6 +81,7 @@ def sample(conn: sa.Connection, model: Model) -> list[Violation]:
                             f" (now {rows[0].now}): " + "; ".join(shown[i] for i in ids),
                         )
                     )
+    found += worker_bound(conn, model)
     live = conn.execute(
         sa.select(j.task, j.unique_key, sa.func.array_agg(j.id))
         .where(j.unique_key.is_not(None), j.status.in_(("queued", "running")))
@@ -90,6 +91,48 @@ def sample(conn: sa.Connection, model: Model) -> list[Violation]:
     for task, key, ids in live:
         found.append(Violation("unique_live", tuple(ids), f"{task} key {key} held by {ids}"))
     return found
+
+
+#: How long after its handler ended a job may still be ``running`` with a live lease
+#: without counting against its worker's bound: its completion waits for its thread's group
+#: commit (at most GROUP_MAX_AGE, 50 ms, after the group opened) and the commit itself.
+COMPLETING = timedelta(seconds=1)
+
+
+def worker_bound(conn: sa.Connection, model: Model) -> list[Violation]:
+    """``worker_bound``: no worker holds more running jobs than it may (backpressure).
+
+    A worker holds at most its threads' jobs and those it claimed ahead (the prefetch, or
+    the adaptive buffer's ceiling): ``model.most_held``. Counted, by the jobs' ``worker``
+    column: running jobs with a live lease, except those whose current attempt's handler
+    ended (``mc_ends``) within the last second, whose completion may still wait for its
+    group's commit. A job whose handler ended earlier and that is still running with a live
+    lease is one whose outcome its worker has not recorded, yet is still counted as its.
+    """
+    ended = (
+        sa.select(ends.c.id)
+        .where(
+            ends.c.job_id == j.id,
+            ends.c.attempt == j.attempts,
+            ends.c.at > sa.func.now() - COMPLETING,
+        )
+        .exists()
+    )
+    rows = conn.execute(
+        sa.select(j.worker, sa.func.array_agg(j.id), sa.func.now())
+        .where(j.status == "running", j.visible_at > sa.func.now(), ~ended)
+        .group_by(j.worker)
+        .having(sa.func.count() > model.most_held)
+    ).all()
+    return [
+        Violation(
+            "worker_bound",
+            tuple(sorted(ids)),
+            f"worker {worker} holds {len(ids)} running jobs with live leases at {now}, more"
+            f" than its {model.most_held} (threads + most claimed ahead)",
+        )
+        for worker, ids, now in rows
+    ]
 
 
 # -- at quiescence ---------------------------------------------------------------------------

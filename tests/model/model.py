@@ -55,6 +55,8 @@ class Model:
     found: list[Violation] = field(default_factory=list)
     #: (pid, SIGSTOP at, SIGCONT at or None), database clock.
     stops: list[tuple[int, datetime, datetime | None]] = field(default_factory=list)
+    #: The most running jobs with live leases one worker may hold (``worker_bound``).
+    most_held: int = 0
     #: The clients write from several threads: jobs are added under this lock.
     lock: threading.Lock = field(default_factory=threading.Lock)
 

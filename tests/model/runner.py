@@ -131,8 +131,10 @@ class Sampler(threading.Thread):
                 return
             self.samples += 1
             for v in found:
-                if (v.invariant, v.jobs) not in self.seen:
-                    self.seen.add((v.invariant, v.jobs))
+                # A worker over its bound stays over it for a while: its first sample says it.
+                key = (v.invariant, () if v.invariant == "worker_bound" else v.jobs)
+                if key not in self.seen:
+                    self.seen.add(key)
                     self.model.found.append(v)
 
 
@@ -154,7 +156,11 @@ def run_seed(
     with cloned_database(server, template, prefix="sajq_mc") as url:
         engine = checker_engine(url)
         metadata.create_all(engine)
-        cluster = Cluster.open(url, schedule.network, logdir, schedule.concurrency)
+        cluster = Cluster.open(
+            url, schedule.network, logdir, schedule.concurrency, schedule.prefetch
+        )
+        cluster.bursts_direct = config.bursts_direct
+        model.most_held = cluster.most_held()
         sampler = Sampler(engine, model)
         try:
             ops = Operations(engine, model, cluster)
