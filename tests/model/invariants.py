@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -341,6 +341,93 @@ def cancels_honoured(model: Model, final: Final) -> list[Violation]:
     ]
 
 
+def _in_force(model: Model, queue: str, what: str) -> list[tuple[str, datetime, datetime]]:
+    """The spans during which a rate of ``what`` ("rate" or "key_rate") was surely in force on
+    ``queue`` and unchanged: (rate, from, to), database clock.
+
+    A change committed between its ``before`` and its ``at``. Its rate is surely in force from
+    its ``at`` until the ``before`` of the next change of that rate (or a clear), provided no
+    other change's span overlaps its own (two clients changing one queue at once: which
+    committed last is not known, so neither is trusted). A span runs on to the end if no
+    change follows.
+    """
+    changes = [
+        c
+        for c in model.changes
+        if c.queue == queue and c.what in (what, "clear") and c.before is not None
+    ]
+    spans = []
+    for c in changes:
+        assert c.before is not None
+        if c.what == "clear" or c.value is None:
+            continue
+        others = [o for o in changes if o is not c]
+        if any(o.before <= c.at and o.at >= c.before for o in others if o.before is not None):
+            continue
+        later = [o.before for o in others if o.before is not None and o.before > c.at]
+        spans.append((c.value, c.at, min(later, default=datetime.max.replace(tzinfo=c.at.tzinfo))))
+    return spans
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _windows(rate: str) -> tuple[int, timedelta]:
+    """``"3/0.5s"`` -> (3, 0.5 s): the limit and the period (the mix's rates are in seconds)."""
+    limit, _, period = rate.partition("/")
+    return int(limit), timedelta(seconds=float(period.rstrip("s") or 1))
+
+
+def rates(model: Model, final: Final) -> list[Violation]:
+    """``rates``: at most N attempts of a rate-limited queue start (are claimed) in one window.
+
+    Windows are aligned to the Unix epoch by the database clock; each attempt counts in the
+    window of its claim (``mc_starts.claimed_at``, the job's ``started_at`` read as the
+    handler starts). Only windows that lie wholly in a span when the rate was surely in force
+    and unchanged are checked (see :func:`_in_force`). Attempts claimed but never begun by a
+    handler (a worker killed, a job handed back) are not in the audit: the counts can only be
+    low, never high, so a violation is never a false alarm. ``key_rates``: the same per task
+    and payload key, for a rate per key.
+    """
+    claims: dict[str, list[Any]] = defaultdict(list)
+    seen: set[tuple[int, Any]] = set()
+    for began in final.starts.values():
+        for s in began:
+            if s.claimed_at is not None and (s.job_id, s.claimed_at) not in seen:
+                seen.add((s.job_id, s.claimed_at))
+                claims[s.queue].append(s)
+    found = []
+    for queue, started in claims.items():
+        for what in ("rate", "key_rate"):
+            for rate, since, until in _in_force(model, queue, what):
+                limit, period = _windows(rate)
+                counted: Counter[tuple[Any, ...]] = Counter()
+                ids: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+                for s in started:
+                    # As the claim computes it, exactly: whole periods since the epoch.
+                    window = EPOCH + (s.claimed_at - EPOCH) // period * period
+                    if window < since or window + period > until:
+                        continue
+                    group = (window,) if what == "rate" else (window, s.task, s.key)
+                    counted[group] += 1
+                    ids[group].append(s.job_id)
+                name = "rate windows" if what == "rate" else "key rate windows"
+                model.checked[name] = model.checked.get(name, 0) + len(counted)
+                for group, n in counted.items():
+                    if n > limit:
+                        at = group[0]
+                        found.append(
+                            Violation(
+                                "rates" if what == "rate" else "key_rates",
+                                tuple(ids[group]),
+                                f"queue {queue} {' '.join(map(str, group[1:]))}: {n} starts in"
+                                f" the window of {at} ({rate}, in force unchanged from {since}"
+                                f" to {until})",
+                            )
+                        )
+    return found
+
+
 def registry(model: Model, final: Final, pids: Iterable[int]) -> list[Violation]:
     """Each live worker process appears in the registry once."""
     seen = Counter(w.pid for w in final.workers)
@@ -359,6 +446,7 @@ FINAL_CHECKS: tuple[Callable[[Model, Final], list[Violation]], ...] = (
     kept_results,
     dependency_order,
     cancels_honoured,
+    rates,
 )
 
 

@@ -36,9 +36,11 @@ class Change:
 
     step: int
     queue: str
-    what: str  # "pause", "resume", "cap", "key_cap", "rate", "clear"
+    what: str  # "pause", "resume", "cap", "key_cap", "rate", "key_rate", "clear"
     value: Any
     at: datetime
+    #: The clock read before its transaction began (None: not read): it committed between.
+    before: datetime | None = None
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Model:
     found: list[Violation] = field(default_factory=list)
     #: (pid, SIGSTOP at, SIGCONT at or None), database clock.
     stops: list[tuple[int, datetime, datetime | None]] = field(default_factory=list)
+    #: How much some checks looked at (windows of a rate, ...), for the report's notes.
+    checked: dict[str, int] = field(default_factory=dict)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
     #: The clients write from several threads: jobs are added under this lock.

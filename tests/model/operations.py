@@ -32,6 +32,7 @@ from sa_jobqueue.ops import (
     resume_queue,
     set_queue_concurrency,
     set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from sa_jobqueue.workflows import Call, Dependency
@@ -45,8 +46,9 @@ j = jobs_table.c
 RECENT = 20
 #: A burst's time for its start, its own jobs and its completions, in seconds.
 BURST_BASE = 20.0
-#: A burst's time per job of its queues not ended at its start (the mix's slowest rate).
-BURST_PER_JOB = 0.2
+#: A burst's time per job of its queues not ended at its start (the mix's slowest rate, 2/s
+#: per key).
+BURST_PER_JOB = 0.5
 
 
 def burst_bound(backlog: int) -> float:
@@ -346,8 +348,8 @@ class Operations:
         completions, and rate windows that open within 10 s; it exits at once on a pause, on
         other workers' slots, on dependencies, on jobs not due. The bound gives it 20 s for
         all that and its start (import, connect: seconds on a loaded 2-core machine), and
-        0.2 s more per job of its queues not ended at its start (the slowest rate of the mix,
-        5/s, starts one every 0.2 s).
+        0.5 s more per job of its queues not ended at its start (the slowest rate of the mix,
+        2/s per key, starts one every 0.5 s).
         """
         assert self.cluster is not None
         queues = step.args["queues"]
@@ -421,9 +423,12 @@ class Operations:
     # -- queues -----------------------------------------------------------------------------
 
     def _change(self, step: Step, what: str, value: Any, call: Callable[[Session], Any]) -> str:
+        before = self.clock()
         with Session(self.engine) as session, session.begin():
             said = call(session)
-        self.model.changes.append(Change(step.index, step.args["queue"], what, value, self.clock()))
+        self.model.changes.append(
+            Change(step.index, step.args["queue"], what, value, self.clock(), before)
+        )
         return f"{step.args['queue']}: {said}"
 
     def op_pause(self, step: Step) -> str:
@@ -447,6 +452,12 @@ class Operations:
     def op_set_rate(self, step: Step) -> str:
         q, rate = step.args["queue"], step.args["rate"]
         return self._change(step, "rate", rate, lambda s: set_queue_rate(s, q, rate))
+
+    def op_set_key_rate(self, step: Step) -> str:
+        q, rate = step.args["queue"], step.args["rate"]
+        return self._change(
+            step, "key_rate", rate, lambda s: set_queue_key_rate(s, q, rate, key="k")
+        )
 
     def op_clear_limits(self, step: Step) -> str:
         q = step.args["queue"]

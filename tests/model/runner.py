@@ -189,7 +189,10 @@ def run_seed(
                 final = invariants.Final.read(conn)
             violations = list(model.found) + invariants.at_quiescence(model, final, pids)
             violations += _exits(cluster)
-            notes.append(f"{sampler.samples} samples; quiescence bound {bound:.0f}s; logs {logdir}")
+            checked = "".join(f"; {n} {what} checked" for what, n in model.checked.items())
+            notes.append(
+                f"{sampler.samples} samples{checked}; quiescence bound {bound:.0f}s; logs {logdir}"
+            )
         finally:
             sampler.halt.set()
             cluster.close()

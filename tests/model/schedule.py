@@ -36,6 +36,7 @@ OPERATIONS: Mapping[str, int] = {
     "set_cap": 4,
     "set_key_cap": 2,
     "set_rate": 2,
+    "set_key_rate": 2,
     "clear_limits": 3,
     "wait_result": 3,
     "race_deps": 3,
@@ -394,6 +395,8 @@ def _op_args(
         return {"queue": rng.choice(QUEUES), "cap": rng.choice([None, 1, 2, 3])}
     if kind == "set_key_cap":
         return {"queue": rng.choice(QUEUES), "cap": rng.choice([None, 1, 2])}
+    if kind == "set_key_rate":
+        return {"queue": rng.choice(QUEUES), "rate": rng.choice([None, "2/s", "1/0.5s", "4/2s"])}
     if kind == "set_rate":
         return {"queue": rng.choice(QUEUES), "rate": rng.choice([None, "5/s", "3/0.5s", "20/2s"])}
     raise ValueError(f"unknown operation {kind}")
