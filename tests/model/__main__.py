@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         help="all (default), ci, or name=weight,... to change weights",
     )
     parser.add_argument(
+        "--fault-rate", type=float, default=0.07, help="the chance that a step is a fault"
+    )
+    parser.add_argument(
         "--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 800, under a lease)"
     )
     parser.add_argument(
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         operations=args.ops,
         plans=CI_PLANS if args.ci_plans else PLANS,
         max_stop_ms=args.max_stop_ms,
+        fault_rate=args.fault_rate,
         prefetch=args.prefetch,
         bursts_direct=args.ci_plans,
         unique_with_deps=not args.ci_plans,
@@ -202,6 +206,8 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --faults " + (",".join(sorted(args.faults)) or "none")
     if args.ci_plans:
         flags += " --ci-plans"
+    if args.fault_rate != 0.07:
+        flags += f" --fault-rate {args.fault_rate}"
     if args.prefetch != PREFETCH:
         flags += " --prefetch " + ",".join(
             "adaptive" if p is None else str(p) for p in args.prefetch

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR
-from tests.helpers.databases import url_string
+from tests.helpers.databases import admin_engine, url_string
 from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
@@ -179,6 +180,8 @@ class Cluster:
     prefetch: int | None = None
     #: Burst workers reach the database directly, not through the proxy or the pooler.
     bursts_direct: bool = False
+    #: The login role of the workers (not the bursts), when not the server's user.
+    role: str | None = None
     proxy: FaultProxy | None = None
     bouncer: PgBouncer | None = None
     workers: list[WorkerProc] = field(default_factory=list)
@@ -197,11 +200,14 @@ class Cluster:
         return cluster
 
     def worker_url(self) -> URL:
+        database = self.database
+        if self.role is not None:
+            database = database.set(username=self.role, password=None)
         if self.proxy is not None:
-            return self.proxy.url(self.database)
+            return self.proxy.url(database)
         if self.bouncer is not None:
-            return self.bouncer.url(self.database)
-        return self.database
+            return self.bouncer.url(self.database)  # its auth file knows the server's user
+        return database
 
     def start_worker(self, burst: list[str] | None = None) -> WorkerProc:
         """Start a worker of every queue, or with ``burst``, a burst worker of those queues."""
@@ -292,6 +298,61 @@ class Cluster:
 
     def output(self, worker: WorkerProc) -> str:
         return worker.log.read_text(errors="replace")[-6000:]
+
+
+@contextlib.contextmanager
+def worker_role(server: URL, database: URL) -> Iterator[str]:
+    """A login role of the seed's own for its workers, with the rights they use in the seed's
+    database and no connection limit yet; dropped at the end (after the database is).
+
+    The ``conn_limit`` fault lowers its CONNECTION LIMIT, so that the real server refuses
+    the workers' new connections ("too many connections for role"), with no server setting
+    touched: the role is the seed's, and so is what it may reach.
+    """
+    role = f"{database.database}_w"
+    admin = admin_engine(server)
+    seed = admin_engine(database)
+    try:
+        with admin.connect() as conn:
+            quoted = conn.dialect.identifier_preparer.quote(role)
+            db = conn.dialect.identifier_preparer.quote(str(database.database))
+            conn.execute(sa.text(f"CREATE ROLE {quoted} LOGIN"))
+            conn.execute(sa.text(f"GRANT CONNECT ON DATABASE {db} TO {quoted}"))
+        with seed.connect() as conn:
+            conn.execute(sa.text(f"GRANT USAGE ON SCHEMA public TO {quoted}"))
+            conn.execute(sa.text(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {quoted}"))
+            conn.execute(sa.text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {quoted}"))
+        seed.dispose()
+        yield role
+    finally:
+        with seed.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"
+                ),
+                {"r": role},
+            )
+            # Its rights in the seed's database and on the database itself: then it can go.
+            conn.execute(sa.text(f"DROP OWNED BY {quoted}"))
+        seed.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {quoted}"))
+        admin.dispose()
+
+
+def set_connection_limit(engine: sa.Engine, role: str, limit: int | None) -> int:
+    """Set ``role``'s CONNECTION LIMIT: ``limit``, or its connections now when ``limit`` is 0
+    (no new one), or none when None. Returns the limit set (-1: none)."""
+    with engine.connect() as conn:
+        if limit == 0:
+            limit = conn.execute(
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE usename = :r"), {"r": role}
+            ).scalar_one()
+        value = -1 if limit is None else int(limit)
+        quoted = conn.dialect.identifier_preparer.quote(role)
+        conn.execute(sa.text(f"ALTER ROLE {quoted} CONNECTION LIMIT {value}"))
+        conn.commit()
+    return value
 
 
 def checker_engine(database: URL) -> sa.Engine:

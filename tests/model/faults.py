@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from sa_jobqueue.models import workers_table
-from tests.model.cluster import Cluster, WorkerProc, restart_bouncer
+from tests.model.cluster import Cluster, WorkerProc, restart_bouncer, set_connection_limit
 from tests.model.model import Model
 from tests.model.schedule import Step
 
@@ -142,6 +142,34 @@ class Faults:
             (time.monotonic() + step.args["ms"] / 1000, lambda: proxy.refuse(False))
         )
         return f"refusing for {step.args['ms']} ms"
+
+    def fault_conn_limit(self, step: Step) -> str:
+        """The workers' role may open no new connection for a while: the server refuses them
+        ("too many connections for role"). The ones open now go on, but one of them (the
+        step's ``pick``) is ended, so that a worker must reconnect into the refusals."""
+        role = self.cluster.role
+        assert role is not None
+        limit = set_connection_limit(self.engine, role, 0)
+        with self.engine.connect() as conn:
+            pids = list(
+                conn.execute(
+                    sa.text(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = :r"
+                        " AND application_name = 'sa_jobqueue' ORDER BY pid"
+                    ),
+                    {"r": role},
+                ).scalars()
+            )
+            if pids:
+                pid = pids[step.args["pick"] % len(pids)]
+                conn.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+        self.pending.append(
+            (
+                time.monotonic() + step.args["ms"] / 1000,
+                lambda: set_connection_limit(self.engine, role, None) and None,
+            )
+        )
+        return f"role {role} limited to its {limit} connections for {step.args['ms']} ms"
 
     def fault_bouncer_restart(self, step: Step) -> str:
         assert self.cluster.bouncer is not None

@@ -20,6 +20,7 @@ Phases:
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import tempfile
 import threading
@@ -36,7 +37,7 @@ from sa_jobqueue.models import jobs_table, workers_table
 from sa_jobqueue.ops import resume_queue
 from tests.helpers.databases import cloned_database
 from tests.model import invariants
-from tests.model.cluster import QUEUES, Cluster, checker_engine
+from tests.model.cluster import QUEUES, Cluster, checker_engine, worker_role
 from tests.model.faults import Faults
 from tests.model.model import Change, Model, Violation
 from tests.model.operations import Operations
@@ -153,12 +154,15 @@ def run_seed(
     model = Model()
     notes: list[str] = []
     logdir = logs or Path(tempfile.mkdtemp(prefix=f"sajq-mc-{seed}-"))
-    with cloned_database(server, template, prefix="sajq_mc") as url:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(cloned_database(server, template, prefix="sajq_mc"))
         engine = checker_engine(url)
         metadata.create_all(engine)
         cluster = Cluster.open(
             url, schedule.network, logdir, schedule.concurrency, schedule.prefetch
         )
+        if schedule.network != "bouncer":  # the workers log in as a role of the seed's own
+            cluster.role = stack.enter_context(worker_role(server, url))
         cluster.bursts_direct = config.bursts_direct
         model.most_held = cluster.most_held()
         sampler = Sampler(engine, model)

@@ -57,11 +57,14 @@ FAULTS = (
     "blackhole",
     "refuse",
     "bouncer_restart",
+    "conn_limit",
 )
 #: The faults of the CI run. Left out until their defects are fixed: ``blackhole`` (a
 #: silent connection has no deadline: the worker hangs on it) and ``bouncer_restart``
 #: (a PgBouncer restart poisons the worker's pooled connections).
-CI_FAULTS = frozenset({"sigkill", "sigstop", "terminate", "restart", "start_worker", "refuse"})
+CI_FAULTS = frozenset(
+    {"sigkill", "sigstop", "terminate", "restart", "start_worker", "refuse", "conn_limit"}
+)
 #: The operations of the CI run (lower a weight to 0 to leave one out). Left out until its
 #: defect is fixed: ``race_deps`` (enqueues sharing dependencies, named in different orders,
 #: deadlock at their commit: DeadlockDetected).
@@ -230,6 +233,8 @@ def _fits(fault: str, network: str) -> bool:
         return network == "proxy"
     if fault == "bouncer_restart":
         return network == "bouncer"
+    if fault == "conn_limit":  # PgBouncer's auth file knows the server's user only
+        return network != "bouncer"
     return True
 
 
@@ -238,6 +243,8 @@ def _fault_args(rng: random.Random, kind: str, config: Config) -> dict[str, Any]
         return {"pick": rng.randrange(1000), "ms": rng.randint(200, config.max_stop_ms)}
     if kind == "refuse":
         return {"ms": rng.randint(300, 2500)}
+    if kind == "conn_limit":
+        return {"pick": rng.randrange(1000), "ms": rng.randint(300, 2500)}
     if kind in ("sigkill", "restart", "stop_worker"):
         return {"pick": rng.randrange(1000)}
     return {}
