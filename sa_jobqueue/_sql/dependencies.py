@@ -41,6 +41,7 @@ from ..models import (
     dependencies_table,
     jobs_table,
 )
+from .arrays import id_array
 
 #: The SQL function that settles the dependents of jobs that ended (revision sajq_0012).
 SETTLE_FUNCTION: Final = "sa_jobqueue_settle"
@@ -88,7 +89,7 @@ def lock_dependencies() -> Select[Any]:
     worker renew its lease and end it."""
     return (
         select(j.id, j.status)
-        .where(j.id == func.any(bindparam("depends_on", type_=ARRAY(BigInteger))))
+        .where(j.id == func.any(id_array("depends_on")))
         .order_by(j.id)
         .with_for_update(read=True, key_share=True)  # FOR KEY SHARE
     )
@@ -103,7 +104,7 @@ def add_edges() -> Insert:
     in the same transaction, which nobody else can see, let alone end)."""
     deps = (
         func.unnest(
-            bindparam("depends_on", type_=ARRAY(BigInteger)),
+            id_array("depends_on"),
             bindparam("on_failure", type_=ARRAY(Text)),
             bindparam("pending", type_=ARRAY(Boolean)),
             bindparam("recheck", type_=ARRAY(Boolean)),
@@ -111,11 +112,7 @@ def add_edges() -> Insert:
         .table_valued("dep", "policy", "unmet", "again", name="d")
         .render_derived()
     )
-    jobs = (
-        func.unnest(bindparam("job_ids", type_=ARRAY(BigInteger)))
-        .table_valued("new_id", name="n")
-        .render_derived()
-    )
+    jobs = func.unnest(id_array("job_ids")).table_valued("new_id", name="n").render_derived()
     rows = select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again).select_from(
         jobs.join(deps, true())
     )
@@ -133,7 +130,7 @@ def hold_back() -> Update:
     ends = status == CANCELLED
     return (
         update(jobs_table)
-        .where(j.id == func.any(bindparam("job_ids", type_=ARRAY(BigInteger))))
+        .where(j.id == func.any(id_array("job_ids")))
         .values(
             status=status,
             finished_at=case((ends, func.now()), else_=None),
