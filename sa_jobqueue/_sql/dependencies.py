@@ -86,7 +86,8 @@ def settling(stmt: Update, name: str = "ended") -> Select[Any]:
 def lock_dependencies() -> Select[Any]:
     """The jobs of ``:depends_on`` that exist, with their status, each kept from deletion (and
     from a change of its key) until the enqueue commits: ``FOR KEY SHARE``, which lets its
-    worker renew its lease and end it."""
+    worker renew its lease and end it. Locked in id order (the ORDER BY sorts below the
+    locking step), whatever order the caller named them in."""
     return (
         select(j.id, j.status)
         .where(j.id == func.any(id_array("depends_on")))
@@ -101,7 +102,8 @@ def add_edges() -> Insert:
     ``:pending`` (that dependency had not ended when it was locked) and ``:recheck`` parallel
     to it. An edge with ``recheck`` is looked at again as the enqueue commits: the job it names
     may end meanwhile, in a statement that cannot see this edge yet (not so for a job enqueued
-    in the same transaction, which nobody else can see, let alone end)."""
+    in the same transaction, which nobody else can see, let alone end). The check locks the
+    dependency FOR SHARE (revision ``sajq_0013``): checks of other enqueues never wait for it."""
     deps = (
         func.unnest(
             id_array("depends_on"),
@@ -113,8 +115,13 @@ def add_edges() -> Insert:
         .render_derived()
     )
     jobs = func.unnest(id_array("job_ids")).table_valued("new_id", name="n").render_derived()
-    rows = select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again).select_from(
-        jobs.join(deps, true())
+    # In dependency id order: the commit's checks (a deferred trigger per edge, fired in the
+    # order the edges were inserted) then lock the dependencies ascending, as the enqueue's
+    # own lock did (see lock_dependencies).
+    rows = (
+        select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again)
+        .select_from(jobs.join(deps, true()))
+        .order_by(deps.c.dep, jobs.c.new_id)
     )
     return insert(dependencies_table).from_select(
         ["job_id", "depends_on", "on_failure", "pending", "recheck"], rows

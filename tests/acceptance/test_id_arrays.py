@@ -49,4 +49,5 @@ def test_waiting_for_results_of_ids_across_a_type_boundary(engine: sa.Engine, la
     assert [o.status for o in outcomes] == ["cancelled", "cancelled"]
     with Session(engine) as session:
         found = queue.get_result(session, high)
-    assert found is not None and found.status == "cancelled"
+    assert found is not None
+    assert found.status == "cancelled"
