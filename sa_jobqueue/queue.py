@@ -264,14 +264,14 @@ class JobQueue:
         transaction stays usable. Never commits and never flushes the session.
 
         ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
-        a queued or running job of the same task holds this key, nothing is added and the
-        returned id is that job's, with ``.created`` False. What happens to that job is the
+        a waiting, queued or running job of the same task holds this key, nothing is added and
+        the returned id is that job's, with ``.created`` False. What happens to that job is the
         ``unique_mode`` (default: the task's): ``"skip"`` leaves it as it is; ``"replace"``
         gives it, if it is queued, this call's payload, priority and due time; ``"debounce"``
         does the same but never moves its due time earlier. Then ``.updated`` is True. A
-        running job is never changed. A job that has finished (succeeded, dead, cancelled)
-        holds no key, unless a ``unique_period`` (default: the task's) holds it for the rest
-        of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
+        waiting or running job is never changed. A job that has finished (succeeded, dead,
+        cancelled) holds no key, unless a ``unique_period`` (default: the task's) holds it for the
+        rest of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
         taken by a transaction that committed after yours began raises a serialization error
         instead (retry the transaction). See the unique jobs how-to for the whole story.
 
@@ -637,9 +637,10 @@ class JobQueue:
         """Put a ``dead`` job back in its queue, due now, in the caller's transaction.
 
         True if the job was dead and is queued again; False (nothing changed) if it is not
-        dead, does not exist, or its unique key is now held by another queued or running job
-        of its task. ``finished_at`` is cleared; ``last_error`` is kept until the next attempt
-        records its own outcome. Never commits; one NOTIFY wakes the queue's workers at commit.
+        dead, does not exist, or its unique key is now held by another waiting, queued or
+        running job of its task. ``finished_at`` is cleared; ``last_error`` is kept until the
+        next attempt records its own outcome. Never commits; one NOTIFY wakes the queue's
+        workers at commit.
 
         ``attempts="extend"`` (the default) keeps the attempts already made and raises
         ``max_attempts`` by its current value: a job that used up 5 of 5 may run 5 more times
