@@ -540,10 +540,9 @@ class JobQueue:
             trace = self._traced()
 
             def through(conn: Connection) -> list[Enqueued]:
-                chain = functools.partial(
-                    self._through, conn, task, payloads, unique_keys, options, insert, trace
+                return self._through(
+                    conn, task, payloads, unique_keys, options, insert, trace, edges, new
                 )
-                return enqueue_with(conn, edges, chain, new)
 
             return through
         jobs = self._new_jobs(task, payloads, unique_keys, options)
@@ -596,14 +595,23 @@ class JobQueue:
         unique_keys: Sequence[str | None] | None,
         options: Mapping[str, Any],
         insert: Callable[[Connection, NewJobs], list[Enqueued]],
-        trace: Callable[[], str | None] | None = None,
+        trace: Callable[[], str | None] | None,
+        edges: list[Dependency],
+        new: frozenset[int],
     ) -> list[Enqueued]:
-        """Enqueue through the middleware: each may change the call, or refuse it."""
+        """Enqueue through the middleware: each may change the call, or refuse it.
+
+        The middleware runs before any of the queue's SQL: the dependencies are locked (and an
+        unknown one refused) at the end of the chain, on the connection the call then names,
+        just before the insert."""
 
         def proceed(call: Enqueueing) -> list[Enqueued]:
             keys = None if call.unique_keys is None else list(call.unique_keys)
-            new = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
-            return insert(call.connection, new) if call.payloads else []
+            jobs = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
+            if not call.payloads:
+                return []
+            conn = call.connection
+            return enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
         found = self._registry.lookup(task)
         call = Enqueueing(found, tuple(payloads), unique_keys, dict(options), conn)
