@@ -278,7 +278,10 @@ class JobQueue:
         ``depends_on``: job ids (or :class:`~sa_jobqueue.workflows.Dependency` edges) the job
         waits for: it is ``waiting`` until they have all ended, then runs; one that ends dead
         or cancelled cancels it unless its edge says ``on_failure="run"``. An id with no job
-        raises UnknownJobError before the job is inserted. See :mod:`sa_jobqueue.workflows`.
+        raises UnknownJobError before the job is inserted. Under REPEATABLE READ or
+        SERIALIZABLE, a dependency that changed after your transaction's snapshot raises a
+        serialization error, at the enqueue or at commit: retry the transaction. See
+        :mod:`sa_jobqueue.workflows`.
         """
         options = _given(
             run_at=run_at,

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue._sql import claiming, transitions
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.workflows import Call
 
@@ -106,3 +107,50 @@ def test_transactions_of_several_enqueues_never_deadlock(engine: sa.Engine, shap
 
     outcomes = hammer(engine, enqueue, rounds=25)
     assert outcomes == Counter(ok=THREADS * 25)
+
+
+def claim(engine: sa.Engine, job_id: int) -> int:
+    with engine.begin() as conn:
+        params = {"from_queue": "locks", "limit": 1, "worker": "w"}
+        (row,) = conn.execute(claiming.claim(), params).all()
+    assert row.id == job_id
+    return int(row.attempts)
+
+
+def serialization_failure(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None)
+    return isinstance(orig, psycopg.errors.SerializationFailure)
+
+
+@pytest.mark.parametrize("when", ["at the enqueue", "at commit"])
+def test_under_repeatable_read_a_dependency_changed_meanwhile_fails_the_transaction(
+    engine: sa.Engine, when: str
+) -> None:
+    """As any write conflict at that level: a serialization failure, the transaction rolled
+    back, and the retry (a new snapshot) succeeds."""
+    queue = make_queue()
+    (dep,) = pending(engine, queue, 1)
+    repeatable = engine.execution_options(isolation_level="REPEATABLE READ")
+    attempt = claim(engine, dep) if when == "at commit" else 0
+    session = Session(repeatable)
+    session.begin()
+    session.execute(sa.select(1))  # the snapshot is taken
+    if when == "at the enqueue":
+        claim(engine, dep)  # committed after the snapshot
+        with pytest.raises(sa.exc.OperationalError) as raised:
+            queue.enqueue(session, "step", {}, depends_on=[dep])
+    else:
+        queue.enqueue(session, "step", {}, depends_on=[dep])  # running: it waits
+        # Its completion commits after the snapshot, before the enqueue commits.
+        with engine.begin() as conn:
+            params = {"job_ids": [dep], "attempt_list": [attempt]}
+            assert len(conn.execute(transitions.complete_many(), params).all()) == 1
+        with pytest.raises(sa.exc.OperationalError) as raised:
+            session.commit()
+    assert serialization_failure(raised.value)
+    session.close()
+    with Session(repeatable) as session, session.begin():  # the retry
+        again = queue.enqueue(session, "step", {}, depends_on=[dep])
+    with engine.connect() as conn:
+        status = conn.execute(sa.select(j.status).where(j.id == again)).scalar_one()
+    assert status == ("waiting" if when == "at the enqueue" else "queued")
