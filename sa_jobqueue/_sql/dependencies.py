@@ -2,9 +2,10 @@
 
 Every statement that ends jobs (success, death, cancellation, on any path) settles their
 dependents in the same statement, through the function ``sa_jobqueue_settle`` (revision
-``sajq_0012``): :func:`settling` wraps such an UPDATE. Enqueue adds edges with
-:func:`add_edges`, after :func:`lock_dependencies` found every job named and kept it from
-being deleted until the enqueue commits.
+``sajq_0012``; since ``sajq_0013`` it cancels a job it cannot queue for its unique key rather
+than fail): :func:`settling` wraps such an UPDATE. Enqueue adds edges with :func:`add_edges`,
+after :func:`lock_dependencies` found every job named and kept it from being deleted until the
+enqueue commits.
 """
 
 from __future__ import annotations
