@@ -43,7 +43,8 @@ BEGIN
         SELECT w.id, (
             SELECT h.id FROM sa_jobqueue_jobs h
             WHERE h.task = w.task AND h.unique_key = w.unique_key AND h.id <> w.id
-              AND (h.status IN ('queued', 'running') OR (h.status = 'waiting' AND h.id < w.id))
+              AND h.unique_key IS NOT NULL AND h.status IN ('waiting', 'queued', 'running')
+              AND (h.status <> 'waiting' OR h.id < w.id)
             ORDER BY h.status = 'waiting', h.id
             LIMIT 1
         ) AS holder
@@ -124,7 +125,9 @@ BEGIN
         SELECT array_agg(id) INTO ended FROM gone;
         -- A job ready to run whose key another live job of its task holds: the one that holds
         -- it under the index's rule, queued or running, or else a waiting one enqueued before
-        -- it (two duplicates released together: the first keeps the key).
+        -- it (two duplicates released together: the first keeps the key). The lookups repeat
+        -- the unique index's predicate word for word, so each is one probe of that index
+        -- (without it, PostgreSQL read the whole table for every keyed job released).
         WITH blocked AS (
             UPDATE sa_jobqueue_jobs j
             SET status = 'cancelled', finished_at = now(), worker = NULL,
@@ -133,8 +136,9 @@ BEGIN
                     'message', 'its unique key is held by job ' || (
                         SELECT h.id FROM sa_jobqueue_jobs h
                         WHERE h.task = j.task AND h.unique_key = j.unique_key AND h.id <> j.id
-                          AND (h.status IN ('queued', 'running')
-                               OR (h.status = 'waiting' AND h.id < j.id))
+                          AND h.unique_key IS NOT NULL
+                          AND h.status IN ('waiting', 'queued', 'running')
+                          AND (h.status <> 'waiting' OR h.id < j.id)
                         ORDER BY h.status = 'waiting', h.id
                         LIMIT 1
                     )
@@ -146,8 +150,9 @@ BEGIN
               AND EXISTS (
                   SELECT 1 FROM sa_jobqueue_jobs h
                   WHERE h.task = j.task AND h.unique_key = j.unique_key AND h.id <> j.id
-                    AND (h.status IN ('queued', 'running')
-                         OR (h.status = 'waiting' AND h.id < j.id))
+                    AND h.unique_key IS NOT NULL
+                    AND h.status IN ('waiting', 'queued', 'running')
+                    AND (h.status <> 'waiting' OR h.id < j.id)
               )
             RETURNING j.id
         )
