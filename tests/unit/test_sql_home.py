@@ -155,3 +155,16 @@ def test_the_scan_recognises_statement_builders(source: str, kind: str | None) -
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     kinds = {_kind(call, names) for call in calls} - {None}
     assert kinds == ({kind} if kind else set())
+
+
+def test_every_bound_id_or_attempt_array_takes_the_one_explicit_type() -> None:
+    """An ``ARRAY(BigInteger)``/``ARRAY(Integer)`` bind of its own would let psycopg size the
+    array by one ``Enqueued`` element (see ``_sql/arrays.py``): they all go through it."""
+    bare = [
+        f"{path.name}:{n}"
+        for path in sorted((PACKAGE / "_sql").glob("*.py"))
+        if path.name != "arrays.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "bindparam(" in line and ("ARRAY(BigInteger)" in line or "ARRAY(Integer)" in line)
+    ]
+    assert bare == []
