@@ -104,7 +104,9 @@ class Discard(Exception):
 
     No later attempt runs, whatever attempts are left. The reason is kept in ``last_error``
     (type ``sa_jobqueue.tasks.Discard``), and the job can be requeued like any dead job. The
-    handler's writes through ``ctx.session`` are rolled back.
+    handler's writes through ``ctx.session`` are rolled back. A job whose cancellation was
+    requested (``ctx.cancel_requested``) ends ``cancelled`` instead, as ``JobQueue.cancel``
+    promises, with the reason still kept.
     """
 
     def __init__(self, reason: str) -> None:

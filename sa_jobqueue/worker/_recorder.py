@@ -309,12 +309,22 @@ class Recorder:
         self.reports.report(job.id, job.attempts, Outcome.LOST, exc)
 
     def unrunnable(self, job: Claimed, exc: Exception) -> None:
-        """A job no attempt could run (unknown task, undecodable payload): straight to dead."""
+        """A job no attempt could run (unknown task, undecodable payload): straight to dead,
+        or cancelled if its cancellation was requested meanwhile."""
         with self._single.connect() as conn:
-            conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
-        log.error("job %d: %s; moved to dead", job.id, exc)
+            row = conn.execute(
+                transitions.bury(), {**_fence(job), "error": error_json(exc)}
+            ).one_or_none()
+        status = None if row is None else row.status
+        outcome = {None: Outcome.LOST, CANCELLED: Outcome.CANCELLED}.get(status, Outcome.DEAD)
+        if outcome is Outcome.DEAD:
+            log.error("job %d: %s; moved to dead", job.id, exc)
+        elif outcome is Outcome.CANCELLED:
+            log.info("job %d: %s; it was cancelled", job.id, exc)
+        else:
+            log.warning("job %d: %s; attempt %d had lost its lease", job.id, exc, job.attempts)
         if self.reports.observe:
-            self.reports.observe.finished(job.run(), Outcome.DEAD.value, None, exc)
+            self.reports.observe.finished(job.run(), outcome.value, None, exc)
 
     # -- failure ----------------------------------------------------------------------------
 
