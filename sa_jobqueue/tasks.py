@@ -321,8 +321,11 @@ class JobContext:
 
     @property
     def stop_requested(self) -> bool:
-        """True once this attempt should stop early: its lease was lost, it ran past its
-        timeout, or the job was cancelled. Nothing it does afterwards can complete the job."""
+        """True once this attempt should stop early: its lease was lost (it expired, or the
+        job was claimed again), it ran past its timeout, or the job was cancelled. Nothing it
+        does afterwards can complete the job, but for one case: a lease that merely expired,
+        with no worker having claimed the job again yet (the fence names the attempt, not the
+        lease), completes it."""
         return self._stop
 
     @property

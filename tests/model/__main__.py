@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no discard, no unique key with dependencies",
+        help="the CI run's handlers and jobs: no unique key with dependencies",
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
