@@ -128,7 +128,9 @@ class Discard(Exception):
 
     No later attempt runs, whatever attempts are left. The reason is kept in ``last_error``
     (type ``sa_jobqueue.tasks.Discard``), and the job can be requeued like any dead job. The
-    handler's writes through ``ctx.session`` are rolled back.
+    handler's writes through ``ctx.session`` are rolled back. A job whose cancellation was
+    requested (``ctx.cancel_requested``) ends ``cancelled`` instead, as ``JobQueue.cancel``
+    promises, with the reason still kept.
     """
 
     def __init__(self, reason: str) -> None:
@@ -344,8 +346,11 @@ class JobContext:
 
     @property
     def stop_requested(self) -> bool:
-        """True once this attempt should stop early: its lease was lost, it ran past its
-        timeout, or the job was cancelled. Nothing it does afterwards can complete the job."""
+        """True once this attempt should stop early: its lease was lost (it expired, or the
+        job was claimed again), it ran past its timeout, or the job was cancelled. Nothing it
+        does afterwards can complete the job, but for one case: a lease that merely expired,
+        with no worker having claimed the job again yet (the fence names the attempt, not the
+        lease), completes it."""
         return self._stop
 
     @property

@@ -316,12 +316,24 @@ class Recorder:
         self._record_failure(job, Fail(exc), unknown_task_policy(job))
 
     def unrunnable(self, job: Claimed, exc: Exception) -> None:
-        """A job no attempt could run (an undecodable payload): straight to dead."""
+        """A job no attempt could run (an undecodable payload): straight to dead, or
+        cancelled if its cancellation was requested meanwhile."""
         with self._single.connect() as conn:
-            conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
-        log.error("job %d: %s; moved to dead", job.id, one_line(exc))
+            row = conn.execute(
+                transitions.bury(), {**_fence(job), "error": error_json(exc)}
+            ).one_or_none()
+        status = None if row is None else row.status
+        outcome = {None: Outcome.LOST, CANCELLED: Outcome.CANCELLED}.get(status, Outcome.DEAD)
+        if outcome is Outcome.DEAD:
+            log.error("job %d: %s; moved to dead", job.id, one_line(exc))
+        elif outcome is Outcome.CANCELLED:
+            log.info("job %d: %s; it was cancelled", job.id, one_line(exc))
+        else:
+            log.warning(
+                "job %d: %s; attempt %d had lost its lease", job.id, one_line(exc), job.attempts
+            )
         if self.reports.observe:
-            self.reports.observe.finished(job.run(), Outcome.DEAD.value, None, exc)
+            self.reports.observe.finished(job.run(), outcome.value, None, exc)
 
     # -- failure ----------------------------------------------------------------------------
 

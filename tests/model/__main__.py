@@ -113,13 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         default=dict(OPERATIONS),
         help="all (default), or name=weight,... to change weights",
     )
-    parser.add_argument(
-        "--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 800, under a lease)"
-    )
+    parser.add_argument("--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 2500)")
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no discard, no unique key with dependencies",
+        help="the CI run's handlers and jobs: no unique key with dependencies",
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
