@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
@@ -132,10 +132,13 @@ class Runner:
     def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
         try:
             return self._execute_fenced(job, here)
-        except (DBAPIError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
+        except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
+            # Most likely the connection was lost: the thread must go on serving jobs with a
+            # fresh one, whatever state this one was left in.
             self._recorder.unrecorded(job, exc)
             if here.group is not None:
                 self._groups.commit(here)  # keep what the group completed before, if it can
+            drop_connection(here)
         except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
             log.exception("job %d: internal error while running it", job.id)
         return None
@@ -352,7 +355,7 @@ class Runner:
                     failure = exc
                 self._ran(job, run, time.monotonic() - started)
                 await self._settle_async(job, task, ctx, failure)
-        except (DBAPIError, psycopg.Error) as exc:
+        except (SQLAlchemyError, psycopg.Error) as exc:
             self._recorder.unrecorded(job, exc)
         except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
             log.exception("job %d: internal error while running it", job.id)

@@ -133,7 +133,29 @@ def deadline(conn: Connection) -> contextlib.AbstractContextManager[None]:
     return DEADLINES.guard(conn.connection.dbapi_connection)
 
 
+def broken(conn: Connection) -> bool:
+    """Whether the connection was lost: invalidated, closed, or its socket gone.
+
+    Never raises, whatever state the connection is in: a job thread asks it to decide whether
+    to throw its connection away. Savepoints go straight to the driver (see
+    :class:`_KeptSavepoints`), so a connection lost under one is known to psycopg before
+    SQLAlchemy hears of it: both are asked.
+    """
+    if conn.closed or conn.invalidated:
+        return True
+    try:
+        driver = conn.connection.driver_connection
+    except Exception:  # SQLAlchemy refuses to reach it (an invalid transaction pending)
+        return True
+    return driver is None or bool(driver.closed) or bool(getattr(driver, "broken", False))
+
+
 def aborted(conn: Connection) -> bool:
-    """Whether the connection's transaction is in error: only a rollback is accepted now."""
+    """Whether the connection's transaction is in error: only a rollback is accepted now.
+
+    False for a connection that was lost (see :func:`broken`): there is nothing to roll back.
+    """
+    if broken(conn):
+        return False
     driver = conn.connection.driver_connection
     return bool(driver is not None and driver.info.transaction_status == TransactionStatus.INERROR)

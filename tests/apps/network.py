@@ -4,12 +4,14 @@
 job's completion. ``touch`` writes nothing to the database; it appends ``job_id attempt pid``
 to the file named by ``SAJQ_TEST_RUNS_FILE``, so every execution is counted even where the
 database cannot be reached (each line is one ``write(2)`` on an ``O_APPEND`` descriptor, which
-concurrent processes never interleave).
+concurrent processes never interleave). ``write_briefly`` is ``write`` with a lease of a few
+seconds, for tests that wait for lost jobs to be reclaimed.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,3 +42,11 @@ def touch(ctx: JobContext, payload: Any) -> None:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+@queue.task(lease=timedelta(seconds=4))
+def write_briefly(ctx: JobContext, payload: Any) -> None:
+    """``write`` with a short lease: a job whose outcome was lost is reclaimed within seconds."""
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )

@@ -1,0 +1,140 @@
+"""Connections that fail under running workers: the worker stays live, every job still ends.
+
+Real ``sa-jobqueue worker`` subprocesses drain jobs that write through ``ctx.session`` while
+the test breaks their connections: ``pg_terminate_backend`` on direct connections, a PgBouncer
+restart behind ``--pooler transaction``. Each job must end ``succeeded`` within a bound, with
+its effect written exactly once; no handler thread may be left unable to run jobs.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from sa_jobqueue.database import create_engine
+from sa_jobqueue.models import jobs_table
+from tests.apps import network
+from tests.helpers.jobs import statuses
+from tests.helpers.poolers import PGBOUNCER, PgBouncer
+from tests.helpers.processes import WorkerApp, Workers
+
+WORKER_APP = WorkerApp("tests.apps.network:queue", log_level="INFO")
+TABLES = network.metadata
+j = jobs_table.c
+
+needs_pgbouncer = pytest.mark.skipif(
+    PGBOUNCER is None, reason="pgbouncer is not installed (Debian package pgbouncer)"
+)
+
+
+def enqueue(url: URL, task: str, n: int, **engine_options: object) -> list[int]:
+    engine = create_engine(url, **engine_options)  # type: ignore[arg-type]
+    try:
+        with Session(engine) as session, session.begin():
+            return network.queue.enqueue_many(session, task, [{"n": i} for i in range(n)])
+    finally:
+        engine.dispose()
+
+
+def terminate_workers_backends(engine: sa.Engine) -> int:
+    """Terminate every server connection of the workers on this test's database; how many."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND application_name = 'sa_jobqueue'"
+                )
+            ).scalar_one()
+        )
+
+
+def succeeded(engine: sa.Engine, ids: list[int]) -> int:
+    return statuses(engine, ids)["succeeded"]
+
+
+def effects_per_job(engine: sa.Engine) -> collections.Counter[int]:
+    with engine.connect() as conn:
+        return collections.Counter(conn.execute(sa.select(network.effects.c.job_id)).scalars())
+
+
+def drained(engine: sa.Engine, ids: list[int], workers: Workers, timeout: float) -> None:
+    """Wait until every job of ``ids`` succeeded; fail with their statuses and the logs."""
+    try:
+        workers.wait(lambda: statuses(engine, ids) == {"succeeded": len(ids)}, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {statuses(engine, ids)}\n{workers.all_output()}") from None
+
+
+def assert_all_succeeded_once(engine: sa.Engine, ids: list[int], workers: Workers) -> None:
+    done = statuses(engine, ids)
+    assert done == {"succeeded": len(ids)}, f"{done}\n{workers.all_output()}"
+    effects = effects_per_job(engine)
+    assert sorted(effects) == sorted(ids)
+    assert set(effects.values()) == {1}, "a job's effect was written twice"
+
+
+def during_drain(
+    engine: sa.Engine, ids: list[int], workers: Workers, fault: Callable[[], object], times: int
+) -> None:
+    """Inject ``fault`` ``times`` times while the workers are part way through ``ids``."""
+    for k in range(1, times + 1):
+        part = k * len(ids) // (times + 2)
+        workers.wait(lambda: succeeded(engine, ids) >= part, timeout=60)  # noqa: B023
+        fault()
+
+
+@pytest.mark.slow
+def test_terminated_backends_during_a_writing_drain_leave_every_thread_serving(
+    tables: sa.Engine, database_url: URL, workers: Workers
+) -> None:
+    ids = enqueue(database_url, "write_briefly", 3_000)
+    for _ in range(2):
+        workers.start(concurrency=4)
+    during_drain(tables, ids, workers, lambda: terminate_workers_backends(tables), times=4)
+    # The bound: the drain itself, plus one short lease for a job whose outcome was lost.
+    drained(tables, ids, workers, timeout=40)
+    assert_all_succeeded_once(tables, ids, workers)
+    # And every thread still serves: a second batch drains at once.
+    more = enqueue(database_url, "write_briefly", 200)
+    drained(tables, more, workers, timeout=20)
+    workers.terminate_all()
+
+
+@needs_pgbouncer
+@pytest.mark.slow
+def test_a_pgbouncer_restart_during_a_writing_drain_leaves_every_thread_serving(
+    tables: sa.Engine, database_url: URL, server_url: URL, tmp_path: Path
+) -> None:
+    bouncer = PgBouncer(server_url, "transaction")
+    pooled = bouncer.url(database_url)
+    workers = Workers(WORKER_APP, pooled, tmp_path)
+    try:
+        ids = enqueue(database_url, "write_briefly", 3_000)
+        for _ in range(2):
+            workers.start("--pooler", "transaction", concurrency=4)
+
+        def restart() -> None:
+            nonlocal bouncer
+            port = bouncer.port
+            bouncer.stop()
+            time.sleep(0.1)  # the outage itself, not synchronisation: 0.1 s down
+            bouncer = PgBouncer(server_url, "transaction", port=port)
+
+        during_drain(tables, ids, workers, restart, times=2)
+        drained(tables, ids, workers, timeout=40)
+        assert_all_succeeded_once(tables, ids, workers)
+        more = enqueue(database_url, "write_briefly", 200)
+        drained(tables, more, workers, timeout=20)
+        workers.terminate_all()
+    finally:
+        workers.kill_all()
+        bouncer.stop()
