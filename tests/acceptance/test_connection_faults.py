@@ -138,3 +138,28 @@ def test_a_pgbouncer_restart_during_a_writing_drain_leaves_every_thread_serving(
     finally:
         workers.kill_all()
         bouncer.stop()
+
+
+def test_a_producers_engine_survives_terminated_connections(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """Engines from create_engine check a pooled connection before handing it out."""
+    producer = create_engine(database_url, connect_args={"application_name": "producer"})
+    try:
+        for _ in range(3):
+            with Session(producer) as session, session.begin():
+                network.queue.enqueue(session, "write", {})
+            with tables.connect() as conn:
+                killed = conn.execute(
+                    sa.text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND application_name = 'producer'"
+                    )
+                ).scalar_one()
+            assert killed == 1
+        # The first statement on each terminated connection still succeeds: a fresh one serves.
+        with Session(producer) as session, session.begin():
+            network.queue.enqueue(session, "write", {})
+        assert statuses(tables) == {"queued": 4}
+    finally:
+        producer.dispose()
