@@ -37,6 +37,7 @@ from ._settlement import (
     Complete,
     Fail,
     Outcome,
+    Release,
     Snooze,
     Verdict,
     outcome_of,
@@ -182,6 +183,8 @@ class Recorder:
                 self._completer.add(job.id, job.attempts)
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
+        elif isinstance(verdict, Release):
+            self.hand_back([job], "stopped part-way by the worker's shutdown", report=True)
         elif isinstance(verdict, Fail):
             self._record_failure(job, verdict, policy(job, task))
         else:

@@ -253,6 +253,7 @@ class Runner:
             failure,
             wrote=session is not None and session.in_transaction(),
             both_sessions=both_sessions,
+            shutting_down=shutting_down(ctx),
         )
         try:
             if isinstance(verdict, Complete):
@@ -286,12 +287,13 @@ class Runner:
         session = cast(GroupSession, ctx.session)
         try:
             assert here.group is not None
-            stop = ctx.stop_requested
+            stop = ctx._stop  # lost, timed out, cancelled; a shutdown lets it complete
             verdict = settle(
                 failure,
                 wrote=True,
                 grouped=True,
                 stop_requested=stop,
+                shutting_down=shutting_down(ctx),
                 aborted=failure is None and not stop and aborted(here.group.conn),
             )
             if isinstance(verdict, Complete):
@@ -374,7 +376,7 @@ class Runner:
             both = session is not None
             await loop.run_in_executor(None, self._settle_alone, job, task, ctx, failure, both)
             return
-        verdict = settle(failure, wrote=session.in_transaction())
+        verdict = settle(failure, wrote=session.in_transaction(), shutting_down=shutting_down(ctx))
         try:
             if isinstance(verdict, Complete):
                 if verdict.batched:
@@ -388,3 +390,8 @@ class Runner:
         finally:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
+
+
+def shutting_down(ctx: JobContext) -> bool:
+    """Whether the worker's shutdown, and nothing else, asked this attempt to stop."""
+    return ctx._shutdown and not ctx._stop

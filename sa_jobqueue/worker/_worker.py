@@ -225,6 +225,7 @@ class Worker:
         finally:
             self._claimer.close()
             self._stopping.set()
+            self._leases.shut_down()  # running handlers see ctx.stop_requested
             self._release_unstarted(recorder)
             not_done = self._leases.wait_all_done(self.shutdown_grace.total_seconds())
             # Threads that are free commit their open groups and end; jobs still running past
