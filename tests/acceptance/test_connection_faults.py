@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from tests.apps import network
-from tests.helpers.jobs import statuses
+from tests.helpers.jobs import reading, statuses
 from tests.helpers.poolers import PGBOUNCER, PgBouncer
 from tests.helpers.processes import WorkerApp, Workers
 
@@ -43,9 +43,9 @@ def enqueue(url: URL, task: str, n: int, **engine_options: object) -> list[int]:
         engine.dispose()
 
 
-def terminate_workers_backends(engine: sa.Engine) -> int:
+def terminate_workers_backends(bind: sa.Engine | sa.Connection) -> int:
     """Terminate every server connection of the workers on this test's database; how many."""
-    with engine.connect() as conn:
+    with reading(bind) as conn:
         return int(
             conn.execute(
                 sa.text(
@@ -57,7 +57,7 @@ def terminate_workers_backends(engine: sa.Engine) -> int:
         )
 
 
-def succeeded(engine: sa.Engine, ids: list[int]) -> int:
+def succeeded(engine: sa.Engine | sa.Connection, ids: list[int]) -> int:
     return statuses(engine, ids)["succeeded"]
 
 
@@ -163,3 +163,54 @@ def test_a_producers_engine_survives_terminated_connections(
         assert statuses(tables) == {"queued": 4}
     finally:
         producer.dispose()
+
+
+def set_connections(server: sa.Engine, database: str, allowed: bool) -> None:
+    """Let new connections into ``database``, or refuse them (those open stay open)."""
+    with server.begin() as conn:
+        conn.execute(
+            sa.text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+        )
+
+
+@pytest.mark.slow
+def test_outcomes_are_recorded_once_the_server_accepts_connections_again(
+    tables: sa.Engine,
+    database_url: URL,
+    server_url: URL,
+    workers: Workers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A brief refusal of new connections loses no outcome: each is written once the server
+    accepts connections again, so no job runs more often than its own outcome says."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("SAJQ_TEST_RUNS_FILE", str(runs))
+    server = create_engine(server_url.set(database="postgres"), poolclass=sa.pool.NullPool)
+    # The failing ones first: the outage lands while failures and completions are written.
+    failing = enqueue(database_url, "fail_once_briefly", 500)
+    touches = enqueue(database_url, "touch_briefly", 1_500)
+    ids = failing + touches
+    with tables.connect() as watcher:  # opened before the refusal: it keeps working
+        workers.start("--prefetch", "2", concurrency=3)
+        workers.wait(lambda: statuses(watcher, ids)["queued"] <= 1_700, timeout=30)
+        set_connections(server, database_url.database or "", allowed=False)
+        try:
+            assert terminate_workers_backends(watcher) > 0
+            time.sleep(2.0)  # the outage itself, not synchronisation: 2 s of refusals
+        finally:
+            set_connections(server, database_url.database or "", allowed=True)
+        try:
+            workers.wait(lambda: succeeded(watcher, ids) == len(ids), 40)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {statuses(watcher, ids)}\n{workers.all_output()}"
+            ) from None
+    server.dispose()
+    executions = collections.Counter(
+        int(line.split()[0]) for line in runs.read_text().split("\n") if line
+    )
+    again = {i: executions[i] for i in touches if executions[i] != 1}
+    again.update({i: executions[i] for i in failing if executions[i] != 2})
+    assert not again, f"{len(again)} jobs ran more or fewer times than they should"
+    workers.terminate_all()

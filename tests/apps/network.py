@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue import Backoff, JobContext, JobQueue
 from tests.apps import common
 
 metadata = sa.MetaData()
@@ -36,6 +36,25 @@ def write(ctx: JobContext, payload: Any) -> None:
 
 @queue.task
 def touch(ctx: JobContext, payload: Any) -> None:
+    note_run(ctx)
+
+
+@queue.task(lease=timedelta(seconds=4))
+def touch_briefly(ctx: JobContext, payload: Any) -> None:
+    """``touch`` with a short lease: a job whose outcome was lost runs again within seconds."""
+    note_run(ctx)
+
+
+@queue.task(lease=timedelta(seconds=4), backoff=Backoff(base=timedelta(milliseconds=100)))
+def fail_once_briefly(ctx: JobContext, payload: Any) -> None:
+    """Fails its first attempt, succeeds the next: each outcome recorded on its own."""
+    note_run(ctx)
+    if ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+
+
+def note_run(ctx: JobContext) -> None:
+    """Append ``job_id attempt pid`` to the runs file."""
     line = f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode()
     fd = os.open(os.environ["SAJQ_TEST_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
