@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from ._deadlines import DEADLINES, STATEMENT_DEADLINE
+from ._deadlines import DEADLINES, PING_DEADLINE
 from ._pooler import parse_options, set_local_in_every_transaction, set_on_connect
 from ._sql import schema as schema_sql
 from ._sql import session as session_sql
@@ -68,6 +68,12 @@ CONNECT_ARGS: dict[str, Any] = {
     "keepalives_idle": 30,
     "keepalives_interval": 10,
     "keepalives_count": 3,
+    # Keepalives only probe an idle connection. A statement sent to a peer that vanished
+    # (no FIN, no ACK) is retransmitted for up to 15 minutes by default: with this, the
+    # kernel drops the connection once data has gone unacknowledged for 60 s (libpq's
+    # tcp_user_timeout, in milliseconds; Linux only, ignored elsewhere). What it cannot see:
+    # a middlebox that acknowledges and forwards nothing (the client-side deadlines do).
+    "tcp_user_timeout": 60_000,
 }
 #: Server-side limits for the worker's own statements (claim, lease renewal, outcomes). Each
 #: is a single indexed statement that takes milliseconds; anything near these limits is a
@@ -116,7 +122,7 @@ def create_engine(
 
     A pooled connection is pinged when it is checked out (``pool_pre_ping``, on unless you pass
     ``pool_pre_ping=False``), under a client-side deadline of
-    :data:`~sa_jobqueue._deadlines.STATEMENT_DEADLINE` seconds: one that was terminated
+    :data:`~sa_jobqueue._deadlines.PING_DEADLINE` seconds: one that was terminated
     (``pg_terminate_backend``, a server or pooler restart) or went silent while it sat in the
     pool is replaced by a fresh one before your first statement, instead of failing it or
     waiting on it for ever. It costs one round trip per checkout. What it does not promise: a
@@ -147,7 +153,7 @@ def create_engine(
     return engine
 
 
-def ping_at_checkout(engine: Engine, seconds: float = STATEMENT_DEADLINE) -> None:
+def ping_at_checkout(engine: Engine, seconds: float = PING_DEADLINE) -> None:
     """Ping every connection ``engine``'s pool hands out, with a client-side deadline.
 
     SQLAlchemy's own ``pool_pre_ping`` waits on the ping as long as the socket stays open,
@@ -190,10 +196,9 @@ def create_control_engine(
     """The engine for a worker's own statements: autocommit, with statement timeouts.
 
     Handlers get an engine without these limits: how long their queries may run is the
-    application's business. A pooled connection is pinged at checkout, under the same
-    client-side deadline as every statement of the worker's (:mod:`sa_jobqueue.deadlines`),
-    so one that went silent while it sat in the pool is replaced, not waited on (as
-    :func:`create_engine` does for every engine).
+    application's business. A pooled connection is pinged at checkout under a client-side
+    deadline (:mod:`sa_jobqueue._deadlines`), so one that went silent while it sat in the
+    pool is replaced, not waited on (as :func:`create_engine` does for every engine).
     """
     engine = create_engine(
         url,

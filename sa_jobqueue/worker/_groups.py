@@ -98,8 +98,10 @@ class Groups:
         self._recorder = recorder
         self._wake = wake
 
-    def session(self, here: ThreadState) -> Session:
-        """A grouped job's session: a savepoint in its thread's group (opened if need be)."""
+    def session(self, here: ThreadState, until: float | None = None) -> Session:
+        """A grouped job's session: a savepoint in its thread's group (opened if need be).
+
+        ``until``: when its task's timeout runs out (see ``_sessions.UNTIL``)."""
         if here.group is not None and not here.group.intact:
             self.commit(here)  # hands its jobs back: it cannot commit them any more
         if here.group is None:
@@ -109,7 +111,7 @@ class Groups:
                 here.conn = self._engine.connect()
             here.group = Group(here.conn, here.conn.begin())
             self._leases.group_opened()
-        return GroupSession(here.group.conn)
+        return GroupSession(here.group.conn, until)
 
     def join(self, here: ThreadState, job: Claimed) -> None:
         """A job succeeded in its savepoint: its completion goes out with the group's."""

@@ -35,7 +35,7 @@ from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connectio
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
-from ._sessions import GroupSession, HandlerSession, aborted, decode
+from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
 from ._settlement import ABANDON, Complete, settle
 
 if TYPE_CHECKING:
@@ -164,6 +164,9 @@ class Runner:
         # The session is made when the handler first asks for it, and connects when first
         # used: a handler that never touches the database costs no session, no connection and
         # no commit of its own.
+        # A task with a timeout: its handler's connection is cut soon after the timeout, so a
+        # statement that never answers cannot hold the thread for ever (see _sessions._arm).
+        until = None if task.timeout is None else time.monotonic() + task.timeout.total_seconds()
         ctx = JobContext(
             job_id=job.id,
             task=job.task,
@@ -171,9 +174,9 @@ class Runner:
             attempt=job.attempts,
             max_attempts=job.max_attempts,
             session=(
-                functools.partial(self._groups.session, here)
+                functools.partial(self._groups.session, here, until)
                 if grouped
-                else functools.partial(HandlerSession, bind=self._engine)
+                else functools.partial(handler_session, self._engine, until)
             ),
             async_session=self._async_session if is_async else None,
         )

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any
 
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
-from .._deadlines import DEADLINES
+from .._deadlines import DEADLINES, socket_of
 from .._sql import session as session_sql
 from ..errors import PayloadError
 
@@ -39,6 +40,48 @@ class HandlerSession(Session):
         Session.commit(self)
 
 
+#: ``Session.info`` key: the ``time.monotonic()`` by which the handler's attempt must be done
+#: (its task's timeout), if it has one.
+UNTIL = "sa_jobqueue_until"
+_TOKEN = "sa_jobqueue_deadline_token"
+#: How long after its task's timeout a handler's connection is cut (seconds). The heartbeat
+#: looks for attempts past their timeout every 0.1 s and records the timeout first; cutting
+#: then wakes a handler blocked in a statement that will never answer (a silent network, a
+#: stuck lock), so its thread is free for the next job instead of lost for good.
+CUT_AFTER_TIMEOUT = 1.0
+
+
+def handler_session(bind: Engine, until: float | None) -> HandlerSession:
+    """A handler's own Session on ``bind``; its connection is cut once ``until`` has passed."""
+    return HandlerSession(bind=bind, info={} if until is None else {UNTIL: until})
+
+
+@event.listens_for(HandlerSession, "after_begin")
+def _arm(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
+    """Watch the connection of a handler whose task has a timeout, from its first statement.
+
+    The connection is the handler's alone for as long as the session's transaction lasts
+    (in a group, the thread's, which the group's jobs share in turn), and the watchdog cuts
+    it under the same lock that :func:`_disarm` takes: it cannot cut a connection that was
+    given back meanwhile.
+    """
+    until = session.info.get(UNTIL)
+    if until is None or _TOKEN in session.info:
+        return
+    fd = socket_of(connection.connection.dbapi_connection)
+    if fd is not None:
+        seconds = max(until - time.monotonic(), 0.0) + CUT_AFTER_TIMEOUT
+        session.info[_TOKEN] = DEADLINES.arm(fd, seconds)
+
+
+@event.listens_for(HandlerSession, "after_transaction_end")
+def _disarm(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        token = session.info.pop(_TOKEN, None)
+        if token is not None:
+            DEADLINES.disarm(token)
+
+
 class GroupSession(HandlerSession):
     """The Session of a job that shares its thread's transaction with other jobs.
 
@@ -48,8 +91,12 @@ class GroupSession(HandlerSession):
     transaction is committed by the worker, never by the session.
     """
 
-    def __init__(self, bind: Connection) -> None:
-        super().__init__(bind=bind, join_transaction_mode="create_savepoint")
+    def __init__(self, bind: Connection, until: float | None = None) -> None:
+        super().__init__(
+            bind=bind,
+            join_transaction_mode="create_savepoint",
+            info={} if until is None else {UNTIL: until},
+        )
 
 
 class _KeptSavepoints:

@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from tests.apps import network
-from tests.helpers.jobs import reading, statuses
-from tests.helpers.poolers import PGBOUNCER, PgBouncer
+from tests.helpers.jobs import job_row, reading, statuses
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy
 from tests.helpers.processes import WorkerApp, Workers
+from tests.helpers.waiting import wait_for
 
 WORKER_APP = WorkerApp("tests.apps.network:queue", log_level="INFO")
 TABLES = network.metadata
@@ -213,4 +214,45 @@ def test_outcomes_are_recorded_once_the_server_accepts_connections_again(
     again = {i: executions[i] for i in touches if executions[i] != 1}
     again.update({i: executions[i] for i in failing if executions[i] != 2})
     assert not again, f"{len(again)} jobs ran more or fewer times than they should"
+    workers.terminate_all()
+
+
+@pytest.mark.slow
+def test_a_handlers_pooled_connection_that_went_silent_is_replaced(
+    tables: sa.Engine, database_url: URL, tmp_path: Path
+) -> None:
+    proxy = SilentProxy(database_url)
+    workers = Workers(WORKER_APP, proxy.url(database_url), tmp_path)
+    try:
+        workers.start(concurrency=2)
+        # Busy first, so that the handlers' pool holds connections, idle between jobs.
+        warm = enqueue(database_url, "write", 40)
+        drained(tables, warm, workers, timeout=30)
+        assert proxy.silence() >= 2
+        ids = enqueue(database_url, "write", 5)  # directly: the database itself is fine
+        # Each pooled connection is pinged (15 s deadline) and replaced before a handler gets it.
+        drained(tables, ids, workers, timeout=45)
+        assert set(effects_per_job(tables).values()) == {1}
+        workers.terminate_all(timeout=40)
+    finally:
+        workers.kill_all()
+        proxy.close()
+
+
+def test_a_handler_past_its_timeout_loses_its_connection_and_its_thread_goes_on(
+    tables: sa.Engine, database_url: URL, workers: Workers
+) -> None:
+    """A handler's statement that never answers is cut once the task's timeout has passed:
+    its attempt is recorded as timed out, and its thread runs the next job."""
+    workers.start(concurrency=1)
+    hung = enqueue(database_url, "hang", 1)
+    with tables.connect() as conn:
+        wait_for(lambda: statuses(conn, hung) == {"running": 1}, timeout=20)
+    after = enqueue(database_url, "write", 3)
+    started = time.monotonic()
+    drained(tables, after, workers, timeout=30)
+    assert time.monotonic() - started < 20  # not the minute the statement would take
+    row = job_row(tables, hung[0])
+    assert row.status == "dead"
+    assert "timeout" in (row.last_error or {}).get("message", ""), row.last_error
     workers.terminate_all()

@@ -69,3 +69,10 @@ def write_briefly(ctx: JobContext, payload: Any) -> None:
     ctx.session.execute(
         effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
     )
+
+
+@queue.task(timeout=timedelta(seconds=2), max_attempts=1)
+def hang(ctx: JobContext, payload: Any) -> None:
+    """A statement through ``ctx.session`` that does not answer for a minute, as on a silent
+    network: only the task's timeout can free its thread."""
+    ctx.session.execute(sa.select(sa.func.pg_sleep(60)))
