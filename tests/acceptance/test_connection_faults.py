@@ -22,7 +22,7 @@ from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from tests.apps import network
 from tests.helpers.jobs import job_row, reading, statuses
-from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy, pgbouncer
 from tests.helpers.processes import WorkerApp, Workers
 from tests.helpers.waiting import wait_for
 
@@ -256,3 +256,23 @@ def test_a_handler_past_its_timeout_loses_its_connection_and_its_thread_goes_on(
     assert row.status == "dead"
     assert "timeout" in (row.last_error or {}).get("message", ""), row.last_error
     workers.terminate_all()
+
+
+@needs_pgbouncer
+def test_a_worker_behind_a_transaction_pooler_without_the_option_says_what_to_pass(
+    tables: sa.Engine, database_url: URL, server_url: URL, tmp_path: Path
+) -> None:
+    """Without ``--pooler transaction``, psycopg's prepared statements land on other server
+    connections; the worker stops with the option to pass, instead of retrying for ever."""
+    with pgbouncer(server_url, "transaction") as bouncer:
+        workers = Workers(WORKER_APP, bouncer.url(database_url), tmp_path)
+        try:
+            enqueue(database_url, "write", 300)
+            procs = [workers.start(concurrency=4) for _ in range(2)]
+            for proc in procs:
+                workers.signalled.add(proc.pid)  # they are expected to exit
+                code = workers.wait_exit(proc, timeout=60)
+                assert code == 1, workers.output(proc)
+                assert "--pooler transaction" in workers.output(proc)
+        finally:
+            workers.kill_all()
