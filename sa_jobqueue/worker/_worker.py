@@ -147,7 +147,10 @@ class Worker:
         """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
 
         Returns True if every started job finished, False if some were still running when the
-        shutdown grace ran out (they will be reclaimed after their leases expire).
+        shutdown grace ran out (they will be reclaimed after their leases expire). Raises
+        :class:`~sa_jobqueue.errors.DatabaseUnavailableError`, once stopped, if its statements
+        met the prepared-statement errors of an undeclared transaction pooler (see
+        :func:`sa_jobqueue.database.create_engine`'s ``pooler``).
         """
         check_schema(self.engine)
         log.info(
@@ -266,7 +269,9 @@ class Worker:
             self.stop()
 
     def stop(self) -> None:
-        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends)."""
+        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends).
+
+        Running handlers see ``ctx.stop_requested`` turn True as :meth:`run` winds down."""
         self._stopping.set()
         self._wake.set()
 
