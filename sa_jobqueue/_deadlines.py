@@ -91,6 +91,20 @@ class Deadlines:
             log.info("the database answers again")
         return False
 
+    def cut(self, token: int) -> bool:
+        """Cut the armed connection of ``token`` now; False if it is no longer armed.
+
+        Under the lock, as the watchdog cuts: the connection cannot have been disarmed and
+        closed meanwhile, so the descriptor cannot belong to another connection yet.
+        """
+        with self._lock:
+            armed = self._armed.pop(token, None)
+            if armed is None:
+                return False
+            self._cut.add(token)
+            _shut(armed[1])
+            return True
+
     @contextlib.contextmanager
     def guard(self, connection: Any, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:
         """Arm for the ``with`` block the socket of ``connection``, a psycopg connection

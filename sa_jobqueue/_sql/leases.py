@@ -7,10 +7,16 @@ from functools import cache
 from sqlalchemy import (
     Select,
     Update,
+    any_,
+    bindparam,
+    column,
     func,
     select,
+    table,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Integer, Text
 
 from ..models import (
     jobs_table,
@@ -53,3 +59,21 @@ def extend_leases() -> Update:
 def still_held() -> Select[int]:
     """Which of these attempts are still running (a plain read: it waits for no lock)."""
     return select(j.id).where(*fenced_many())
+
+
+#: The server's view of its sessions: only the two columns the heartbeat reads.
+_activity = table("pg_stat_activity", column("pid", Integer), column("state", Text))
+
+
+@cache
+def working_backends() -> Select[int]:
+    """Which of the server processes ``:pids`` are running a statement now.
+
+    The heartbeat asks it about handlers that wait for an answer: a handler waiting on a
+    backend that is not running anything (its answer was sent and lost on the way) waits on
+    a silent connection. A backend waiting for a lock still counts as running.
+    """
+    return select(_activity.c.pid).where(
+        _activity.c.pid == any_(bindparam("pids", type_=ARRAY(Integer))),
+        _activity.c.state == "active",
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from typing import Any
 
@@ -56,30 +57,58 @@ def handler_session(bind: Engine, until: float | None) -> HandlerSession:
     return HandlerSession(bind=bind, info={} if until is None else {UNTIL: until})
 
 
+_DRIVER = "sa_jobqueue_driver"
+
+
 @event.listens_for(HandlerSession, "after_begin")
 def _arm(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
-    """Watch the connection of a handler whose task has a timeout, from its first statement.
+    """Watch a handler's connection from its first statement to the end of its transaction.
 
-    The connection is the handler's alone for as long as the session's transaction lasts
-    (in a group, the thread's, which the group's jobs share in turn), and the watchdog cuts
-    it under the same lock that :func:`_disarm` takes: it cannot cut a connection that was
-    given back meanwhile.
+    Cut once its task's timeout has passed, if it has one; and cut by the heartbeat, whatever
+    the task, if the handler waits for an answer the server is not working on (see
+    :func:`waiting_on`). The connection is the handler's alone for as long as the session's
+    transaction lasts (in a group, the thread's, which the group's jobs share in turn), and
+    it is cut under the same lock that :func:`_disarm` takes: never once given back.
     """
-    until = session.info.get(UNTIL)
-    if until is None or _TOKEN in session.info:
+    if _TOKEN in session.info:
         return
-    fd = socket_of(connection.connection.dbapi_connection)
-    if fd is not None:
-        seconds = max(until - time.monotonic(), 0.0) + CUT_AFTER_TIMEOUT
-        session.info[_TOKEN] = DEADLINES.arm(fd, seconds)
+    driver = connection.connection.dbapi_connection
+    fd = socket_of(driver)
+    if fd is None:
+        return
+    until = session.info.get(UNTIL)
+    seconds = math.inf if until is None else max(until - time.monotonic(), 0.0)
+    session.info[_TOKEN] = DEADLINES.arm(fd, seconds + CUT_AFTER_TIMEOUT)
+    session.info[_DRIVER] = driver
 
 
 @event.listens_for(HandlerSession, "after_transaction_end")
 def _disarm(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:
+        session.info.pop(_DRIVER, None)
         token = session.info.pop(_TOKEN, None)
         if token is not None:
             DEADLINES.disarm(token)
+
+
+def waiting_on(session: Session | None) -> tuple[int, int] | None:
+    """``(server process id, deadline token)`` of a handler's connection while the handler
+    waits for the answer to a statement; None otherwise (no session, no statement running).
+
+    Read from the heartbeat's thread: only reads, of a dict and of libpq's state.
+    """
+    if session is None:
+        return None
+    info = session.info
+    token, driver = info.get(_TOKEN), info.get(_DRIVER)
+    if token is None or driver is None:
+        return None
+    try:
+        if driver.info.transaction_status != TransactionStatus.ACTIVE:
+            return None
+        return int(driver.info.backend_pid), int(token)
+    except Exception:  # closed meanwhile
+        return None
 
 
 class GroupSession(HandlerSession):

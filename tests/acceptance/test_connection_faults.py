@@ -276,3 +276,46 @@ def test_a_worker_behind_a_transaction_pooler_without_the_option_says_what_to_pa
                 assert "--pooler transaction" in workers.output(proc)
         finally:
             workers.kill_all()
+
+
+def sleeping_handlers(engine: sa.Engine) -> int:
+    """Handlers' backends running ``pg_sleep`` on this test's database."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND state = 'active' AND query LIKE '%pg_sleep%'"
+                    " AND application_name = 'sa_jobqueue' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )
+
+
+@pytest.mark.slow
+def test_a_handler_whose_connection_goes_silent_mid_statement_is_freed(
+    tables: sa.Engine,
+    database_url: URL,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No timeout on the task: the server finished the statement, its answer was swallowed.
+    The worker sees its handler waiting on a backend that is not working for it, cuts that
+    connection, and the job runs again (its lease is no longer renewed for ever)."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("SAJQ_TEST_RUNS_FILE", str(runs))
+    proxy = SilentProxy(database_url)
+    workers = Workers(WORKER_APP, proxy.url(database_url), tmp_path)
+    try:
+        workers.start(concurrency=1)
+        with Session(tables) as session, session.begin():
+            job = network.queue.enqueue(session, "sleep_in_session", {"seconds": 2})
+        workers.wait(lambda: sleeping_handlers(tables) == 1, timeout=20)
+        assert proxy.silence() >= 1
+        drained(tables, [job], workers, timeout=40)
+        attempts = [line.split()[1] for line in runs.read_text().splitlines()]
+        assert attempts == ["1", "2"]
+        workers.terminate_all(timeout=40)
+    finally:
+        workers.kill_all()
+        proxy.close()

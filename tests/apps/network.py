@@ -76,3 +76,10 @@ def hang(ctx: JobContext, payload: Any) -> None:
     """A statement through ``ctx.session`` that does not answer for a minute, as on a silent
     network: only the task's timeout can free its thread."""
     ctx.session.execute(sa.select(sa.func.pg_sleep(60)))
+
+
+@queue.task(lease=timedelta(seconds=6))
+def sleep_in_session(ctx: JobContext, payload: Any) -> None:
+    """A statement of a few seconds through ``ctx.session``, long enough to go silent under."""
+    note_run(ctx)
+    ctx.session.execute(sa.select(sa.func.pg_sleep(payload["seconds"])))
