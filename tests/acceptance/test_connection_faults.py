@@ -35,11 +35,12 @@ needs_pgbouncer = pytest.mark.skipif(
 )
 
 
-def enqueue(url: URL, task: str, n: int, **engine_options: object) -> list[int]:
-    engine = create_engine(url, **engine_options)  # type: ignore[arg-type]
+def enqueue(url: URL, task: str, n: int) -> list[int]:
+    engine = create_engine(url)
     try:
         with Session(engine) as session, session.begin():
-            return network.queue.enqueue_many(session, task, [{"n": i} for i in range(n)])
+            ids = network.queue.enqueue_many(session, task, [{"n": i} for i in range(n)])
+            return [int(i) for i in ids]
     finally:
         engine.dispose()
 
@@ -139,6 +140,19 @@ def test_a_pgbouncer_restart_during_a_writing_drain_leaves_every_thread_serving(
     finally:
         workers.kill_all()
         bouncer.stop()
+
+
+def test_connections_give_up_on_unacknowledged_data(database_url: URL) -> None:
+    """libpq's tcp_user_timeout is on: a statement sent to a vanished peer is not retried by
+    the kernel for a quarter of an hour."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            driver = conn.connection.dbapi_connection
+            assert driver is not None
+            assert driver.info.get_parameters()["tcp_user_timeout"] == "60000"
+    finally:
+        engine.dispose()
 
 
 def test_a_producers_engine_survives_terminated_connections(
