@@ -8,10 +8,16 @@ from sqlalchemy import (
     ColumnElement,
     Select,
     Update,
+    any_,
+    bindparam,
+    column,
     func,
     select,
+    table,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import Integer, Text
 
 from ..models import (
     jobs_table,
@@ -70,3 +76,21 @@ def _live() -> ColumnElement[bool]:
     """The row's lease has not expired by ``now()`` (a running row's ``visible_at`` is its
     lease's end)."""
     return j.visible_at > func.now()
+
+
+#: The server's view of its sessions: only the two columns the heartbeat reads.
+_activity = table("pg_stat_activity", column("pid", Integer), column("state", Text))
+
+
+@cache
+def working_backends() -> Select[int]:
+    """Which of the server processes ``:pids`` are running a statement now.
+
+    The heartbeat asks it about handlers that wait for an answer: a handler waiting on a
+    backend that is not running anything (its answer was sent and lost on the way) waits on
+    a silent connection. A backend waiting for a lock still counts as running.
+    """
+    return select(_activity.c.pid).where(
+        _activity.c.pid == any_(bindparam("pids", type_=ARRAY(Integer))),
+        _activity.c.state == "active",
+    )

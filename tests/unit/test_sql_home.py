@@ -28,13 +28,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("models.py", "sqlalchemy.text"): "DDL fragments of the table definitions",
     # The pooler support runs below SQLAlchemy, in connection events: a driver-level simple
     # query with no parameters ("BEGIN; SELECT set_config(...)", COMMIT, ROLLBACK, in
-    # _pooler.py, and the control engine's checkout ping ";", in database.py) composed with
+    # _pooler.py, and the engines' checkout ping ";", in database.py) composed with
     # psycopg's quoting. They are session plumbing around our statements, not statements of
     # the queue, and must not pass through SQLAlchemy's execution (which would fire the same
     # events again).
     ("_pooler.py", "psycopg.sql"): "session settings behind a transaction pooler",
     ("_pooler.py", "driver execute"): "BEGIN/COMMIT/ROLLBACK around the pooler's settings",
-    ("database.py", "driver execute"): "the control engine's checkout ping",
+    ("database.py", "driver execute"): "the engines' checkout ping",
     # A group's savepoints are composed in _sql/session.py; the first of each transaction is
     # sent through SQLAlchemy's execution (so the engine's events begin the transaction as
     # they must) without its compiler, which would compile each freshly named one anew.
