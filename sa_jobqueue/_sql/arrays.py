@@ -5,7 +5,7 @@ psycopg types a list parameter by looking at its elements, and for an ``int`` su
 of 32767/32768 was sent as ``smallint[]`` (and across 2^31 as ``integer[]``), and PostgreSQL
 refused the larger one before any ``::BIGINT[]`` cast could apply. Every value is made a plain
 ``int`` here, so psycopg sizes the array by its largest element, and the statement casts it to
-the column's type. Every id array (and attempts array) of ``_sql`` is built by these two.
+the column's type. Every id array (and attempts or process-id array) of ``_sql`` is built here.
 """
 
 from __future__ import annotations
@@ -54,4 +54,9 @@ def id_array(name: str) -> BindParameter[list[int]]:
 
 def attempt_array(name: str) -> BindParameter[list[int]]:
     """A bind parameter ``:name`` holding attempt numbers, sent as ``integer[]``."""
+    return bindparam(name, type_=ATTEMPT_ARRAY)
+
+
+def pid_array(name: str) -> BindParameter[list[int]]:
+    """A bind parameter ``:name`` holding server process ids, sent as ``integer[]``."""
     return bindparam(name, type_=ATTEMPT_ARRAY)

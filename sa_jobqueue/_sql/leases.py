@@ -9,19 +9,18 @@ from sqlalchemy import (
     Select,
     Update,
     any_,
-    bindparam,
     column,
     func,
     select,
     table,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import Integer, Text
 
 from ..models import (
     jobs_table,
 )
+from .arrays import pid_array
 from .fence import fenced_many
 
 j = jobs_table.c
@@ -91,6 +90,6 @@ def working_backends() -> Select[int]:
     a silent connection. A backend waiting for a lock still counts as running.
     """
     return select(_activity.c.pid).where(
-        _activity.c.pid == any_(bindparam("pids", type_=ARRAY(Integer))),
+        _activity.c.pid == any_(pid_array("pids")),
         _activity.c.state == "active",
     )
