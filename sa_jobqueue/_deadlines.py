@@ -40,6 +40,10 @@ log = logging.getLogger("sa_jobqueue.worker")
 #: its own error first; below a third of the default 30 s lease, so a lease renewal stuck on a
 #: silent connection is retried on a fresh one before the lease runs out.
 STATEMENT_DEADLINE = 15.0
+#: How long a pooled connection's check at checkout may take (seconds): an empty query, which
+#: a live server answers in milliseconds even when busy. A connection that does not answer by
+#: then is replaced, so a pool of silent connections costs a handler seconds, not minutes.
+PING_DEADLINE = 5.0
 #: Execution option that overrides the deadline for one connection's statements (seconds).
 DEADLINE_OPTION = "sa_jobqueue_deadline"
 
@@ -86,6 +90,20 @@ class Deadlines:
             self._silent = False
             log.info("the database answers again")
         return False
+
+    def cut(self, token: int) -> bool:
+        """Cut the armed connection of ``token`` now; False if it is no longer armed.
+
+        Under the lock, as the watchdog cuts: the connection cannot have been disarmed and
+        closed meanwhile, so the descriptor cannot belong to another connection yet.
+        """
+        with self._lock:
+            armed = self._armed.pop(token, None)
+            if armed is None:
+                return False
+            self._cut.add(token)
+            _shut(armed[1])
+            return True
 
     @contextlib.contextmanager
     def guard(self, connection: Any, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:

@@ -11,7 +11,7 @@ transaction. Internal; may change without notice.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from psycopg import sql
@@ -143,3 +143,38 @@ def _guarded(conn: Connection, raw: Any) -> contextlib.AbstractContextManager[No
     if seconds is None:
         return contextlib.nullcontext()
     return DEADLINES.guard(raw, seconds)
+
+
+#: What to do once :func:`prepared_statement_clash` has seen the connection is a transaction
+#: pooler's: the message of the error the worker stops with.
+TRANSACTION_POOLER_HINT = (
+    "the server connection changed between statements (psycopg's prepared statements were"
+    " missing or already there): this looks like a pooler in transaction mode (PgBouncer's"
+    " pool_mode = transaction); pass --pooler transaction (or set SA_JOBQUEUE_POOLER="
+    'transaction; in Python, create_engine(url, pooler="transaction"))'
+)
+
+
+def prepared_statement_clash(exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver error, or SQLAlchemy's wrapping one) says a prepared statement
+    psycopg made was missing, already there, or another one: what a connection whose
+    statements land on different server connections sees.
+
+    psycopg prepares a statement on a connection once it has run it a few times; behind a
+    transaction pooler the next transaction may run on another server connection, where that
+    name is unknown ("does not exist", SQLSTATE 26000), or names another statement ("already
+    exists", 42P05; "bind message supplies N parameters", 08P01).
+    """
+    orig = getattr(exc, "orig", None) or exc
+    sqlstate = getattr(orig, "sqlstate", None)
+    return sqlstate in ("26000", "42P05", "08P01") and "prepared statement" in str(orig)
+
+
+def on_prepared_statement_clash(engine: Engine, callback: Callable[[], None]) -> None:
+    """Call ``callback`` whenever a statement of ``engine`` fails on a prepared statement clash
+    (see :func:`prepared_statement_clash`); the error itself propagates as usual."""
+
+    @event.listens_for(engine, "handle_error")
+    def clash(context: ExceptionContext) -> None:
+        if prepared_statement_clash(context.original_exception):
+            callback()

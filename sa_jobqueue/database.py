@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
-from ._deadlines import DEADLINES
+from ._deadlines import DEADLINES, PING_DEADLINE
 from ._pooler import parse_options, set_local_in_every_transaction, set_on_connect
 from ._sql import schema as schema_sql
 from ._sql import session as session_sql
@@ -68,6 +68,12 @@ CONNECT_ARGS: dict[str, Any] = {
     "keepalives_idle": 30,
     "keepalives_interval": 10,
     "keepalives_count": 3,
+    # Keepalives only probe an idle connection. A statement sent to a peer that vanished
+    # (no FIN, no ACK) is retransmitted for up to 15 minutes by default: with this, the
+    # kernel drops the connection once data has gone unacknowledged for 60 s (libpq's
+    # tcp_user_timeout, in milliseconds; Linux only, ignored elsewhere). What it cannot see:
+    # a middlebox that acknowledges and forwards nothing (the client-side deadlines do).
+    "tcp_user_timeout": 60_000,
 }
 #: Server-side limits for the worker's own statements (claim, lease renewal, outcomes). Each
 #: is a single indexed statement that takes milliseconds; anything near these limits is a
@@ -114,14 +120,18 @@ def create_engine(
     client, and psycopg prepares no statements, since the next transaction may run on another
     server connection.
 
-    No ``pool_pre_ping`` unless you ask for it: it costs a round trip at every checkout (a
-    third of a single enqueue's time here, and one per job for a worker's handlers). Without
-    it, a connection broken by a server restart fails once, and SQLAlchemy then replaces every
-    connection the pool had made before; a job that fails that way is retried.
+    A pooled connection is pinged when it is checked out (``pool_pre_ping``, on unless you pass
+    ``pool_pre_ping=False``), under a client-side deadline of
+    :data:`~sa_jobqueue._deadlines.PING_DEADLINE` seconds: one that was terminated
+    (``pg_terminate_backend``, a server or pooler restart) or went silent while it sat in the
+    pool is replaced by a fresh one before your first statement, instead of failing it or
+    waiting on it for ever. It costs one round trip per checkout. What it does not promise: a
+    connection lost *after* checkout still fails the statement that meets the loss.
     """
     if pooler not in POOLERS:
         raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, not {pooler!r}")
     url = normalise_url(url)
+    pre_ping = bool(kwargs.pop("pool_pre_ping", True))
     connect_args = {**CONNECT_ARGS, **kwargs.pop("connect_args", {})}
     if pooler == "session":
         engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
@@ -138,7 +148,36 @@ def create_engine(
         if local:
             set_local_in_every_transaction(engine, local)
     engine.update_execution_options(**{POOLER_OPTION: pooler})
+    if pre_ping:
+        ping_at_checkout(engine)
     return engine
+
+
+def ping_at_checkout(engine: Engine, seconds: float = PING_DEADLINE) -> None:
+    """Ping every connection ``engine``'s pool hands out, with a client-side deadline.
+
+    SQLAlchemy's own ``pool_pre_ping`` waits on the ping as long as the socket stays open,
+    which on a silent network is for ever; this one gives up after ``seconds``, and the pool
+    then replaces the connection (SQLAlchemy tries three times before it raises).
+    """
+
+    @event.listens_for(engine, "checkout")
+    def ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        try:
+            with DEADLINES.guard(dbapi_connection, seconds):
+                if dbapi_connection.autocommit:
+                    dbapi_connection.execute(";")  # an empty query: one round trip
+                else:
+                    # Outside a transaction: psycopg would open one for the ping.
+                    dbapi_connection.autocommit = True
+                    try:
+                        dbapi_connection.execute(";")
+                    finally:
+                        if not dbapi_connection.closed:
+                            dbapi_connection.autocommit = False
+        except Exception as exc:
+            # The pool discards the connection and tries a fresh one.
+            raise DisconnectionError(str(exc)) from exc
 
 
 def pooler_of(engine: Engine) -> Pooler:
@@ -157,9 +196,9 @@ def create_control_engine(
     """The engine for a worker's own statements: autocommit, with statement timeouts.
 
     Handlers get an engine without these limits: how long their queries may run is the
-    application's business. A pooled connection is pinged at checkout, under the same
-    client-side deadline as every statement of the worker's (:mod:`sa_jobqueue.deadlines`),
-    so one that went silent while it sat in the pool is replaced, not waited on.
+    application's business. A pooled connection is pinged at checkout under a client-side
+    deadline (:mod:`sa_jobqueue._deadlines`), so one that went silent while it sat in the
+    pool is replaced, not waited on (as :func:`create_engine` does for every engine).
     """
     engine = create_engine(
         url,
@@ -171,16 +210,6 @@ def create_control_engine(
         pool_size=3,
         max_overflow=concurrency,
     )
-
-    @event.listens_for(engine, "checkout")
-    def ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-        try:
-            with DEADLINES.guard(dbapi_connection):
-                dbapi_connection.execute(";")  # an empty query: one round trip
-        except Exception as exc:
-            # The pool replaces the connection and tries again (three times).
-            raise DisconnectionError(str(exc)) from exc
-
     return engine
 
 

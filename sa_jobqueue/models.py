@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0012"
+SCHEMA_REVISION: Final = "sajq_0013"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -50,9 +50,10 @@ FINISHED_STATUSES: Final = (SUCCEEDED, DEAD, CANCELLED)
 #: Finished states that pruning deletes after the retention period; dead jobs are kept until
 #: requeued or purged by hand.
 PRUNED_STATUSES: Final = (SUCCEEDED, CANCELLED)
-#: States in which a job's ``unique_key`` is unique (per task): while it waits or runs. Once it
-#: has finished, the same key may be enqueued again.
-UNIQUE_STATUSES: Final = (QUEUED, RUNNING)
+#: States in which a job's ``unique_key`` is unique (per task): from its enqueue (waiting for
+#: its dependencies, or queued) until it has finished (revision sajq_0013 added ``waiting``).
+#: Once it has finished, the same key may be enqueued again.
+UNIQUE_STATUSES: Final = (WAITING, QUEUED, RUNNING)
 
 metadata = MetaData(
     naming_convention={
@@ -102,7 +103,7 @@ class Job(Base):
     last_error: Mapped[Any | None] = mapped_column(JSONB)
     #: Set by ``JobQueue.cancel`` on a running job; its worker stops it as ``cancelled``.
     cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
-    #: At most one live (queued or running) job per task carries a given key.
+    #: At most one live (waiting, queued or running) job per task carries a given key.
     unique_key: Mapped[str | None] = mapped_column(Text)
     #: The W3C trace context of the code that enqueued the job, when tracing is on.
     trace_context: Mapped[Any | None] = mapped_column(JSONB)

@@ -264,21 +264,24 @@ class JobQueue:
         transaction stays usable. Never commits and never flushes the session.
 
         ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
-        a queued or running job of the same task holds this key, nothing is added and the
-        returned id is that job's, with ``.created`` False. What happens to that job is the
+        a waiting, queued or running job of the same task holds this key, nothing is added and
+        the returned id is that job's, with ``.created`` False. What happens to that job is the
         ``unique_mode`` (default: the task's): ``"skip"`` leaves it as it is; ``"replace"``
         gives it, if it is queued, this call's payload, priority and due time; ``"debounce"``
         does the same but never moves its due time earlier. Then ``.updated`` is True. A
-        running job is never changed. A job that has finished (succeeded, dead, cancelled)
-        holds no key, unless a ``unique_period`` (default: the task's) holds it for the rest
-        of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
+        waiting or running job is never changed. A job that has finished (succeeded, dead,
+        cancelled) holds no key, unless a ``unique_period`` (default: the task's) holds it for the
+        rest of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
         taken by a transaction that committed after yours began raises a serialization error
         instead (retry the transaction). See the unique jobs how-to for the whole story.
 
         ``depends_on``: job ids (or :class:`~sa_jobqueue.workflows.Dependency` edges) the job
         waits for: it is ``waiting`` until they have all ended, then runs; one that ends dead
         or cancelled cancels it unless its edge says ``on_failure="run"``. An id with no job
-        raises UnknownJobError before the job is inserted. See :mod:`sa_jobqueue.workflows`.
+        raises UnknownJobError before the job is inserted. Under REPEATABLE READ or
+        SERIALIZABLE, a dependency that changed after your transaction's snapshot raises a
+        serialization error, at the enqueue or at commit: retry the transaction. See
+        :mod:`sa_jobqueue.workflows`.
         """
         options = _given(
             run_at=run_at,
@@ -540,10 +543,9 @@ class JobQueue:
             trace = self._traced()
 
             def through(conn: Connection) -> list[Enqueued]:
-                chain = functools.partial(
-                    self._through, conn, task, payloads, unique_keys, options, insert, trace
+                return self._through(
+                    conn, task, payloads, unique_keys, options, insert, trace, edges, new
                 )
-                return enqueue_with(conn, edges, chain, new)
 
             return through
         jobs = self._new_jobs(task, payloads, unique_keys, options)
@@ -596,14 +598,23 @@ class JobQueue:
         unique_keys: Sequence[str | None] | None,
         options: Mapping[str, Any],
         insert: Callable[[Connection, NewJobs], list[Enqueued]],
-        trace: Callable[[], str | None] | None = None,
+        trace: Callable[[], str | None] | None,
+        edges: list[Dependency],
+        new: frozenset[int],
     ) -> list[Enqueued]:
-        """Enqueue through the middleware: each may change the call, or refuse it."""
+        """Enqueue through the middleware: each may change the call, or refuse it.
+
+        The middleware runs before any of the queue's SQL: the dependencies are locked (and an
+        unknown one refused) at the end of the chain, on the connection the call then names,
+        just before the insert."""
 
         def proceed(call: Enqueueing) -> list[Enqueued]:
             keys = None if call.unique_keys is None else list(call.unique_keys)
-            new = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
-            return insert(call.connection, new) if call.payloads else []
+            jobs = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
+            if not call.payloads:
+                return []
+            conn = call.connection
+            return enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
         found = self._registry.lookup(task)
         call = Enqueueing(found, tuple(payloads), unique_keys, dict(options), conn)
@@ -637,9 +648,10 @@ class JobQueue:
         """Put a ``dead`` job back in its queue, due now, in the caller's transaction.
 
         True if the job was dead and is queued again; False (nothing changed) if it is not
-        dead, does not exist, or its unique key is now held by another queued or running job
-        of its task. ``finished_at`` is cleared; ``last_error`` is kept until the next attempt
-        records its own outcome. Never commits; one NOTIFY wakes the queue's workers at commit.
+        dead, does not exist, or its unique key is now held by another waiting, queued or
+        running job of its task. ``finished_at`` is cleared; ``last_error`` is kept until the
+        next attempt records its own outcome. Never commits; one NOTIFY wakes the queue's
+        workers at commit.
 
         ``attempts="extend"`` (the default) keeps the attempts already made and raises
         ``max_attempts`` by its current value: a job that used up 5 of 5 may run 5 more times

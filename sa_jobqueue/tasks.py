@@ -128,7 +128,9 @@ class Discard(Exception):
 
     No later attempt runs, whatever attempts are left. The reason is kept in ``last_error``
     (type ``sa_jobqueue.tasks.Discard``), and the job can be requeued like any dead job. The
-    handler's writes through ``ctx.session`` are rolled back.
+    handler's writes through ``ctx.session`` are rolled back. A job whose cancellation was
+    requested (``ctx.cancel_requested``) ends ``cancelled`` instead, as ``JobQueue.cancel``
+    promises, with the reason still kept.
     """
 
     def __init__(self, reason: str) -> None:
@@ -249,6 +251,7 @@ class JobContext:
         "_cancel",
         "_session",
         "_session_factory",
+        "_shutdown",
         "_stop",
         "attempt",
         "job_id",
@@ -289,6 +292,7 @@ class JobContext:
         # Plain flags, set by the worker's heartbeat thread and read by the handler's.
         self._stop = False
         self._cancel = False
+        self._shutdown = False  # set by the worker as it shuts down
 
     def __repr__(self) -> str:
         return (
@@ -344,9 +348,18 @@ class JobContext:
 
     @property
     def stop_requested(self) -> bool:
-        """True once this attempt should stop early: its lease was lost, it ran past its
-        timeout, or the job was cancelled. Nothing it does afterwards can complete the job."""
-        return self._stop
+        """True once this attempt should stop early.
+
+        Its lease was lost (it expired, or the job was claimed again), it ran past its
+        timeout, or the job was cancelled: nothing it does afterwards can complete the job,
+        but for one case: a lease that merely expired, with no worker having claimed the job
+        again yet (the fence names the attempt, not the lease), completes it. Or its worker is
+        shutting down (SIGTERM, ``stop()``): then returning completes the job as usual, and
+        raising hands it back to the queue with this attempt uncounted and its ``session``
+        writes rolled back, to run again at once on another worker (``Retry`` and ``Discard``
+        still do what they say).
+        """
+        return self._stop or self._shutdown
 
     @property
     def cancel_requested(self) -> bool:

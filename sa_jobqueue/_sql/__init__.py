@@ -6,8 +6,8 @@ One module per concern. The worker's: ``claiming``, ``transitions``, ``leases``,
 purging old ones). The operator's: ``stats``, ``health`` and ``dashboard`` (the web pages).
 Around them: ``schema`` (where the database's schema stands), ``session`` (the session itself:
 a ping, a local timeout), ``testing`` (``sa_jobqueue.testing``'s drain) and ``verify``
-(``sa-jobqueue verify``, with its record tables). ``fence`` and ``clock`` hold the pieces
-they share.
+(``sa-jobqueue verify``, with its record tables). ``fence``, ``clock`` and ``arrays`` (every
+bound array of job ids or attempts) hold the pieces they share.
 
 Each function returns a statement with named bind parameters; callers execute it with values.
 Nothing here does I/O. Rules that hold for all of them:

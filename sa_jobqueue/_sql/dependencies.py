@@ -2,9 +2,10 @@
 
 Every statement that ends jobs (success, death, cancellation, on any path) settles their
 dependents in the same statement, through the function ``sa_jobqueue_settle`` (revision
-``sajq_0012``): :func:`settling` wraps such an UPDATE. Enqueue adds edges with
-:func:`add_edges`, after :func:`lock_dependencies` found every job named and kept it from
-being deleted until the enqueue commits.
+``sajq_0012``; since ``sajq_0013`` it cancels a job it cannot queue for its unique key rather
+than fail): :func:`settling` wraps such an UPDATE. Enqueue adds edges with :func:`add_edges`,
+after :func:`lock_dependencies` found every job named and kept it from being deleted until the
+enqueue commits.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..models import (
     dependencies_table,
     jobs_table,
 )
+from .arrays import id_array
 
 #: The SQL function that settles the dependents of jobs that ended (revision sajq_0012).
 SETTLE_FUNCTION: Final = "sa_jobqueue_settle"
@@ -85,10 +87,11 @@ def settling(stmt: Update, name: str = "ended") -> Select[Any]:
 def lock_dependencies() -> Select[Any]:
     """The jobs of ``:depends_on`` that exist, with their status, each kept from deletion (and
     from a change of its key) until the enqueue commits: ``FOR KEY SHARE``, which lets its
-    worker renew its lease and end it."""
+    worker renew its lease and end it. Locked in id order (the ORDER BY sorts below the
+    locking step), whatever order the caller named them in."""
     return (
         select(j.id, j.status)
-        .where(j.id == func.any(bindparam("depends_on", type_=ARRAY(BigInteger))))
+        .where(j.id == func.any(id_array("depends_on")))
         .order_by(j.id)
         .with_for_update(read=True, key_share=True)  # FOR KEY SHARE
     )
@@ -100,10 +103,11 @@ def add_edges() -> Insert:
     ``:pending`` (that dependency had not ended when it was locked) and ``:recheck`` parallel
     to it. An edge with ``recheck`` is looked at again as the enqueue commits: the job it names
     may end meanwhile, in a statement that cannot see this edge yet (not so for a job enqueued
-    in the same transaction, which nobody else can see, let alone end)."""
+    in the same transaction, which nobody else can see, let alone end). The check locks the
+    dependency FOR SHARE (revision ``sajq_0013``): checks of other enqueues never wait for it."""
     deps = (
         func.unnest(
-            bindparam("depends_on", type_=ARRAY(BigInteger)),
+            id_array("depends_on"),
             bindparam("on_failure", type_=ARRAY(Text)),
             bindparam("pending", type_=ARRAY(Boolean)),
             bindparam("recheck", type_=ARRAY(Boolean)),
@@ -111,13 +115,14 @@ def add_edges() -> Insert:
         .table_valued("dep", "policy", "unmet", "again", name="d")
         .render_derived()
     )
-    jobs = (
-        func.unnest(bindparam("job_ids", type_=ARRAY(BigInteger)))
-        .table_valued("new_id", name="n")
-        .render_derived()
-    )
-    rows = select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again).select_from(
-        jobs.join(deps, true())
+    jobs = func.unnest(id_array("job_ids")).table_valued("new_id", name="n").render_derived()
+    # In dependency id order: the commit's checks (a deferred trigger per edge, fired in the
+    # order the edges were inserted) then lock the dependencies ascending, as the enqueue's
+    # own lock did (see lock_dependencies).
+    rows = (
+        select(jobs.c.new_id, deps.c.dep, deps.c.policy, deps.c.unmet, deps.c.again)
+        .select_from(jobs.join(deps, true()))
+        .order_by(deps.c.dep, jobs.c.new_id)
     )
     return insert(dependencies_table).from_select(
         ["job_id", "depends_on", "on_failure", "pending", "recheck"], rows
@@ -133,7 +138,7 @@ def hold_back() -> Update:
     ends = status == CANCELLED
     return (
         update(jobs_table)
-        .where(j.id == func.any(bindparam("job_ids", type_=ARRAY(BigInteger))))
+        .where(j.id == func.any(id_array("job_ids")))
         .values(
             status=status,
             finished_at=case((ends, func.now()), else_=None),

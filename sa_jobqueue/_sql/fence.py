@@ -22,6 +22,7 @@ from ..models import (
     RUNNING,
     jobs_table,
 )
+from .arrays import attempt_array, id_array
 
 j = jobs_table.c
 
@@ -36,7 +37,7 @@ def fenced(stmt: Update) -> Update:
 
 def held_ids() -> ColumnElement[bool]:
     """``id = ANY(:job_ids)``: the rows of many attempts, found through the primary key."""
-    return j.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger)))
+    return j.id == any_(id_array("job_ids"))
 
 
 def held_attempt() -> ColumnElement[int]:
@@ -53,8 +54,8 @@ def held_attempt() -> ColumnElement[int]:
     """
     pairs = select(
         func.jsonb_object(
-            cast(bindparam("job_ids", type_=ARRAY(BigInteger)), ARRAY(Text)),
-            cast(bindparam("attempt_list", type_=ARRAY(Integer)), ARRAY(Text)),
+            cast(id_array("job_ids"), ARRAY(Text)),
+            cast(attempt_array("attempt_list"), ARRAY(Text)),
         )
     ).scalar_subquery()
     return cast(pairs.op("->>")(cast(j.id, Text)), Integer)

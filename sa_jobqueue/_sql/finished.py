@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.dml import ReturningDelete
 
 from .._validation import MAX_ATTEMPTS
-from ..models import DEAD, QUEUED, RUNNING, dead, jobs_table
+from ..models import DEAD, QUEUED, UNIQUE_STATUSES, dead, jobs_table
 from .clock import seconds
 from .listing import job_filters
 
@@ -95,7 +95,7 @@ def _requeued(stmt: Update, reset: bool) -> Update:
     key_taken = exists().where(
         live.c.task == j.task,
         live.c.unique_key == j.unique_key,
-        live.c.status.in_((QUEUED, RUNNING)),
+        live.c.status.in_(UNIQUE_STATUSES),
     )
     stmt = stmt.where(j.status == DEAD, ~key_taken)
     if reset:

@@ -6,10 +6,10 @@ from functools import cache
 from typing import Any
 
 from psycopg import sql
-from sqlalchemy import BigInteger, Select, bindparam, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Select, select
 
 from ..models import jobs_table
+from .arrays import id_array
 from .transitions import RESULTS_CHANNEL
 
 j = jobs_table.c
@@ -18,9 +18,7 @@ j = jobs_table.c
 @cache
 def outcomes() -> Select[Any]:
     """Each job of ``:job_ids`` (a primary-key probe each): its status, result, last error."""
-    return select(j.id, j.status, j.result, j.last_error).where(
-        j.id == bindparam("job_ids", type_=ARRAY(BigInteger)).any_()
-    )
+    return select(j.id, j.status, j.result, j.last_error).where(j.id == id_array("job_ids").any_())
 
 
 def listen() -> sql.Composed:

@@ -179,11 +179,16 @@ def snooze() -> Update:
 
 @cache
 def bury() -> Update:
-    """Move one attempt's job straight to ``dead`` (unknown task, undecodable job)."""
+    """Move one attempt's job straight to ``dead`` (Discard, unknown task, undecodable job).
+
+    A job whose cancellation was requested ends ``cancelled`` instead, as on every other end
+    of a running attempt but a success that committed before the request; ``:error`` is kept
+    in ``last_error`` either way. Returns the new status, or no row if stale.
+    """
     return fenced(
         update(jobs_table)
         .values(
-            status=DEAD,
+            status=case((j.cancel_requested, CANCELLED), else_=DEAD),
             finished_at=func.now(),
             last_error=cast(bindparam("error", type_=Text), JSONB),
             worker=None,

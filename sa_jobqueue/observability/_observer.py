@@ -56,7 +56,11 @@ class Observer:
         """The attempt's outcome is recorded. ``run_time``: the handler's, in seconds."""
 
     def lease_lost(self, job: JobRun) -> None:
-        """The heartbeat found the attempt's lease taken over while its handler ran."""
+        """The heartbeat found the attempt's lease expired or taken over while its handler ran.
+
+        Its handler is asked to stop. The outcome that follows is usually ``lost``, but may be
+        any other if the lease merely expired and no worker claimed the job again first.
+        """
 
 
 class Observers(Observer):

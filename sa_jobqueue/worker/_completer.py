@@ -16,7 +16,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
+
+from .._error_text import one_line
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -27,6 +30,10 @@ MAX_DELAY = 0.005
 BATCH_SIZE = 1_000
 #: Completions waiting at most; a handler thread blocks beyond it (backpressure).
 MAX_PENDING = 10_000
+#: A batch whose statement failed is tried again after this long (seconds), the wait doubling
+#: up to RETRY_CAP: a brief outage (a restart, "too many clients") costs no job a second run.
+RETRY_FIRST = 0.05
+RETRY_CAP = 1.0
 
 
 #: Completes a batch of ``(job id, attempt)`` pairs (fenced); the job ids that matched.
@@ -51,8 +58,15 @@ class Completer:
         batch_size: int = BATCH_SIZE,
         max_delay: float = MAX_DELAY,
         on_flushed: Callable[[], None] | None = None,
+        retry_for: float = 0.0,
+        retryable: Callable[[Exception], bool] = lambda exc: True,
     ) -> None:
         self._complete = flush
+        self._retry_for = retry_for
+        self._retryable = retryable
+        # Cleared while a failed batch is being retried: add() waits meanwhile (see there).
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._on_not_completed = on_not_completed
         self._on_completed = on_completed
         self._on_unrecorded = on_unrecorded
@@ -70,7 +84,13 @@ class Completer:
         self._thread.start()
 
     def add(self, job_id: int, attempt: int) -> None:
-        """Queue one attempt's completion (blocks while MAX_PENDING are waiting)."""
+        """Queue one attempt's completion (blocks while MAX_PENDING are waiting).
+
+        While a failed batch is being retried it also blocks, for as long as that lasts (at
+        most ``retry_for`` seconds and one statement): the job thread keeps its slot
+        meanwhile, so a worker whose outcomes cannot be written claims no more jobs.
+        """
+        self._flowing.wait()
         with self._lock:
             self._in_flight += 1
         self._pending.put((job_id, attempt))
@@ -137,9 +157,14 @@ class Completer:
 
     def _flush(self, batch: list[tuple[int, int]]) -> None:
         try:
-            done = self._complete(batch)
+            done = self._complete_retrying(batch)
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases
-            log.error("could not record %d completions: %s", len(batch), exc)
+            log.error(
+                "could not record %d completions (%s); they will be retried after their"
+                " leases expire",
+                len(batch),
+                one_line(exc),
+            )
             if self._on_unrecorded is not None:
                 self._on_unrecorded(batch)
             return
@@ -154,3 +179,33 @@ class Completer:
                     self._on_not_completed(job_id, attempt)
                 except Exception as exc:  # the job stays as it is; its lease settles it
                     log.error("job %d: could not settle its completion: %s", job_id, exc)
+
+    def _complete_retrying(self, batch: list[tuple[int, int]]) -> set[int]:
+        """Complete the batch, trying again with backoff for up to ``retry_for`` seconds.
+
+        Safe to repeat: the statement is fenced, so a try whose commit reached the server
+        before its answer was lost makes the next one match nothing for those jobs (they are
+        then reported as not completed, and settled by a look at their row).
+        """
+        give_up = time.monotonic() + self._retry_for
+        delay = RETRY_FIRST
+        try:
+            while True:
+                try:
+                    return self._complete(batch)
+                except Exception as exc:
+                    if not self._retryable(exc) or time.monotonic() + delay > give_up:
+                        raise
+                    if self._flowing.is_set():
+                        log.warning(
+                            "could not record %d completions (%s); retrying for up to %g s",
+                            len(batch),
+                            one_line(exc),
+                            self._retry_for,
+                        )
+                        self._flowing.clear()
+                time.sleep(delay)  # backoff between tries, not synchronisation
+                delay = min(delay * 2, RETRY_CAP)
+        finally:
+            if not self._flowing.is_set():
+                self._flowing.set()

@@ -36,11 +36,12 @@ async def supervised(coroutine: Awaitable[object], ctx: JobContext) -> object:
 
     Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
     (timeout, cancellation, lost lease) it is cancelled at its next ``await``, and
-    :class:`AttemptStopped` is raised in its place.
+    :class:`AttemptStopped` is raised in its place. A shutdown only asks: the handler sees
+    ``ctx.stop_requested`` and has the shutdown grace to end by itself.
     """
     job = asyncio.ensure_future(coroutine)
     while not job.done():
-        if ctx.stop_requested:
+        if ctx._stop:
             job.cancel()
             break
         await asyncio.wait({job}, timeout=ASYNC_STOP_CHECK)

@@ -9,6 +9,7 @@ rare enough to cost nothing, and no job's writes ever commit without its complet
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from ._claimed import Claimed
 from ._lanes import Lane
 from ._leases import LeaseTable
 from ._recorder import Recorder
-from ._sessions import GroupSession, aborted, deadline, group_engine
+from ._sessions import GroupSession, aborted, broken, deadline, group_engine
 from ._settlement import Outcome
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -58,7 +59,10 @@ class Group:
         anything ever end the shared transaction itself, the jobs it held lost their writes
         and must not be completed (see :meth:`Groups.commit`)."""
         return (
-            self.tx.is_active and self.conn.get_transaction() is self.tx and not aborted(self.conn)
+            not broken(self.conn)
+            and self.tx.is_active
+            and self.conn.get_transaction() is self.tx
+            and not aborted(self.conn)
         )
 
     @property
@@ -94,16 +98,20 @@ class Groups:
         self._recorder = recorder
         self._wake = wake
 
-    def session(self, here: ThreadState) -> Session:
-        """A grouped job's session: a savepoint in its thread's group (opened if need be)."""
+    def session(self, here: ThreadState, until: float | None = None) -> Session:
+        """A grouped job's session: a savepoint in its thread's group (opened if need be).
+
+        ``until``: when its task's timeout runs out (see ``_sessions.UNTIL``)."""
         if here.group is not None and not here.group.intact:
             self.commit(here)  # hands its jobs back: it cannot commit them any more
         if here.group is None:
+            if here.conn is not None and broken(here.conn):
+                drop_connection(here)  # lost while it waited for this group: a fresh one
             if here.conn is None:
                 here.conn = self._engine.connect()
             here.group = Group(here.conn, here.conn.begin())
             self._leases.group_opened()
-        return GroupSession(here.group.conn)
+        return GroupSession(here.group.conn, until)
 
     def join(self, here: ThreadState, job: Claimed) -> None:
         """A job succeeded in its savepoint: its completion goes out with the group's."""
@@ -124,6 +132,12 @@ class Groups:
             self._end(here, group)
         except Exception:  # pragma: no cover - a bug of ours; the leases settle the jobs
             log.exception("internal error while committing %d job(s)", len(group.done))
+            # Whatever went wrong, the thread goes on with a fresh connection, and the jobs
+            # whose outcome is unknown are left to their leases: reclaimed, and fenced.
+            drop_connection(here, lost=True)
+            self._leases.forget(group.done)
+            for job in group.done:
+                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST)
         finally:
             self._leases.group_closed()
             if self._leases.burst:
@@ -131,6 +145,21 @@ class Groups:
 
     def _end(self, here: ThreadState, group: Group) -> None:
         jobs = group.done
+        if broken(group.conn):
+            # The connection was lost (a terminated backend, a pooler restart): the jobs'
+            # writes went with it. Their leases are no longer renewed, so they are reclaimed
+            # (their attempt counted, as for a crash) and run again; a commit that did reach
+            # the server before the loss is fenced, so nothing runs twice to completion.
+            log.warning(
+                "lost the connection of %d job(s) before their commit; they will be retried"
+                " after their leases expire",
+                len(jobs),
+            )
+            drop_connection(here, lost=True)
+            self._leases.forget(jobs)
+            for job in jobs:
+                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST)
+            return
         if not group.intact:
             # Something ended the shared transaction early: its jobs' writes are gone, so
             # they must not be completed. They go back to the queue, to run again.
@@ -155,7 +184,7 @@ class Groups:
                 len(jobs),
                 one_line(exc),
             )
-            drop_connection(here)
+            drop_connection(here, lost=True)
             self._leases.forget(jobs)
             for job in jobs:
                 self._recorder.reports.report(job.id, job.attempts, Outcome.LOST, exc)
@@ -175,8 +204,16 @@ class Groups:
             self._recorder.hand_back(again, "their shared transaction was rolled back", report=True)
 
 
-def drop_connection(here: ThreadState) -> None:
-    """Give the thread's kept connection back to the pool."""
+def drop_connection(here: ThreadState, *, lost: bool = False) -> None:
+    """Give the thread's kept connection back to the pool, or discard it if it is ``lost``
+    (or turns out to be). Never raises: the thread goes on with a fresh one next time."""
     conn, here.conn = here.conn, None
-    if conn is not None:
+    if conn is None:
+        return
+    try:
+        if lost or broken(conn):
+            conn.invalidate()  # never back into the pool
         conn.close()
+    except Exception:  # it may be in any state after an error; the pool forgets it
+        with contextlib.suppress(Exception):
+            conn.invalidate()

@@ -7,15 +7,17 @@ import threading
 import time
 from collections.abc import Mapping
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
-from .._deadlines import DEADLINE_OPTION, STATEMENT_DEADLINE
+from .._deadlines import DEADLINE_OPTION, DEADLINES, STATEMENT_DEADLINE
 from .._error_text import one_line
 from .._sql import leases as leases_sql
 from .._sql.fence import held_many
+from ..database import pooler_of
 from ..observability import Observers
 from ._leases import Held, LeaseTable, overdue, renewal_due, schedule_renewals, schedule_retries
 from ._recorder import Recorder
+from ._sessions import waiting_on
 from ._settlement import Fail, outcome_of
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -23,6 +25,11 @@ log = logging.getLogger("sa_jobqueue.worker")
 #: How often the heartbeat thread looks for leases due for renewal (seconds). It only talks to
 #: the database when one is due.
 HEARTBEAT_TICK = 0.1
+#: A handler seen waiting for an answer on a connection whose server process is running
+#: nothing, at renewals at least this far apart (seconds), waits on a silent connection: the
+#: answer was sent and lost on the way, and will never come. Its connection is then cut. Far
+#: above the moments a statement spends in flight either way, so a live one is never cut.
+SILENT_AFTER = 5.0
 
 
 class Heartbeat:
@@ -46,6 +53,8 @@ class Heartbeat:
         self._recorder = recorder
         self._observe = observe
         self._halt = halt
+        self._probe: bool | None = None  # whether to look for silent handlers (see _renew)
+        self._silent: dict[int, float] = {}  # deadline token -> when first seen waiting so
 
     def loop(self) -> None:
         """Renew the leases of all running jobs in one statement when the first one is due.
@@ -92,6 +101,12 @@ class Heartbeat:
             busy: set[int] = set()
             if len(kept) < len(held):
                 busy = set(conn.execute(leases_sql.still_held(), params).scalars()) - set(kept)
+            if self._probe is None:
+                # Behind a transaction pooler a connection's server process changes with each
+                # transaction, so the server cannot say what a handler's connection is doing.
+                self._probe = pooler_of(self._single) == "session"
+            if self._probe:
+                self._cut_silent(conn, held)
         still = self._leases.ours(held)  # jobs that finished meanwhile were simply not renewed
         for job_id in still - set(kept) - busy:
             ctx = held[job_id].ctx
@@ -108,6 +123,42 @@ class Heartbeat:
                 ctx._cancel = True
                 ctx._stop = True
         return busy
+
+    def _cut_silent(self, conn: Connection, held: Mapping[int, Held]) -> None:
+        """Cut the connections of handlers that wait for an answer that will never come.
+
+        A handler waiting for a statement's answer while the server process of its connection
+        runs nothing (its answer was sent, or its statement never arrived) is on a connection
+        that went silent; seen so at renewals SILENT_AFTER seconds apart, its connection is
+        cut: the handler's statement raises, its attempt fails as usual, and its lease is no
+        longer renewed for a wait that would last for ever. Whatever the task's timeout.
+        """
+        waiting: dict[int, tuple[int, int]] = {}  # token -> (job id, server process id)
+        for job_id, h in held.items():
+            found = None if h.ctx is None else waiting_on(h.ctx._session)
+            if found is not None:
+                waiting[found[1]] = (job_id, found[0])
+        if not waiting:
+            self._silent.clear()
+            return
+        pids = sorted({pid for _, pid in waiting.values()})
+        working = set(conn.execute(leases_sql.working_backends(), {"pids": pids}).scalars())
+        now = time.monotonic()
+        silent: dict[int, float] = {}
+        for token, (job_id, pid) in waiting.items():
+            if pid in working:
+                continue
+            since = self._silent.get(token, now)
+            if now - since < SILENT_AFTER:
+                silent[token] = since
+            elif DEADLINES.cut(token):
+                log.warning(
+                    "job %d: its handler has waited %.0f s for an answer its server is not"
+                    " working on (a silent connection); cut that connection",
+                    job_id,
+                    now - since,
+                )
+        self._silent = silent
 
     def _time_out(self, job_id: int, held: Held) -> None:
         """Record an attempt that ran past its task's timeout as failed, and stop renewing it."""

@@ -84,6 +84,7 @@ class LeaseTable:
         self.tickets: dict[Ticket, None] = {}
         self.groups_open = 0  # groups whose commit is still to come (a burst waits for them)
         self.burst = False
+        self._shutting_down = False
 
     def _current(self, job_id: int, attempt: int) -> Held | None:
         """The held attempt, if it is this one (call with the lock held).
@@ -123,6 +124,7 @@ class LeaseTable:
             held = self._current(job.id, job.attempts)
             if held is not None:
                 held.ctx, held.task, held.run, held.backoff = ctx, task, run, backoff
+                ctx._shutdown = self._shutting_down
                 if task.timeout is not None:
                     held.deadline = time.monotonic() + task.timeout.total_seconds()
 
@@ -187,6 +189,15 @@ class LeaseTable:
             running = len(self.tickets) + self.groups_open
             room = any(lane.saturated and lane.held <= lane.low_water for lane in lanes)
         return running, room
+
+    def shut_down(self) -> None:
+        """The worker is shutting down: ask every running handler, and any still to start, to
+        stop (``ctx.stop_requested``); what each then does is settled as usual."""
+        with self._lock:
+            self._shutting_down = True
+            for held in self._held.values():
+                if held.ctx is not None:
+                    held.ctx._shutdown = True
 
     def hand_back_waiting(self) -> list[Claimed]:
         """On shutdown: the claimed jobs no thread has taken, no longer to be taken."""

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Row
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .._error_text import error_json, one_line
 from .._sql import transitions
@@ -28,7 +36,7 @@ from ..observability import JobRun, Observers
 from ..tasks import Backoff, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
 from ._claimer import HandOff
-from ._completer import Completer
+from ._completer import RETRY_CAP, RETRY_FIRST, Completer
 from ._sessions import HandlerSession, deadline
 from ._settlement import (
     ABANDON,
@@ -37,6 +45,7 @@ from ._settlement import (
     Complete,
     Fail,
     Outcome,
+    Release,
     Snooze,
     Verdict,
     outcome_of,
@@ -48,6 +57,41 @@ if TYPE_CHECKING:
 log = logging.getLogger("sa_jobqueue.worker")
 
 _Key = tuple[int, int]  # (job id, attempt)
+T = TypeVar("T")
+
+#: How long an outcome whose statement failed on a transient error (a lost connection, a
+#: refused one: "too many clients", a restart) is tried again before the worker gives up and
+#: leaves the job to its lease (seconds). Within the default 30 s lease, so the retry is done
+#: while the job is still this worker's; a try after a shorter lease ran out is fenced.
+RECORD_RETRY = 10.0
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed statement may well succeed if tried again soon: the connection was
+    lost or refused, a timeout or a pool exhausted; not an error in the statement itself."""
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+    return isinstance(exc, (PoolTimeout, DisconnectionError))
+
+
+def retrying(write: Callable[[], T], what: str) -> T:
+    """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
+    error for up to RECORD_RETRY seconds; then raise. It runs on the job's thread, which keeps
+    its slot meanwhile: a worker that cannot write its outcomes claims no more jobs."""
+    give_up = time.monotonic() + RECORD_RETRY
+    delay = RETRY_FIRST
+    warned = False
+    while True:
+        try:
+            return write()
+        except SQLAlchemyError as exc:
+            if not transient(exc) or time.monotonic() + delay > give_up:
+                raise
+            if not warned:
+                log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
+                warned = True
+        time.sleep(delay)  # backoff between tries, not synchronisation
+        delay = min(delay * 2, RETRY_CAP)
 
 
 class Reports:
@@ -150,6 +194,8 @@ class Recorder:
             reports.completed,
             reports.unrecorded,
             on_flushed=on_flushed,
+            retry_for=RECORD_RETRY,
+            retryable=transient,
         )
 
     def completing(self) -> bool:
@@ -182,6 +228,8 @@ class Recorder:
                 self._completer.add(job.id, job.attempts)
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
+        elif isinstance(verdict, Release):
+            self.hand_back([job], "stopped part-way by the worker's shutdown", report=True)
         elif isinstance(verdict, Fail):
             self._record_failure(job, verdict, policy(job, task))
         else:
@@ -256,10 +304,14 @@ class Recorder:
     def not_completed(self, job_id: int, attempt: int) -> None:
         """A completion matched no row: the job was cancelled, or the attempt is stale (its
         lease was lost or it timed out). Either way its writes were rolled back."""
-        try:
+        fence = {"job_id": job_id, "attempt": attempt}
+
+        def write() -> bool:
             with self._single.connect() as conn:
-                fence = {"job_id": job_id, "attempt": attempt}
-                cancelled = conn.execute(transitions.finish_cancelled(), fence).rowcount == 1
+                return conn.execute(transitions.finish_cancelled(), fence).rowcount == 1
+
+        try:
+            cancelled = retrying(write, f"job {job_id}: could not settle attempt {attempt}")
         except SQLAlchemyError as exc:  # the job stays as it is; its lease settles it
             log.warning("job %d: could not settle attempt %d: %s", job_id, attempt, one_line(exc))
             self.reports.report(job_id, attempt, Outcome.LOST, exc)
@@ -277,12 +329,14 @@ class Recorder:
 
     def hand_back(self, jobs: list[Claimed], why: str, *, report: bool = False) -> None:
         """Return attempts to the queue as if never claimed (fenced): due again at once."""
-        try:
+        params = held_many((job.id, job.attempts) for job in jobs)
+
+        def write() -> list[Row[Any]]:
             with self._single.connect() as conn:
-                released = conn.execute(
-                    transitions.release(),
-                    held_many((job.id, job.attempts) for job in jobs),
-                ).all()
+                return list(conn.execute(transitions.release(), params).all())
+
+        try:
+            released = retrying(write, f"could not hand back {len(jobs)} job(s)")
         except SQLAlchemyError as exc:
             log.warning(
                 "could not hand back %d job(s) (%s); they will be reclaimed when their leases"
@@ -316,12 +370,27 @@ class Recorder:
         self._record_failure(job, Fail(exc), unknown_task_policy(job))
 
     def unrunnable(self, job: Claimed, exc: Exception) -> None:
-        """A job no attempt could run (an undecodable payload): straight to dead."""
-        with self._single.connect() as conn:
-            conn.execute(transitions.bury(), {**_fence(job), "error": error_json(exc)})
-        log.error("job %d: %s; moved to dead", job.id, one_line(exc))
+        """A job no attempt could run (an undecodable payload): straight to dead, or
+        cancelled if its cancellation was requested meanwhile."""
+        params = {**_fence(job), "error": error_json(exc)}
+
+        def write() -> Row[Any] | None:
+            with self._single.connect() as conn:
+                return conn.execute(transitions.bury(), params).one_or_none()
+
+        row = retrying(write, f"job {job.id}: could not record it as dead")
+        status = None if row is None else row.status
+        outcome = {None: Outcome.LOST, CANCELLED: Outcome.CANCELLED}.get(status, Outcome.DEAD)
+        if outcome is Outcome.DEAD:
+            log.error("job %d: %s; moved to dead", job.id, one_line(exc))
+        elif outcome is Outcome.CANCELLED:
+            log.info("job %d: %s; it was cancelled", job.id, one_line(exc))
+        else:
+            log.warning(
+                "job %d: %s; attempt %d had lost its lease", job.id, one_line(exc), job.attempts
+            )
         if self.reports.observe:
-            self.reports.observe.finished(job.run(), Outcome.DEAD.value, None, exc)
+            self.reports.observe.finished(job.run(), outcome.value, None, exc)
 
     # -- failure ----------------------------------------------------------------------------
 
@@ -342,7 +411,10 @@ class Recorder:
 
     def _record_failure(self, job: Claimed, verdict: Fail, backoff: Backoff) -> None:
         exc = verdict.error
-        row = self.fail(job.id, job.attempts, backoff, exc)
+        row = retrying(
+            lambda: self.fail(job.id, job.attempts, backoff, exc),
+            f"job {job.id}: could not record the failure of attempt {job.attempts}",
+        )
         self.reports.report(
             job.id, job.attempts, outcome_of(verdict, None if row is None else row.status), exc
         )
@@ -376,15 +448,20 @@ class Recorder:
     def _control_flow(self, job: Claimed, verdict: Snooze | Bury) -> None:
         """A handler asked for its job to run again later (Retry) or never again (Discard)."""
         exc: Exception
-        with self._single.connect() as conn:
-            if isinstance(verdict, Snooze):
-                exc = verdict.retry
-                params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
-                row = conn.execute(transitions.snooze(), params).one_or_none()
-            else:
-                exc = verdict.error
-                params = {**_fence(job), "error": error_json(exc)}
-                row = conn.execute(transitions.bury(), params).one_or_none()
+        if isinstance(verdict, Snooze):
+            exc = verdict.retry
+            params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
+            statement = transitions.snooze()
+        else:
+            exc = verdict.error
+            params = {**_fence(job), "error": error_json(exc)}
+            statement = transitions.bury()
+
+        def write() -> Row[Any] | None:
+            with self._single.connect() as conn:
+                return conn.execute(statement, params).one_or_none()
+
+        row = retrying(write, f"job {job.id}: could not record attempt {job.attempts}")
         outcome = outcome_of(verdict, None if row is None else row.status)
         self.reports.report(job.id, job.attempts, outcome, exc)
         if row is None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
@@ -35,7 +35,7 @@ from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connectio
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
-from ._sessions import GroupSession, HandlerSession, aborted, decode
+from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
 from ._settlement import ABANDON, Complete, UnstorableResult, settle
 
 if TYPE_CHECKING:
@@ -132,10 +132,13 @@ class Runner:
     def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
         try:
             return self._execute_fenced(job, here)
-        except (DBAPIError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
+        except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
+            # Most likely the connection was lost: the thread must go on serving jobs with a
+            # fresh one, whatever state this one was left in.
             self._recorder.unrecorded(job, exc)
             if here.group is not None:
                 self._groups.commit(here)  # keep what the group completed before, if it can
+            drop_connection(here)
         except Exception:  # pragma: no cover - a bug of ours; keep the worker alive
             log.exception("job %d: internal error while running it", job.id)
         return None
@@ -167,6 +170,9 @@ class Runner:
         # The session is made when the handler first asks for it, and connects when first
         # used: a handler that never touches the database costs no session, no connection and
         # no commit of its own.
+        # A task with a timeout: its handler's connection is cut soon after the timeout, so a
+        # statement that never answers cannot hold the thread for ever (see _sessions._arm).
+        until = None if task.timeout is None else time.monotonic() + task.timeout.total_seconds()
         ctx = JobContext(
             job_id=job.id,
             task=job.task,
@@ -174,9 +180,9 @@ class Runner:
             attempt=job.attempts,
             max_attempts=job.max_attempts,
             session=(
-                functools.partial(self._groups.session, here)
+                functools.partial(self._groups.session, here, until)
                 if grouped
-                else functools.partial(HandlerSession, bind=self._engine)
+                else functools.partial(handler_session, self._engine, until)
             ),
             async_session=self._async_session if is_async else None,
         )
@@ -258,6 +264,7 @@ class Runner:
             failure,
             wrote=session is not None and session.in_transaction(),
             both_sessions=both_sessions,
+            shutting_down=shutting_down(ctx),
         )
         try:
             if isinstance(verdict, Complete):
@@ -291,12 +298,13 @@ class Runner:
         session = cast(GroupSession, ctx.session)
         try:
             assert here.group is not None
-            stop = ctx.stop_requested
+            stop = ctx._stop  # lost, timed out, cancelled; a shutdown lets it complete
             verdict = settle(
                 failure,
                 wrote=True,
                 grouped=True,
                 stop_requested=stop,
+                shutting_down=shutting_down(ctx),
                 aborted=failure is None and not stop and aborted(here.group.conn),
             )
             if isinstance(verdict, Complete):
@@ -360,7 +368,7 @@ class Runner:
                     failure = exc
                 self._ran(job, run, time.monotonic() - started)
                 await self._settle_async(job, task, ctx, failure)
-        except (DBAPIError, psycopg.Error) as exc:
+        except (SQLAlchemyError, psycopg.Error) as exc:
             self._recorder.unrecorded(job, exc)
         except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
             log.exception("job %d: internal error while running it", job.id)
@@ -379,7 +387,7 @@ class Runner:
             both = session is not None
             await loop.run_in_executor(None, self._settle_alone, job, task, ctx, failure, both)
             return
-        verdict = settle(failure, wrote=session.in_transaction())
+        verdict = settle(failure, wrote=session.in_transaction(), shutting_down=shutting_down(ctx))
         try:
             if isinstance(verdict, Complete):
                 if verdict.batched:
@@ -393,3 +401,8 @@ class Runner:
         finally:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
+
+
+def shutting_down(ctx: JobContext) -> bool:
+    """Whether the worker's shutdown, and nothing else, asked this attempt to stop."""
+    return ctx._shutdown and not ctx._stop

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import time
 from typing import Any
 
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
-from .._deadlines import DEADLINES
+from .._deadlines import DEADLINES, socket_of
 from .._sql import session as session_sql
 from ..errors import PayloadError
 
@@ -39,6 +41,76 @@ class HandlerSession(Session):
         Session.commit(self)
 
 
+#: ``Session.info`` key: the ``time.monotonic()`` by which the handler's attempt must be done
+#: (its task's timeout), if it has one.
+UNTIL = "sa_jobqueue_until"
+_TOKEN = "sa_jobqueue_deadline_token"
+#: How long after its task's timeout a handler's connection is cut (seconds). The heartbeat
+#: looks for attempts past their timeout every 0.1 s and records the timeout first; cutting
+#: then wakes a handler blocked in a statement that will never answer (a silent network, a
+#: stuck lock), so its thread is free for the next job instead of lost for good.
+CUT_AFTER_TIMEOUT = 1.0
+
+
+def handler_session(bind: Engine, until: float | None) -> HandlerSession:
+    """A handler's own Session on ``bind``; its connection is cut once ``until`` has passed."""
+    return HandlerSession(bind=bind, info={} if until is None else {UNTIL: until})
+
+
+_DRIVER = "sa_jobqueue_driver"
+
+
+@event.listens_for(HandlerSession, "after_begin")
+def _arm(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
+    """Watch a handler's connection from its first statement to the end of its transaction.
+
+    Cut once its task's timeout has passed, if it has one; and cut by the heartbeat, whatever
+    the task, if the handler waits for an answer the server is not working on (see
+    :func:`waiting_on`). The connection is the handler's alone for as long as the session's
+    transaction lasts (in a group, the thread's, which the group's jobs share in turn), and
+    it is cut under the same lock that :func:`_disarm` takes: never once given back.
+    """
+    if _TOKEN in session.info:
+        return
+    driver = connection.connection.dbapi_connection
+    fd = socket_of(driver)
+    if fd is None:
+        return
+    until = session.info.get(UNTIL)
+    seconds = math.inf if until is None else max(until - time.monotonic(), 0.0)
+    session.info[_TOKEN] = DEADLINES.arm(fd, seconds + CUT_AFTER_TIMEOUT)
+    session.info[_DRIVER] = driver
+
+
+@event.listens_for(HandlerSession, "after_transaction_end")
+def _disarm(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        session.info.pop(_DRIVER, None)
+        token = session.info.pop(_TOKEN, None)
+        if token is not None:
+            DEADLINES.disarm(token)
+
+
+def waiting_on(session: Session | None) -> tuple[int, int] | None:
+    """``(server process id, deadline token)`` of a handler's connection while the handler
+    waits for the answer to a statement; None otherwise (no session, no statement running).
+
+    Read from the heartbeat's thread: only reads, of a dict and of libpq's state.
+    """
+    if session is None:
+        return None
+    info = session.info
+    token, driver = info.get(_TOKEN), info.get(_DRIVER)
+    if token is None or driver is None:
+        return None
+    try:
+        if driver.info.transaction_status != TransactionStatus.ACTIVE:
+            return None
+        return int(driver.info.backend_pid), int(token)
+    except Exception:  # closed meanwhile
+        return None
+
+
 class GroupSession(HandlerSession):
     """The Session of a job that shares its thread's transaction with other jobs.
 
@@ -48,8 +120,12 @@ class GroupSession(HandlerSession):
     transaction is committed by the worker, never by the session.
     """
 
-    def __init__(self, bind: Connection) -> None:
-        super().__init__(bind=bind, join_transaction_mode="create_savepoint")
+    def __init__(self, bind: Connection, until: float | None = None) -> None:
+        super().__init__(
+            bind=bind,
+            join_transaction_mode="create_savepoint",
+            info={} if until is None else {UNTIL: until},
+        )
 
 
 class _KeptSavepoints:
@@ -133,7 +209,29 @@ def deadline(conn: Connection) -> contextlib.AbstractContextManager[None]:
     return DEADLINES.guard(conn.connection.dbapi_connection)
 
 
+def broken(conn: Connection) -> bool:
+    """Whether the connection was lost: invalidated, closed, or its socket gone.
+
+    Never raises, whatever state the connection is in: a job thread asks it to decide whether
+    to throw its connection away. Savepoints go straight to the driver (see
+    :class:`_KeptSavepoints`), so a connection lost under one is known to psycopg before
+    SQLAlchemy hears of it: both are asked.
+    """
+    if conn.closed or conn.invalidated:
+        return True
+    try:
+        driver = conn.connection.driver_connection
+    except Exception:  # SQLAlchemy refuses to reach it (an invalid transaction pending)
+        return True
+    return driver is None or bool(driver.closed) or bool(getattr(driver, "broken", False))
+
+
 def aborted(conn: Connection) -> bool:
-    """Whether the connection's transaction is in error: only a rollback is accepted now."""
+    """Whether the connection's transaction is in error: only a rollback is accepted now.
+
+    False for a connection that was lost (see :func:`broken`): there is nothing to roll back.
+    """
+    if broken(conn):
+        return False
     driver = conn.connection.driver_connection
     return bool(driver is not None and driver.info.transaction_status == TransactionStatus.INERROR)

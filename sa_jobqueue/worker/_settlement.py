@@ -93,13 +93,20 @@ class Abandon:
     """A grouped handler returned after it was told to stop: cancelled, or no longer ours."""
 
 
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The handler raised after its worker's shutdown asked it to stop: hand the job back to
+    the queue, this attempt uncounted, to run again at once (on another worker)."""
+
+
 #: What an attempt's end asks to be recorded.
-Verdict = Complete | Snooze | Bury | Fail | Abandon
+Verdict = Complete | Snooze | Bury | Fail | Abandon | Release
 
 # The verdicts without a payload, made once: settling a successful job allocates nothing.
 BATCHED = Complete(batched=True)
 IN_TRANSACTION = Complete(batched=False)
 ABANDON = Abandon()
+RELEASE = Release()
 
 
 class Outcome(enum.Enum):
@@ -121,6 +128,7 @@ def settle(
     stop_requested: bool = False,
     aborted: bool = False,
     both_sessions: bool = False,
+    shutting_down: bool = False,
 ) -> Verdict:
     """The verdict on an attempt, from how its handler ended and what its session saw.
 
@@ -128,8 +136,12 @@ def settle(
     its thread's shared transaction, where a job told to stop is not completed (its savepoint
     is rolled back) and ``aborted`` (the shared transaction is in error although the handler
     returned) fails it as if it had raised. ``both_sessions``: an async handler used its sync
-    and its async session, which fails it.
+    and its async session, which fails it. ``shutting_down``: the worker's shutdown (and
+    nothing else) asked the handler to stop; a handler that then raised stopped part-way
+    because it was asked to, which is no fault of the job's: it is released, uncounted.
     """
+    if failure is not None and shutting_down and not isinstance(failure, (Retry, Discard)):
+        return RELEASE
     if failure is None and both_sessions:
         failure = RuntimeError(BOTH_SESSIONS)
     if failure is None and grouped:
@@ -165,4 +177,6 @@ def outcome_of(verdict: Verdict, status: str | None) -> Outcome:
         return Outcome.DEAD
     if isinstance(verdict, Fail):
         return Outcome.DEAD if status == DEAD else Outcome.RETRIED
+    if isinstance(verdict, Release):
+        return Outcome.HANDED_BACK
     return Outcome.LOST

@@ -14,8 +14,9 @@ from datetime import timedelta
 from sqlalchemy import Engine
 
 from .._deadlines import guard_statements
+from .._pooler import TRANSACTION_POOLER_HINT, on_prepared_statement_clash
 from ..database import HeldConnection, check_schema, pooler_of
-from ..errors import WorkerConfigError
+from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
 from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
@@ -112,6 +113,9 @@ class Worker:
         self._single = (control_engine or engine).execution_options(isolation_level="AUTOCOMMIT")
         guard_statements(self._single)
         self.pooler = pooler_of(control_engine or engine)
+        self._fatal: DatabaseUnavailableError | None = None  # run() raises it once stopped
+        if self.pooler == "session":
+            on_prepared_statement_clash(self._single, self._behind_a_transaction_pooler)
         if self.pooler == "transaction" and listen:
             # LISTEN needs a session of its own; behind a transaction pooler the poll serves.
             log.info("no LISTEN behind a transaction pooler: polling every %s", poll_interval)
@@ -149,7 +153,10 @@ class Worker:
         dependency it does not run, and a cap whose slots other workers hold all end it.
 
         Returns True if every started job finished, False if some were still running when the
-        shutdown grace ran out (they will be reclaimed after their leases expire).
+        shutdown grace ran out (they will be reclaimed after their leases expire). Raises
+        :class:`~sa_jobqueue.errors.DatabaseUnavailableError`, once stopped, if its statements
+        met the prepared-statement errors of an undeclared transaction pooler (see
+        :func:`sa_jobqueue.database.create_engine`'s ``pooler``).
         """
         check_schema(self.engine)
         log.info(
@@ -231,6 +238,7 @@ class Worker:
         finally:
             self._claimer.close()
             self._stopping.set()
+            self._leases.shut_down()  # running handlers see ctx.stop_requested
             self._release_unstarted(recorder)
             not_done = self._leases.wait_all_done(self.shutdown_grace.total_seconds())
             # Threads that are free commit their open groups and end; jobs still running past
@@ -254,10 +262,22 @@ class Worker:
                     self.name,
                     len(not_done),
                 )
+        if self._fatal is not None:
+            raise self._fatal
         return not not_done
 
+    def _behind_a_transaction_pooler(self) -> None:
+        """Statements failed as they do behind a transaction pooler: stop, saying what to pass
+        (retrying would only flap between "cannot claim" and "the database is back")."""
+        if self._fatal is None:
+            self._fatal = DatabaseUnavailableError(TRANSACTION_POOLER_HINT)
+            log.error("stopping: %s", TRANSACTION_POOLER_HINT)
+            self.stop()
+
     def stop(self) -> None:
-        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends)."""
+        """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends).
+
+        Running handlers see ``ctx.stop_requested`` turn True as :meth:`run` winds down."""
         self._stopping.set()
         self._wake.set()
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Backoff, Discard, InvalidJobError, JobContext, JobQueue, Retry
+from sa_jobqueue import Backoff, Discard, InvalidJobError, JobContext, JobQueue, Retry, Worker
 from sa_jobqueue.models import Job
+from sa_jobqueue.ops.admin import cancel_job
 from tests.helpers.jobs import burst
+from tests.helpers.waiting import running, wait_for
 
 TABLES = "CREATE TABLE effects (job_id bigint, attempt int)"
 drain = functools.partial(burst, concurrency=1, retention=None)
@@ -101,6 +105,46 @@ def test_discard_sends_the_job_to_dead_at_once_with_its_reason(db: sa.Engine) ->
     assert isinstance(last_error, dict)
     assert last_error["type"] == "sa_jobqueue.tasks.Discard"
     assert last_error["message"] == "the account was deleted"
+    assert effect_attempts(db) == []
+
+
+def test_a_cancelled_job_whose_handler_then_discards_it_ends_cancelled(db: sa.Engine) -> None:
+    """cancel() promises a running job ends cancelled however its handler ends: Discard too.
+
+    Its dependents are settled as after a cancellation (cancelled, by default) in the same
+    statement.
+    """
+    queue = JobQueue()
+    started = threading.Event()
+
+    # A short lease: the heartbeat renews it (and passes the cancellation on) every 0.5 s.
+    @queue.task(lease=timedelta(seconds=1.5))
+    def gives_up_when_cancelled(ctx: JobContext, payload: None) -> None:
+        write(ctx)
+        started.set()
+        deadline = time.monotonic() + 30
+        while not ctx.cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.02)  # the handler's own poll of its flag, as a real handler's
+        raise Discard("cancelled, so no point going on")
+
+    @queue.task
+    def after(ctx: JobContext, payload: None) -> None:
+        write(ctx)
+
+    with Session(db) as session:
+        job_id = queue.enqueue(session, gives_up_when_cancelled, None)
+        dependent = queue.enqueue(session, after, None, depends_on=[job_id])
+        session.commit()
+    with running(Worker(queue, db, concurrency=1, poll_interval=timedelta(seconds=0.1))):
+        assert started.wait(20)
+        with Session(db) as session:
+            assert cancel_job(session, job_id) is True
+            session.commit()
+        wait_for(lambda: retry_state(db, job_id)[0] != "running", timeout=20)
+
+    status, attempts, _, last_error, _ = retry_state(db, job_id)
+    assert (status, attempts) == ("cancelled", 1), last_error
+    assert retry_state(db, dependent)[0] == "cancelled"
     assert effect_attempts(db) == []
 
 

@@ -410,3 +410,34 @@ def test_worker_exits_quickly_when_the_database_is_unreachable() -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("sa-jobqueue:"), result.stderr
     assert elapsed < 15, f"took {elapsed:.1f}s to give up"
+
+
+# -- SIGTERM asks running handlers to stop ------------------------------------------------------
+
+
+def test_sigterm_asks_running_handlers_to_stop_within_the_grace(
+    tables: sa.Engine, workers: Workers
+) -> None:
+    """A handler that looks at ``ctx.stop_requested`` ends well within the grace after SIGTERM.
+
+    One that then returns completes as usual; one that raises is handed back to the queue,
+    its attempt uncounted and its writes rolled back, to run again on the next worker.
+    """
+    grace = 20
+    proc = workers.start("--shutdown-grace", str(grace), concurrency=2)
+    returns = enqueue(tables, "cooperative", {})
+    gives_up = enqueue(tables, "cooperative", {"raise": True})
+    workers.wait(lambda: len(audit(tables, returns)) == len(audit(tables, gives_up)) == 1, 20)
+    workers.wait_registered([proc])
+    started = time.monotonic()
+    workers.signal(proc, signal.SIGTERM)
+    code = workers.wait_exit(proc, timeout=grace + 10)
+    took = time.monotonic() - started
+    assert code == 0, workers.output(proc)
+    assert took < grace / 2, f"took {took:.1f}s to stop"
+    assert job_row(tables, returns).status == "succeeded"
+    assert effect_rows(tables, returns) == [(1, proc.pid)]
+    handed_back = job_row(tables, gives_up)
+    assert (handed_back.status, handed_back.attempts) == ("queued", 0), handed_back
+    assert handed_back.last_error is None
+    assert effect_rows(tables, gives_up) == []

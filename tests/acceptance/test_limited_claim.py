@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from sa_jobqueue._sql import claiming
+from sa_jobqueue._sql import claiming, leases
 from sa_jobqueue._sql.claiming import LIMITED_COLUMNS
+from sa_jobqueue._sql.fence import held_many
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
 from sa_jobqueue.ops import set_queue_concurrency, set_queue_key_rate, set_queue_rate
@@ -85,6 +86,38 @@ def test_a_cap_holds_across_claimers_and_commits(
     with engine.connect() as conn:
         assert live(conn, QUEUE) == 3
         assert statuses(conn, queue=QUEUE) == Counter(running=3, succeeded=1, queued=6)
+
+
+def test_an_expired_lease_is_not_renewed_once_its_slot_may_have_gone(
+    engine: sa.Engine, held: Callable[[], HeldConnection]
+) -> None:
+    """A stalled worker's heartbeat, when it wakes, must not renew a lease that expired: the
+    limited claim counted that job's slot free and gave it to another job meanwhile. Its
+    renewal finds no row for it, not even a locked one (the worker then treats it as lost)."""
+    with engine.begin() as conn:
+        add_due(conn, QUEUE, 1)
+        set_queue_concurrency(conn, QUEUE, 1)
+        conn.execute(sa.update(jobs_table).values(lease=timedelta(milliseconds=300)))
+    claimer = limited_claimer(held(), "stalled")
+    (first,) = claim_limited(claimer, QUEUE, 1)
+    # Enqueued while the first job's lease is live: due before that lease expires, so the next
+    # claim takes it (it comes first in claim order), not the expired job.
+    with engine.begin() as conn:
+        add_due(conn, QUEUE, 1)
+    # Autocommit: each poll is a transaction of its own, with its own now().
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        expired = sa.select(j.visible_at <= sa.func.now()).where(j.id == first.id)
+        wait_for(lambda: conn.execute(expired).scalar_one(), timeout=10)
+    (second,) = claim_limited(limited_claimer(held(), "other"), QUEUE, 1)
+    assert second.id != first.id
+
+    renewal = held_many([(first.id, first.attempts)])
+    with engine.connect() as conn, conn.begin():
+        renewed = conn.execute(leases.extend_leases(), renewal).all()
+        still = conn.execute(leases.still_held(), renewal).scalars().all()
+    with engine.connect() as conn:
+        assert live(conn, QUEUE) == 1
+    assert (renewed, still) == ([], [])
 
 
 # -- 4. exactness under concurrency --------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import timedelta
 
@@ -158,6 +159,39 @@ def test_a_cancelled_job_whose_worker_died_is_not_run_again(db: sa.Engine) -> No
     assert ran == []
     row = job(db, job_id)
     assert (row.status, row.attempts) == ("cancelled", 1)
+
+
+def test_a_lease_that_expired_while_its_row_was_locked_is_lost_not_renewed(db: sa.Engine) -> None:
+    """The heartbeat skips a row another transaction holds locked and renews it later; once
+    the lease has expired meanwhile it is lost, as if the job had been claimed again: the
+    handler is told to stop, and the lease is not renewed. Nobody claimed the job meanwhile,
+    so the attempt's completion still ends it (the fence names the attempt, not the lease)."""
+    queue = JobQueue()
+    started, stopped = threading.Event(), threading.Event()
+
+    @queue.task(lease=timedelta(seconds=1))
+    def stalled(ctx: JobContext, payload: None) -> None:
+        started.set()
+        wait_until_stopped(ctx)
+        stopped.set()
+
+    with Session(db) as session, session.begin():
+        job_id = queue.enqueue(session, "stalled")
+    lease_end = sa.select(Job.visible_at).where(Job.id == job_id)
+    with running(Worker(queue, db, concurrency=1, poll_interval=timedelta(seconds=0.2))):
+        assert started.wait(20)
+        with db.connect() as locker, locker.begin():  # an application transaction, say
+            locker.execute(lease_end.with_for_update())
+            with db.execution_options(isolation_level="AUTOCOMMIT").connect() as clock:
+                expired = sa.select(Job.visible_at <= sa.func.now()).where(Job.id == job_id)
+                wait_for(lambda: clock.execute(expired).scalar_one(), timeout=10)
+            # Not renewed while locked; lost once expired, and its handler told so.
+            assert stopped.wait(10), "the handler was never told its lease was lost"
+            with db.execution_options(isolation_level="AUTOCOMMIT").connect() as clock:
+                assert clock.execute(expired).scalar_one()  # and still not renewed
+        wait_for(lambda: job(db, job_id).status != "running", timeout=15)
+    row = job(db, job_id)
+    assert (row.status, row.attempts) == ("succeeded", 1)
 
 
 def test_the_workers_own_connections_carry_statement_and_lock_timeouts(

@@ -20,6 +20,7 @@ from sa_jobqueue.errors import TaskDefinitionError
 from sa_jobqueue.middleware import Enqueueing, Middleware, ProceedArun, ProceedEnqueue, ProceedRun
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.testing import drain
+from sa_jobqueue.workflows import Call
 
 metadata = sa.MetaData()
 audit = sa.Table(
@@ -152,6 +153,54 @@ def test_enqueue_middleware_can_refuse_and_nothing_is_inserted(tables: sa.Engine
     with tables.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs_table)).scalar() == 0
     assert audit_rows(tables) == ["after the refusal"]
+
+
+class Counting(Middleware):
+    """Notes how many statements the test's engine had sent when the enqueue reached it."""
+
+    def __init__(self, sent: list[str], seen: list[int]) -> None:
+        self.sent = sent
+        self.seen = seen
+
+    def enqueue(self, call: Enqueueing, proceed: ProceedEnqueue) -> list[Any]:
+        self.seen.append(len(self.sent))
+        if tenant.get() == "blocked":
+            raise Refused("tenant blocked")
+        return proceed(call)
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many", "chain"])
+def test_enqueue_middleware_runs_before_any_sql_with_dependencies(
+    tables: sa.Engine, sent_sql: list[str], how: str
+) -> None:
+    """With ``depends_on`` too: the dependencies are locked (and an unknown one refused) after
+    the middleware has run, so a refusal is the middleware's and nothing was sent."""
+    seen: list[int] = []
+    queue = tenant_queue(Counting(sent_sql, seen))
+
+    def enqueue(session: Session) -> None:
+        depends_on = [dep, 10**9]  # the second has no job
+        if how == "enqueue":
+            queue.enqueue(session, "echo", {"n": 2}, depends_on=depends_on)
+        elif how == "enqueue_many":
+            queue.enqueue_many(session, "echo", [{"n": 2}], depends_on=depends_on)
+        else:
+            queue.chain(session, [Call("echo", {"n": 2})], depends_on=depends_on)
+
+    with Session(tables) as session, session.begin():
+        dep = queue.enqueue(session, "echo", {"n": 1})
+    token = tenant.set("blocked")
+    try:
+        with Session(tables) as session, session.begin():
+            session.execute(sa.select(1))  # the transaction has begun: what follows is ours
+            sent_sql.clear()
+            seen.clear()
+            with pytest.raises(Refused):
+                enqueue(session)
+            assert seen == [0]
+            assert sent_sql == []
+    finally:
+        tenant.reset(token)
 
 
 def test_run_middleware_writes_once_with_the_completion_and_changes_the_result(

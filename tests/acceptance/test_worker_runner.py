@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobContext, JobQueue, Retry
+from sa_jobqueue import Discard, JobContext, JobQueue, Retry
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.models import Job
 from sa_jobqueue.observability import Observers
+from sa_jobqueue.ops.admin import cancel_job
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups
 from sa_jobqueue.worker._lanes import Lane
@@ -29,6 +31,13 @@ TABLES = "CREATE TABLE notes (job_id bigint PRIMARY KEY)"
 
 def note(ctx: JobContext) -> None:
     ctx.session.execute(NOTES.insert().values(job_id=ctx.job_id))
+
+
+def cancel(db: sa.Engine, job_id: int) -> None:
+    """Cancel a running job the way an application does, committed at once."""
+    with Session(db) as session:
+        assert cancel_job(session, job_id)
+        session.commit()
 
 
 def make_queue(db: sa.Engine) -> JobQueue:
@@ -64,15 +73,50 @@ def make_queue(db: sa.Engine) -> JobQueue:
     def quiet(ctx: JobContext, payload: Any) -> None:
         pass
 
+    # Each ends its attempt its own way after its job's cancellation was committed.
+    @queue.task
+    def cancelled_then_discards(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        cancel(db, ctx.job_id)
+        raise Discard("no point going on")
+
+    @queue.task
+    def cancelled_then_snoozes(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        cancel(db, ctx.job_id)
+        raise Retry()
+
+    @queue.task(max_attempts=3)
+    def cancelled_then_fails(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        cancel(db, ctx.job_id)
+        raise ValueError("attempts left")
+
+    @queue.task(max_attempts=1)
+    def cancelled_then_fails_last(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        cancel(db, ctx.job_id)
+        raise ValueError("no attempts left")
+
+    @queue.task
+    def cancelled_then_returns(ctx: JobContext, payload: Any) -> None:
+        note(ctx)
+        cancel(db, ctx.job_id)
+
     return queue
 
 
 def run(
-    db: sa.Engine, queue: JobQueue, tasks: list[str], rename: dict[str, str] | None = None
+    db: sa.Engine,
+    queue: JobQueue,
+    tasks: list[str],
+    rename: dict[str, str] | None = None,
+    claimed: Callable[[list[int]], None] | None = None,
 ) -> tuple[dict[str, str], Outcomes]:
     """Enqueue one job per task, claim them all, and run them on one job thread, in order.
 
     ``rename`` changes tasks' names in the table after enqueueing (to ones nobody registered).
+    ``claimed`` is called with the jobs' ids once they are claimed, before any of them runs.
     """
     with Session(db) as session, session.begin():
         ids = [queue.enqueue(session, task) for task in tasks]
@@ -99,6 +143,8 @@ def run(
         rows = conn.execute(
             claiming.claim(), {"from_queue": "default", "limit": len(tasks), "worker": "w"}
         ).all()
+    if claimed is not None:
+        claimed(ids)
     for job in sorted((Claimed.of(row) for row in rows), key=lambda j: ids.index(j.id)):
         runner.submit(lane, job)
     lane.ready.put(None)
@@ -144,12 +190,43 @@ def test_fast_writing_jobs_share_a_group_and_all_commit(db: sa.Engine) -> None:
     assert [outcome for _, outcome in outcomes.seen] == ["succeeded"] * 5
 
 
-def test_an_unknown_task_is_dead_at_once_and_its_neighbours_run(db: sa.Engine) -> None:
+def test_an_unknown_task_is_a_failed_attempt_and_its_neighbours_run(db: sa.Engine) -> None:
+    """A task the worker does not know fails its attempt, retried later (a rolling deploy's
+    newer worker may know it); the jobs around it run as usual."""
     queue = make_queue(db)
     status, outcomes = run(db, queue, ["quiet", "writes"], rename={"quiet": "gone"})
-    assert status == {"quiet": "dead", "writes": "succeeded"}
+    assert status == {"quiet": "queued", "writes": "succeeded"}
     with Session(db) as session:
-        dead = session.scalars(sa.select(Job).where(Job.task == "gone")).one()
-        assert dead.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
-        assert dead.attempts == 1
-    assert sorted(outcome for _, outcome in outcomes.seen) == ["dead", "succeeded"]
+        failed = session.scalars(sa.select(Job).where(Job.task == "gone")).one()
+        assert failed.last_error["type"] == "sa_jobqueue.errors.UnknownTaskError"
+        assert failed.attempts == 1
+    assert sorted(outcome for _, outcome in outcomes.seen) == ["retried", "succeeded"]
+
+
+def test_every_ending_of_an_attempt_after_its_cancel_is_cancelled(db: sa.Engine) -> None:
+    """Once a running job's cancellation is committed, its attempt ends it cancelled whatever
+    its handler does (returns, Discard, Retry, fails with or without attempts left), and so
+    does an unknown task's; what waits for each is settled as for a cancellation."""
+    queue = make_queue(db)
+    tasks = [
+        "cancelled_then_discards",
+        "cancelled_then_snoozes",
+        "cancelled_then_fails",
+        "cancelled_then_fails_last",
+        "cancelled_then_returns",
+        "quiet",  # renamed: a task nobody registered, cancelled before it runs
+    ]
+    followers: list[int] = []
+
+    def cancel_unknown_and_follow(ids: list[int]) -> None:
+        cancel(db, ids[-1])
+        with Session(db) as session, session.begin():
+            followers.extend(queue.enqueue(session, "quiet", depends_on=[i]) for i in ids)
+
+    status, outcomes = run(db, queue, tasks, {"quiet": "gone"}, cancel_unknown_and_follow)
+    assert status == dict.fromkeys(tasks, "cancelled")
+    assert notes(db) == set()
+    with db.connect() as conn:
+        after = conn.execute(sa.select(Job.status).where(Job.id.in_(followers))).scalars().all()
+    assert after == ["cancelled"] * len(tasks)
+    assert [outcome for _, outcome in outcomes.seen] == ["cancelled"] * len(tasks)

@@ -87,3 +87,24 @@ def through_restart(ctx: JobContext, payload: Any) -> None:
     record_run(ctx)
     time.sleep(0.05)
     write_effect(ctx)
+
+
+class Interrupted(Exception):
+    """What ``cooperative`` raises when it stops early and its payload says to raise."""
+
+
+@queue.task
+def cooperative(ctx: JobContext, payload: Any) -> None:
+    """Long work in small steps, looking at ``ctx.stop_requested`` between them.
+
+    Once asked to stop it writes its effect and returns, or (``payload["raise"]``) raises
+    :class:`Interrupted`, as a handler that gives up part-way would.
+    """
+    run_id = record_run(ctx)
+    deadline = time.monotonic() + HANDLER_WAIT
+    while not ctx.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.02)
+    write_effect(ctx)
+    record_return(ctx, run_id)
+    if payload.get("raise"):
+        raise Interrupted("stopped part-way")

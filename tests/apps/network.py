@@ -4,17 +4,19 @@
 job's completion. ``touch`` writes nothing to the database; it appends ``job_id attempt pid``
 to the file named by ``SAJQ_TEST_RUNS_FILE``, so every execution is counted even where the
 database cannot be reached (each line is one ``write(2)`` on an ``O_APPEND`` descriptor, which
-concurrent processes never interleave).
+concurrent processes never interleave). ``write_briefly`` is ``write`` with a lease of a few
+seconds, for tests that wait for lost jobs to be reclaimed.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
-from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue import Backoff, JobContext, JobQueue
 from tests.apps import common
 
 metadata = sa.MetaData()
@@ -34,9 +36,50 @@ def write(ctx: JobContext, payload: Any) -> None:
 
 @queue.task
 def touch(ctx: JobContext, payload: Any) -> None:
+    note_run(ctx)
+
+
+@queue.task(lease=timedelta(seconds=4))
+def touch_briefly(ctx: JobContext, payload: Any) -> None:
+    """``touch`` with a short lease: a job whose outcome was lost runs again within seconds."""
+    note_run(ctx)
+
+
+@queue.task(lease=timedelta(seconds=4), backoff=Backoff(base=timedelta(milliseconds=100)))
+def fail_once_briefly(ctx: JobContext, payload: Any) -> None:
+    """Fails its first attempt, succeeds the next: each outcome recorded on its own."""
+    note_run(ctx)
+    if ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+
+
+def note_run(ctx: JobContext) -> None:
+    """Append ``job_id attempt pid`` to the runs file."""
     line = f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode()
     fd = os.open(os.environ["SAJQ_TEST_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+@queue.task(lease=timedelta(seconds=4))
+def write_briefly(ctx: JobContext, payload: Any) -> None:
+    """``write`` with a short lease: a job whose outcome was lost is reclaimed within seconds."""
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+
+
+@queue.task(timeout=timedelta(seconds=2), max_attempts=1)
+def hang(ctx: JobContext, payload: Any) -> None:
+    """A statement through ``ctx.session`` that does not answer for a minute, as on a silent
+    network: only the task's timeout can free its thread."""
+    ctx.session.execute(sa.select(sa.func.pg_sleep(60)))
+
+
+@queue.task(lease=timedelta(seconds=6))
+def sleep_in_session(ctx: JobContext, payload: Any) -> None:
+    """A statement of a few seconds through ``ctx.session``, long enough to go silent under."""
+    note_run(ctx)
+    ctx.session.execute(sa.select(sa.func.pg_sleep(payload["seconds"])))

@@ -68,10 +68,13 @@ def _run_as(server: URL) -> str | None:
 class PgBouncer:
     """One pgbouncer process in front of the test server, in ``pool_mode``."""
 
-    def __init__(self, server: URL, pool_mode: str, pool_size: int = 20) -> None:
+    def __init__(
+        self, server: URL, pool_mode: str, pool_size: int = 20, port: int | None = None
+    ) -> None:
+        """``port``: listen there (a restart on the port of a stopped one), else on a free one."""
         assert PGBOUNCER is not None
         self.server = server
-        self.port = free_port()
+        self.port = port or free_port()
         self._user = _run_as(server)
         self.dir = Path(tempfile.mkdtemp(prefix="sajq-pgbouncer-"))
         user = server.username or "postgres"

@@ -135,13 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fault-rate", type=float, default=0.07, help="the chance that a step is a fault"
     )
-    parser.add_argument(
-        "--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 800, under a lease)"
-    )
+    parser.add_argument("--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 2500)")
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no discard, no unique key with dependencies,"
+        help="the CI run's handlers and jobs: no unique key with dependencies,"
         " burst workers connect directly",
     )
     parser.add_argument(

@@ -29,7 +29,7 @@ CONFIG = Config(steps=80, workers=2, concurrency=3)
 def test_model_checker_seed(server_url: URL, template_database: str, seed: int) -> None:
     outcome = run_seed(server_url, template_database, seed, CONFIG)
     report = outcome.report(
-        " --steps 80 --faults ci --ops ci --ci-plans --max-stop-ms 800 --prefetch adaptive"
+        " --steps 80 --faults ci --ops ci --ci-plans --max-stop-ms 2500 --prefetch adaptive"
     )
     print(report)
     assert outcome.ok, report

@@ -28,13 +28,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("models.py", "sqlalchemy.text"): "DDL fragments of the table definitions",
     # The pooler support runs below SQLAlchemy, in connection events: a driver-level simple
     # query with no parameters ("BEGIN; SELECT set_config(...)", COMMIT, ROLLBACK, in
-    # _pooler.py, and the control engine's checkout ping ";", in database.py) composed with
+    # _pooler.py, and the engines' checkout ping ";", in database.py) composed with
     # psycopg's quoting. They are session plumbing around our statements, not statements of
     # the queue, and must not pass through SQLAlchemy's execution (which would fire the same
     # events again).
     ("_pooler.py", "psycopg.sql"): "session settings behind a transaction pooler",
     ("_pooler.py", "driver execute"): "BEGIN/COMMIT/ROLLBACK around the pooler's settings",
-    ("database.py", "driver execute"): "the control engine's checkout ping",
+    ("database.py", "driver execute"): "the engines' checkout ping",
     # A group's savepoints are composed in _sql/session.py; the first of each transaction is
     # sent through SQLAlchemy's execution (so the engine's events begin the transaction as
     # they must) without its compiler, which would compile each freshly named one anew.
@@ -155,3 +155,16 @@ def test_the_scan_recognises_statement_builders(source: str, kind: str | None) -
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     kinds = {_kind(call, names) for call in calls} - {None}
     assert kinds == ({kind} if kind else set())
+
+
+def test_every_bound_id_or_attempt_array_takes_the_one_explicit_type() -> None:
+    """An ``ARRAY(BigInteger)``/``ARRAY(Integer)`` bind of its own would let psycopg size the
+    array by one ``Enqueued`` element (see ``_sql/arrays.py``): they all go through it."""
+    bare = [
+        f"{path.name}:{n}"
+        for path in sorted((PACKAGE / "_sql").glob("*.py"))
+        if path.name != "arrays.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "bindparam(" in line and ("ARRAY(BigInteger)" in line or "ARRAY(Integer)" in line)
+    ]
+    assert bare == []

@@ -84,3 +84,60 @@ def test_a_callback_that_raises_does_not_stop_the_others() -> None:
     completer.add(2, 1)
     completer.close()
     assert not_completed == [(2, 1)]
+
+
+class FailingFor(Recording):
+    """A flush whose first ``failures`` tries fail, each once the test lets it go on."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.tries = [(threading.Event(), threading.Event()) for _ in range(failures)]
+
+    def flush(self, batch: list[Pair]) -> set[int]:
+        if self.tries:
+            started, go_on = self.tries.pop(0)
+            started.set()
+            assert go_on.wait(10)
+            raise OSError("too many clients")
+        return super().flush(batch)
+
+
+def test_a_failed_batch_is_retried_and_add_waits_meanwhile() -> None:
+    seen = FailingFor(failures=2)
+    (first, fail_first), (second, fail_second) = seen.tries
+    completer = Completer(
+        seen.flush,
+        lambda job_id, attempt: seen.not_completed.append((job_id, attempt)),
+        seen.completed.extend,
+        seen.unrecorded.extend,
+        max_delay=0.0,
+        retry_for=10.0,
+    )
+    completer.add(1, 1)
+    assert first.wait(10)
+    fail_first.set()
+    assert second.wait(10)  # the batch is being retried
+    # Meanwhile the next completion waits (its job's thread keeps its slot, so the worker
+    # claims no more jobs), and goes out once the retry has written the first.
+    adding = threading.Thread(target=completer.add, args=(2, 1))
+    adding.start()
+    adding.join(0.2)
+    assert adding.is_alive()
+    fail_second.set()
+    adding.join(10)
+    assert not adding.is_alive()
+    completer.close()
+    assert seen.unrecorded == []
+    assert seen.completed == [(1, 1), (2, 1)]
+    assert seen.batches[0] == [(1, 1)]
+
+
+def test_a_batch_that_keeps_failing_is_given_up_after_retry_for() -> None:
+    seen = Recording(fail=True)
+    completer = Completer(
+        seen.flush, lambda j, a: None, None, seen.unrecorded.extend, retry_for=0.2
+    )
+    completer.add(1, 1)
+    completer.close()
+    assert seen.unrecorded == [(1, 1)]
+    assert len(seen.batches) > 1  # tried more than once before giving up

@@ -12,6 +12,7 @@ from sa_jobqueue.worker._settlement import (
     BATCHED,
     BOTH_SESSIONS,
     IN_TRANSACTION,
+    RELEASE,
     Abandon,
     Bury,
     Complete,
@@ -105,3 +106,14 @@ def test_the_workers_own_errors_keep_the_type_names_stored_in_last_error() -> No
 
     assert '"type": "sa_jobqueue.running.SwallowedError"' in error_json(SwallowedError("x"))
     assert '"type": "sa_jobqueue.execution.AttemptStopped"' in error_json(AttemptStopped("x"))
+
+
+def test_a_handler_stopped_by_shutdown_that_raises_is_released() -> None:
+    assert settle(RuntimeError("stopped part-way"), wrote=True, shutting_down=True) is RELEASE
+    assert outcome_of(RELEASE, "queued") is Outcome.HANDED_BACK
+    # Returning means it finished: it completes; Retry and Discard say what they mean.
+    assert settle(None, wrote=False, shutting_down=True) is BATCHED
+    retry = Retry(after=timedelta(seconds=1))
+    assert settle(retry, wrote=False, shutting_down=True) == Snooze(retry)
+    discard = Discard("no")
+    assert settle(discard, wrote=False, shutting_down=True) == Bury(discard)

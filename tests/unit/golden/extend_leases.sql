@@ -3,7 +3,7 @@
 WITH renewable AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id
 FROM sa_jobqueue_jobs
-WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) FOR UPDATE OF sa_jobqueue_jobs SKIP LOCKED)
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) AND sa_jobqueue_jobs.visible_at > now() FOR UPDATE OF sa_jobqueue_jobs SKIP LOCKED)
 UPDATE sa_jobqueue_jobs
 SET visible_at=(now() + sa_jobqueue_jobs.lease)
 FROM renewable

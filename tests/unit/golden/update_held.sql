@@ -2,7 +2,7 @@
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 UPDATE sa_jobqueue_jobs
 SET payload=CAST(%(b_payload)s::VARCHAR AS JSONB), priority=%(b_priority)s::INTEGER, visible_at=now()
-WHERE sa_jobqueue_jobs.unique_key = %(b_unique_key)s::VARCHAR AND sa_jobqueue_jobs.task = %(b_task)s::VARCHAR AND unique_key IS NOT NULL AND status IN ('queued', 'running') AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR
+WHERE sa_jobqueue_jobs.unique_key = %(b_unique_key)s::VARCHAR AND sa_jobqueue_jobs.task = %(b_task)s::VARCHAR AND unique_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.unique_key, CASE
 WHEN (sa_jobqueue_jobs.visible_at <= now()) THEN sa_jobqueue_jobs.queue END AS anon_1, CASE
 WHEN (sa_jobqueue_jobs.visible_at <= now()) THEN pg_notify(%(pg_notify_1)s::VARCHAR, sa_jobqueue_jobs.queue) END AS anon_2

@@ -3,7 +3,7 @@
 WITH held AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, p.new_payload AS new_payload
 FROM sa_jobqueue_jobs JOIN unnest(%(payloads)s::TEXT[], %(unique_keys)s::TEXT[]) AS p(new_payload, held_key) ON sa_jobqueue_jobs.unique_key = p.held_key
-WHERE sa_jobqueue_jobs.task = %(b_task)s::VARCHAR AND unique_key IS NOT NULL AND status IN ('queued', 'running') AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR
+WHERE sa_jobqueue_jobs.task = %(b_task)s::VARCHAR AND unique_key IS NOT NULL AND status IN ('waiting', 'queued', 'running') AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR
 ORDER BY sa_jobqueue_jobs.id FOR UPDATE OF sa_jobqueue_jobs)
 UPDATE sa_jobqueue_jobs
 SET payload=CAST(held.new_payload AS JSONB), priority=%(b_priority)s::INTEGER, visible_at=greatest(sa_jobqueue_jobs.visible_at, now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s))
