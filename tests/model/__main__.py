@@ -139,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no unique key with dependencies,"
-        " burst workers connect directly",
+        help="the CI run's handlers (CI_PLANS; today all of them)",
     )
     parser.add_argument(
         "--prefetch",
@@ -164,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         max_stop_ms=args.max_stop_ms,
         fault_rate=args.fault_rate,
         prefetch=args.prefetch,
-        bursts_direct=args.ci_plans,
-        unique_with_deps=not args.ci_plans,
     )
     replay = _replay_flags(args)
     failed = 0

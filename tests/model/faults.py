@@ -132,6 +132,7 @@ class Faults:
 
     def fault_blackhole(self, step: Step) -> str:
         assert self.cluster.proxy is not None
+        self.model.silenced = True
         return f"silenced {self.cluster.proxy.silence()} connections"
 
     def fault_refuse(self, step: Step) -> str:

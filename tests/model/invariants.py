@@ -9,6 +9,7 @@ audit's ``clock_timestamp()``, and the clock read after each of the checker's co
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ class Final:
     effects: dict[int, list[int]]  # job -> attempts of its committed effects
     starts: dict[int, list[Any]]  # job -> its audited starts (attempt, pid, at)
     workers: list[Any]
+    ends: dict[tuple[int, int], list[Any]]  # (job, attempt) -> its handlers' ends (pid, at)
 
     @classmethod
     def read(cls, conn: sa.Connection) -> Final:
@@ -157,7 +159,10 @@ class Final:
         for r in conn.execute(sa.select(starts).order_by(starts.c.id)):
             began[r.job_id].append(r)
         workers = list(conn.execute(sa.select(workers_table)))
-        return cls(jobs, dict(found), dict(began), workers)
+        ended: dict[tuple[int, int], list[Any]] = defaultdict(list)
+        for r in conn.execute(sa.select(ends)):
+            ended[(r.job_id, r.attempt)].append(r)
+        return cls(jobs, dict(found), dict(began), workers, dict(ended))
 
 
 def terminal(model: Model, final: Final) -> list[Violation]:
@@ -223,13 +228,35 @@ def effects_once(model: Model, final: Final) -> list[Violation]:
 
 
 def attempts_once(model: Model, final: Final) -> list[Violation]:
-    """No attempt number of a job was handed to two executions (the fencing token is unique)."""
+    """No attempt number of a job was handed to two executions, except one documented case.
+
+    A worker told to stop (SIGTERM) hands back a job whose handler raised after the stop was
+    requested, its attempt uncounted: the next claim runs that attempt number again. That is
+    allowed when the earlier execution's worker got SIGTERM and its handler had ended (its
+    ``mc_ends`` row, by that pid) before the later one started; anything else is two
+    executions holding one fencing token.
+    """
     found = []
     for i, began in final.starts.items():
         twice = [a for a, n in Counter(s.attempt for s in began).items() if n > 1]
-        if twice:
-            pids = [(s.attempt, s.pid, str(s.at)) for s in began if s.attempt in twice]
-            found.append(Violation("attempts_once", (i,), f"attempts run twice: {pids}"))
+        bad = []
+        for attempt in twice:
+            runs = sorted((s for s in began if s.attempt == attempt), key=lambda s: s.at)
+            ended = final.ends.get((i, attempt), [])
+            for first, later in itertools.pairwise(runs):
+                handed_back = first.pid in model.termed and any(
+                    e.pid == first.pid and e.at <= later.at for e in ended
+                )
+                if not handed_back:
+                    bad.append((attempt, first.pid, str(first.at), later.pid, str(later.at)))
+        if bad:
+            found.append(
+                Violation(
+                    "attempts_once",
+                    (i,),
+                    "attempts run twice (attempt, pid, start, then pid, start): " + str(bad),
+                )
+            )
     return found
 
 

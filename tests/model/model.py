@@ -59,6 +59,11 @@ class Model:
     stops: list[tuple[int, datetime, datetime | None]] = field(default_factory=list)
     #: How much some checks looked at (windows of a rate, ...), for the report's notes.
     checked: dict[str, int] = field(default_factory=dict)
+    #: Whether a blackhole fault ran: a handler waiting on a silent connection may outlast a
+    #: worker's shutdown grace, and the worker then exits 1 (as documented), not 0.
+    silenced: bool = False
+    #: The workers the checker told to stop (SIGTERM): they may hand back a started attempt.
+    termed: set[int] = field(default_factory=set)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
     #: The clients write from several threads: jobs are added under this lock.

@@ -59,16 +59,11 @@ FAULTS = (
     "bouncer_restart",
     "conn_limit",
 )
-#: The faults of the CI run. Left out until their defects are fixed: ``blackhole`` (a
-#: silent connection has no deadline: the worker hangs on it) and ``bouncer_restart``
-#: (a PgBouncer restart poisons the worker's pooled connections).
-CI_FAULTS = frozenset(
-    {"sigkill", "sigstop", "terminate", "restart", "start_worker", "refuse", "conn_limit"}
-)
-#: The operations of the CI run (lower a weight to 0 to leave one out). Left out until its
-#: defect is fixed: ``race_deps`` (enqueues sharing dependencies, named in different orders,
-#: deadlock at their commit: DeadlockDetected).
-CI_OPERATIONS: Mapping[str, int] = {**OPERATIONS, "race_deps": 0}
+#: The faults of the CI run: all of them (leave one out here while a known defect of its
+#: is being fixed, and say why beside it).
+CI_FAULTS = frozenset(FAULTS)
+#: The operations of the CI run (lower a weight to 0 to leave one out): all of them.
+CI_OPERATIONS: Mapping[str, int] = dict(OPERATIONS)
 
 PLANS: tuple[tuple[tuple[str, ...], int], ...] = (
     (("ok",), 40),
@@ -87,10 +82,8 @@ UNIQUE_TASKS = ("keyed", "replacing", "periodic_key")
 #: The workers' ``--prefetch`` a seed draws from (None: the adaptive buffer, up to 8 x the
 #: threads). A small one makes ``worker_bound`` tight: threads + 2.
 PREFETCH: tuple[int | None, ...] = (None, 2)
-#: The CI run's. Left out until its defect is fixed: ``--prefetch 2`` (a worker that cannot
-#: record outcomes, the proxy refusing its new connections, drops them and claims on: its
-#: running jobs exceed its threads and prefetch, ``worker_bound``).
-CI_PREFETCH: tuple[int | None, ...] = (None,)
+#: The CI run's: both.
+CI_PREFETCH: tuple[int | None, ...] = PREFETCH
 
 
 @dataclass(frozen=True)
@@ -109,20 +102,16 @@ class Config:
     plans: tuple[tuple[tuple[str, ...], int], ...] = CI_PLANS
     #: The chance that a step is a fault rather than an operation (when any fault is on).
     fault_rate: float = 0.07
-    #: Whether a job with a unique key may have dependencies. The CI run says no: a waiting
-    #: job released while another job holds its key fails the statement that releases it
-    #: (a completion, or the claim of the whole queue), and the queue wedges.
-    unique_with_deps: bool = False
+    #: Whether a job with a unique key may have dependencies (the CI run says yes).
+    unique_with_deps: bool = True
     #: The longest SIGSTOP, in milliseconds: past the leases (1 to 3 s) often enough that a
     #: worker wakes after its slot of a capped queue went to another job.
     max_stop_ms: int = 2500
     #: The longest pause before a step, in milliseconds (drawn from 0 up to it).
     max_gap_ms: int = 150
     #: Whether burst workers reach the database directly rather than through the seed's
-    #: network. The CI run says yes until its defect is fixed: a worker whose connection is
-    #: refused just after its --wait-for-database check passed exits 1 with a traceback
-    #: (from its schema check), where it should wait or retry.
-    bursts_direct: bool = True
+    #: network and its faults (the CI run says no).
+    bursts_direct: bool = False
     #: The workers' ``--prefetch``, drawn per seed from these (None: the adaptive buffer).
     prefetch: tuple[int | None, ...] = CI_PREFETCH
 

@@ -63,6 +63,7 @@ ends = sa.Table(
     sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("action", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
 )
 
@@ -141,7 +142,7 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
         deadline = time.monotonic() + HOLD
         while not ctx.cancel_requested and time.monotonic() < deadline:
             time.sleep(0.05)
-    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action)
+    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=os.getpid())
     if action == "fail":
         raise RuntimeError(f"planned failure of attempt {ctx.attempt}")
     if action == "retry":
