@@ -31,7 +31,9 @@ from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
 
 APP = "tests.model.tasks:queue"
-QUEUES = ("default", "q1", "q2")
+#: The queues every worker serves. No task declares ``q3``: its jobs get there by
+#: ``enqueue(..., queue="q3")``, and the workers serve a queue none of their tasks names.
+QUEUES = ("default", "q1", "q2", "q3")
 #: The application_name of the checker's own connections: never a fault's target.
 CHECKER_APP = "mc_checker"
 
