@@ -407,7 +407,8 @@ class Operations:
         with self.engine.connect() as conn:
             settings = {
                 r.queue: f"paused={r.paused_at is not None} cap={r.concurrency} rate={r.rate_limit}"
-                f"/{r.rate_period}"
+                f"/{r.rate_period} key_cap={r.key_concurrency}"
+                f" key_rate={r.key_rate_limit}/{r.key_rate_period}"
                 for r in conn.execute(
                     sa.select(queues_table).where(queues_table.c.queue.in_(queues))
                 )
