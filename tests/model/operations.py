@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued
 from sa_jobqueue.errors import ResultTimeoutError
-from sa_jobqueue.models import jobs_table, queues_table
+from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table
 from sa_jobqueue.ops import (
     clear_queue_limits,
     pause_queue,
@@ -44,16 +45,28 @@ from tests.model.tasks import KEEPS, queue
 j = jobs_table.c
 #: How many of the newest jobs a cancel or a wait picks from (so it hits live ones).
 RECENT = 20
-#: A burst's time for its start, its own jobs and its completions, in seconds.
+#: A burst's time for its last claims and completions, and a loaded machine, in seconds.
 BURST_BASE = 20.0
-#: A burst's time per job of its queues not ended at its start (the mix's slowest rate, 2/s
-#: per key).
-BURST_PER_JOB = 0.5
+#: A burst's time per job it may still have to run: the longest plan action (3 s) and its
+#: completion, one after another at a cap of 1 (slower than any rate of the mix).
+BURST_PER_JOB = 3.5
 
 
 def burst_bound(backlog: int) -> float:
-    """Seconds a burst worker has to exit, given its queues' jobs not ended at its start."""
+    """Seconds a burst has to exit once nothing is enqueued, given the jobs of its queues
+    that are not paused and not ended."""
     return BURST_BASE + BURST_PER_JOB * backlog
+
+
+@dataclass
+class Burst:
+    """A burst worker the schedule started, and on which queues."""
+
+    step: int
+    worker: WorkerProc
+    queues: list[str]
+    began: float
+    aborted: bool = False  # SIGABRT by the checker: its exit status says nothing
 
 
 class Operations:
@@ -64,6 +77,7 @@ class Operations:
         self.model = model
         self.cluster = cluster
         self.watchers: list[threading.Thread] = []
+        self.bursts: list[Burst] = []
         self.by_step: dict[int, list[int]] = {}
         # Per unique key: enqueues of it under way, and how many have begun. A holder's
         # payload is checked only when no other enqueue of its key overlapped this one (the
@@ -343,60 +357,82 @@ class Operations:
     def op_burst(self, step: Step) -> str:
         """Start ``sa-jobqueue worker --burst`` on some queues; a thread watches it exit.
 
-        ``burst_exits``: it exits 0 within :func:`burst_bound` of its start. A burst waits
-        only for what it controls: its own jobs (the longest plan action is 3 s), their
-        completions, and rate windows that open within 10 s; it exits at once on a pause, on
-        other workers' slots, on dependencies, on jobs not due. The bound gives it 20 s for
-        all that and its start (import, connect: seconds on a loaded 2-core machine), and
-        0.5 s more per job of its queues not ended at its start (the slowest rate of the mix,
-        2/s per key, starts one every 0.5 s).
+        While the schedule plays, a burst may run as long as its queues are fed (a burst
+        claims what its own jobs free). Its bound starts when the play ends: see
+        :meth:`settle_bursts`. Exiting with a status other than 0 is a finding at once.
         """
         assert self.cluster is not None
         queues = step.args["queues"]
-        with self.engine.connect() as conn:
-            backlog = conn.execute(
-                sa.select(sa.func.count()).where(
-                    j.queue.in_(queues), j.status.in_(("queued", "running"))
-                )
-            ).scalar_one()
-        bound = burst_bound(backlog)
         worker = self.cluster.start_worker(burst=queues)
-        watcher = threading.Thread(
-            target=self._watch, args=(step, worker, bound, queues), daemon=True
-        )
+        burst = Burst(step.index, worker, queues, time.monotonic())
+        self.bursts.append(burst)
+        watcher = threading.Thread(target=self._watch, args=(burst,), daemon=True)
         watcher.start()
         self.watchers.append(watcher)
-        return f"burst {worker.pid} on {','.join(queues)}, bound {bound:.1f}s"
+        return f"burst {worker.pid} on {','.join(queues)}"
 
-    def _watch(self, step: Step, worker: WorkerProc, bound: float, queues: list[str]) -> None:
-        began = time.monotonic()
-        try:
-            code = worker.proc.wait(bound)
-        except subprocess.TimeoutExpired:
-            worker.proc.send_signal(signal.SIGABRT)  # its threads' stacks go to its log
+    def _watch(self, burst: Burst) -> None:
+        code = burst.worker.proc.wait()
+        if code != 0 and not burst.aborted:
+            self.model.found.append(
+                Violation(
+                    "burst_exits",
+                    (),
+                    f"step {burst.step}: burst worker {burst.worker.pid} on"
+                    f" {','.join(burst.queues)} exited {code} after"
+                    f" {time.monotonic() - burst.began:.1f}s:\n"
+                    + self.cluster_output(burst.worker),
+                )
+            )
+
+    def settle_bursts(self) -> None:
+        """``burst_exits``: once the play has ended (nothing is enqueued any more), each burst
+        still running exits within :func:`burst_bound` of the jobs of its queues that are not
+        paused and not ended.
+
+        A burst waits only for what it controls: its own jobs and their completions, and
+        rate windows that open within 10 s; it exits at once on a pause, on other workers'
+        slots, on dependencies, on jobs not due. So, with nothing more enqueued, it has at
+        most those jobs to run, one after another at worst (a cap of 1). A burst still
+        running at its bound gets SIGABRT (its threads' stacks go to its log).
+        """
+        live = [b for b in self.bursts if b.worker.alive()]
+        deadlines = []
+        with self.engine.connect() as conn:
+            for burst in live:
+                backlog = conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(
+                        jobs_table.outerjoin(queues_table, queues_table.c.queue == j.queue)
+                    )
+                    .where(
+                        j.queue.in_(burst.queues),
+                        j.status.not_in(FINISHED_STATUSES),
+                        queues_table.c.paused_at.is_(None),
+                    )
+                ).scalar_one()
+                deadlines.append((burst, backlog, time.monotonic() + burst_bound(backlog)))
+        for burst, backlog, deadline in deadlines:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(5)
-            self.model.found.append(
-                Violation(
-                    "burst_exits",
-                    (),
-                    f"step {step.index}: burst worker {worker.pid} on {','.join(queues)} still"
-                    f" running {bound:.1f}s after its start; queues then:"
-                    f" {self._queues(queues)}\n" + self.cluster_output(worker),
+                burst.worker.proc.wait(max(0.0, deadline - time.monotonic()))
+            if burst.worker.alive():
+                evidence = self._queues(burst.queues)
+                burst.aborted = True
+                burst.worker.proc.send_signal(signal.SIGABRT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    burst.worker.proc.wait(5)
+                burst.worker.proc.kill()
+                self.model.found.append(
+                    Violation(
+                        "burst_exits",
+                        (),
+                        f"step {burst.step}: burst worker {burst.worker.pid} on"
+                        f" {','.join(burst.queues)} still running"
+                        f" {burst_bound(backlog):.1f}s after the play ended ({backlog} jobs of"
+                        f" its queues not paused and not ended then); queues now: {evidence}\n"
+                        + self.cluster_output(burst.worker),
+                    )
                 )
-            )
-            worker.proc.kill()
-            return
-        if code != 0:
-            self.model.found.append(
-                Violation(
-                    "burst_exits",
-                    (),
-                    f"step {step.index}: burst worker {worker.pid} on {','.join(queues)} exited"
-                    f" {code} after {time.monotonic() - began:.1f}s:\n"
-                    + self.cluster_output(worker),
-                )
-            )
 
     def cluster_output(self, worker: WorkerProc) -> str:
         assert self.cluster is not None

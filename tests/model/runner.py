@@ -175,6 +175,8 @@ def run_seed(
             sampler.start()
             _play(schedule, ops, faults, model)
             say(f"seed {seed}: {len(schedule.steps)} steps played, quiescing")
+            faults.due(None)  # the faults end with the play; the bursts' bound starts
+            ops.settle_bursts()
             _quiesce(engine, cluster, faults, model)
             bound = quiescence_bound(len(model.jobs), schedule.workers * schedule.concurrency)
             ids = list(model.jobs)
@@ -184,8 +186,8 @@ def run_seed(
                     if not invariants.settled(conn, ids):
                         break
                 time.sleep(0.1)
-            for watcher in ops.watchers:  # each ends within its burst's bound
-                watcher.join()
+            for watcher in ops.watchers:  # each burst has exited or been killed by now
+                watcher.join(10)
             sampler.halt.set()
             sampler.join(5)
             pids = _registered(engine, cluster)
