@@ -258,10 +258,12 @@ class Cluster:
         return worker
 
     def most_held(self) -> int:
-        """The most running jobs a worker holds: its threads, and the most it claims ahead
-        (``--prefetch``, or the adaptive buffer's ceiling, PREFETCH_MAX_FACTOR x threads)."""
+        """The most running jobs a worker holds: its threads, the most it claims ahead
+        (``--prefetch``, or the adaptive buffer's ceiling, PREFETCH_MAX_FACTOR x threads),
+        and a batch of completions being retried (one a thread: a thread that adds its next
+        completion while the batch is retried waits, keeping its slot)."""
         ahead = PREFETCH_MAX_FACTOR * self.concurrency if self.prefetch is None else self.prefetch
-        return self.concurrency + ahead
+        return 2 * self.concurrency + ahead
 
     def live(self) -> list[WorkerProc]:
         """Workers running and not told to leave (stopped ones included)."""

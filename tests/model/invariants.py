@@ -130,7 +130,7 @@ def worker_bound(conn: sa.Connection, model: Model) -> list[Violation]:
             "worker_bound",
             tuple(sorted(ids)),
             f"worker {worker} holds {len(ids)} running jobs with live leases at {now}, more"
-            f" than its {model.most_held} (threads + most claimed ahead)",
+            f" than its {model.most_held} (threads, most claimed ahead, a batch of completions)",
         )
         for worker, ids, now in rows
     ]
