@@ -103,8 +103,9 @@ COMPLETING = timedelta(seconds=1)
 def worker_bound(conn: sa.Connection, model: Model) -> list[Violation]:
     """``worker_bound``: no worker holds more running jobs than it may (backpressure).
 
-    A worker holds at most its threads' jobs and those it claimed ahead (the prefetch, or
-    the adaptive buffer's ceiling): ``model.most_held``. Counted, by the jobs' ``worker``
+    A worker holds at most its threads' jobs, those it claimed ahead (the prefetch, or the
+    adaptive buffer's ceiling) and a batch of completions being retried (one a thread):
+    ``model.most_held``. Counted, by the jobs' ``worker``
     column: running jobs with a live lease, except those whose current attempt's handler
     ended (``mc_ends``) within the last second, whose completion may still wait for its
     group's commit. A job whose handler ended earlier and that is still running with a live
