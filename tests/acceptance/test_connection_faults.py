@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,43 @@ def test_a_handler_whose_connection_goes_silent_mid_statement_is_freed(
     finally:
         workers.kill_all()
         proxy.close()
+
+
+def test_a_worker_whose_startup_check_loses_its_connection_starts_all_the_same(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """A backend terminated while the worker checks the schema is a passing fault: the check
+    is tried again on a fresh connection and the worker starts and runs its jobs."""
+    from sa_jobqueue import Worker
+
+    ids = enqueue(database_url, "write", 3)
+    engine = create_engine(database_url, connect_args={"application_name": "starting"})
+    terminated: list[int] = []
+
+    def terminate_after_first_read(conn: sa.Connection, *args: object) -> None:
+        # Once, after the check's first statement: its next one meets a terminated backend.
+        if not terminated:
+            terminated.append(terminate_application(tables, "starting"))
+
+    sa.event.listen(engine, "after_cursor_execute", terminate_after_first_read)
+    try:
+        worker = Worker(network.queue, engine, concurrency=2, poll_interval=timedelta(seconds=0.2))
+        assert worker.run(burst=True)
+    finally:
+        engine.dispose()
+    assert terminated == [1]
+    assert statuses(tables, ids) == {"succeeded": 3}
+
+
+def terminate_application(bind: sa.Engine, application: str) -> int:
+    """Terminate the server connections of ``application`` on this test's database."""
+    with bind.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = :app"
+                ),
+                {"app": application},
+            ).scalar_one()
+        )
