@@ -81,18 +81,22 @@ def retrying(write: Callable[[], T], what: str) -> T:
     """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
     error for up to RECORD_RETRY seconds; then raise. It runs on the job's thread, which keeps
     its slot meanwhile: a worker that cannot write its outcomes claims no more jobs."""
-    give_up = time.monotonic() + RECORD_RETRY
+    # The window opens at the first failure, which may itself have taken a whole statement
+    # deadline (a connection gone silent): counted from the start, it could leave no retry.
+    give_up: float | None = None
     delay = RETRY_FIRST
-    warned = False
     while True:
         try:
             return write()
         except SQLAlchemyError as exc:
+            if give_up is None:
+                give_up = time.monotonic() + RECORD_RETRY
+                if transient(exc):
+                    log.warning(
+                        "%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY
+                    )
             if not transient(exc) or time.monotonic() + delay > give_up:
                 raise
-            if not warned:
-                log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
-                warned = True
         time.sleep(delay)  # backoff between tries, not synchronisation
         delay = min(delay * 2, RETRY_CAP)
 

@@ -149,9 +149,12 @@ class Worker:
     def _check_schema(self) -> None:
         """check_schema, tried again on a passing connection fault (a backend terminated, a
         refused connection) for a few seconds, then DatabaseUnavailableError: a worker
-        starting during a failover or a pooler restart starts once the database answers."""
+        starting during a failover or a pooler restart starts once the database answers.
+
+        It reads over the worker's own statements' engine, whose client-side deadline cuts a
+        connection gone silent under it (the handlers' engine has none mid-statement)."""
         try:
-            retrying(lambda: check_schema(self.engine), "checking the schema")
+            retrying(lambda: check_schema(self._single), "checking the schema")
         except SQLAlchemyError as exc:
             if not transient(exc):
                 raise
