@@ -178,6 +178,31 @@ def snooze() -> Update:
 
 
 @cache
+def release_stopped() -> Update:
+    """Put a running attempt's job back in the queue, due now, its attempt not spent.
+
+    What a handler that raised after its worker's shutdown asked it to stop gets. The
+    attempt keeps its number, so ``attempts`` still names this attempt alone for the fence
+    (handing it back with ``attempts - 1`` would let the next claim reuse the number), and
+    ``max_attempts`` grows by one instead, so the job's budget is not spent on a shutdown.
+    A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
+    and due time, or no row if stale.
+    """
+    cancelled = j.cancel_requested
+    return fenced(
+        update(jobs_table)
+        .values(
+            status=case((cancelled, CANCELLED), else_=QUEUED),
+            visible_at=func.now(),
+            finished_at=case((cancelled, func.now()), else_=None),
+            max_attempts=j.max_attempts + 1,
+            worker=None,
+        )
+        .returning(j.status, j.visible_at, settled_here())
+    )
+
+
+@cache
 def bury() -> Update:
     """Move one attempt's job straight to ``dead`` (Discard, unknown task, undecodable job).
 

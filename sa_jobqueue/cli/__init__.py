@@ -47,6 +47,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._error_text import one_line
 from ..errors import JobQueueError
 from ..ops.verify.command import run as run_verify
 from ._app import load_app
@@ -98,6 +101,13 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.log_level == "DEBUG":
             traceback.print_exception(exc, file=sys.stderr)  # its cause's too, chained
         print(f"sa-jobqueue: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except SQLAlchemyError as exc:
+        # A database error none of ours explains (a connection lost at a bad moment): one
+        # line, not a traceback; --log-level DEBUG shows the whole of it.
+        if args.log_level == "DEBUG":
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"sa-jobqueue: database error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
 
 

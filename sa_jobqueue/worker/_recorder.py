@@ -33,7 +33,7 @@ from .._sql.fence import held_many
 from ..database import HeldConnection
 from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
-from ..tasks import Backoff, Task
+from ..tasks import Backoff, Retry, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
 from ._claimer import HandOff
 from ._completer import RETRY_CAP, RETRY_FIRST, Completer
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+#: Why a job stopped part-way by its worker's shutdown went back to the queue.
+SHUTDOWN_RELEASE = "stopped part-way by the worker's shutdown"
 
 _Key = tuple[int, int]  # (job id, attempt)
 T = TypeVar("T")
@@ -78,18 +81,22 @@ def retrying(write: Callable[[], T], what: str) -> T:
     """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
     error for up to RECORD_RETRY seconds; then raise. It runs on the job's thread, which keeps
     its slot meanwhile: a worker that cannot write its outcomes claims no more jobs."""
-    give_up = time.monotonic() + RECORD_RETRY
+    # The window opens at the first failure, which may itself have taken a whole statement
+    # deadline (a connection gone silent): counted from the start, it could leave no retry.
+    give_up: float | None = None
     delay = RETRY_FIRST
-    warned = False
     while True:
         try:
             return write()
         except SQLAlchemyError as exc:
+            if give_up is None:
+                give_up = time.monotonic() + RECORD_RETRY
+                if transient(exc):
+                    log.warning(
+                        "%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY
+                    )
             if not transient(exc) or time.monotonic() + delay > give_up:
                 raise
-            if not warned:
-                log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
-                warned = True
         time.sleep(delay)  # backoff between tries, not synchronisation
         delay = min(delay * 2, RETRY_CAP)
 
@@ -229,7 +236,7 @@ class Recorder:
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
         elif isinstance(verdict, Release):
-            self.hand_back([job], "stopped part-way by the worker's shutdown", report=True)
+            self._control_flow(job, verdict)
         elif isinstance(verdict, Fail):
             self._record_failure(job, verdict, policy(job, task))
         else:
@@ -445,10 +452,17 @@ class Recorder:
                 one_line(exc),
             )
 
-    def _control_flow(self, job: Claimed, verdict: Snooze | Bury) -> None:
-        """A handler asked for its job to run again later (Retry) or never again (Discard)."""
+    def _control_flow(self, job: Claimed, verdict: Snooze | Bury | Release) -> None:
+        """A handler asked for its job to run again later (Retry) or never again (Discard),
+        or stopped part-way at its worker's shutdown (Release: as a Retry due at once)."""
         exc: Exception
-        if isinstance(verdict, Snooze):
+        if isinstance(verdict, Release):
+            # Not handed back with its attempt taken back: the next claim would reuse the
+            # number, and two attempts would share one fence (see release_stopped).
+            exc = Retry(reason=SHUTDOWN_RELEASE)
+            params = _fence(job)
+            statement = transitions.release_stopped()
+        elif isinstance(verdict, Snooze):
             exc = verdict.retry
             params = {**_fence(job), "delay": verdict.retry.after.total_seconds()}
             statement = transitions.snooze()
@@ -468,6 +482,8 @@ class Recorder:
             log.warning("job %d: attempt %d ended after losing its lease", job.id, job.attempts)
         elif outcome is Outcome.CANCELLED:
             log.info("job %d (%s) was cancelled", job.id, job.task)
+        elif isinstance(verdict, Release):
+            log.info("job %d (%s) handed back: %s", job.id, job.task, SHUTDOWN_RELEASE)
         elif isinstance(verdict, Snooze):
             log.info("job %d (%s) will run again at %s", job.id, job.task, row.visible_at)
         else:

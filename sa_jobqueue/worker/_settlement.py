@@ -96,7 +96,11 @@ class Abandon:
 @dataclass(frozen=True, slots=True)
 class Release:
     """The handler raised after its worker's shutdown asked it to stop: hand the job back to
-    the queue, this attempt uncounted, to run again at once (on another worker)."""
+    the queue, this attempt uncounted, to run again at once (on another worker).
+
+    The attempt keeps its number, which stays the fence of this attempt alone, and
+    ``max_attempts`` grows by one so that the job's budget of attempts is not spent on a
+    shutdown (``transitions.release_stopped``)."""
 
 
 #: What an attempt's end asks to be recorded.

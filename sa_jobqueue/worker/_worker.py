@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from .._deadlines import guard_statements
+from .._error_text import one_line
 from .._pooler import TRANSACTION_POOLER_HINT, on_prepared_statement_clash
 from ..database import HeldConnection, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
@@ -26,7 +28,7 @@ from ._heartbeat import Heartbeat
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
-from ._recorder import Recorder, Reports
+from ._recorder import Recorder, Reports, retrying, transient
 from ._runner import Runner
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
@@ -144,6 +146,20 @@ class Worker:
         """Jobs this worker holds at most: running, plus claimed and waiting for a thread."""
         return sum(lane.capacity for lane in self._lanes)
 
+    def _check_schema(self) -> None:
+        """check_schema, tried again on a passing connection fault (a backend terminated, a
+        refused connection) for a few seconds, then DatabaseUnavailableError: a worker
+        starting during a failover or a pooler restart starts once the database answers.
+
+        It reads over the worker's own statements' engine, whose client-side deadline cuts a
+        connection gone silent under it (the handlers' engine has none mid-statement)."""
+        try:
+            retrying(lambda: check_schema(self._single), "checking the schema")
+        except SQLAlchemyError as exc:
+            if not transient(exc):
+                raise
+            raise DatabaseUnavailableError(f"cannot check the schema: {one_line(exc)}") from exc
+
     def run(self, *, burst: bool = False) -> bool:
         """Claim and run jobs until :meth:`stop` is called (or, with ``burst``, until idle).
 
@@ -158,7 +174,7 @@ class Worker:
         met the prepared-statement errors of an undeclared transaction pooler (see
         :func:`sa_jobqueue.database.create_engine`'s ``pooler``).
         """
-        check_schema(self.engine)
+        self._check_schema()
         log.info(
             "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
         )

@@ -728,3 +728,24 @@ def test_check_names_the_limits_of_a_late_limited_queue(run: Run, engine: sa.Eng
     assert run("check", "--max-wait", "1h", "--json") == 2
     workers = {f["check"]: f for f in json.loads(run.out)["findings"]}["workers"]
     assert workers["severity"] == "critical"  # a cap does not make a dead cluster healthy
+
+
+def test_a_database_error_of_no_known_kind_is_one_line_not_a_traceback(
+    database_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A role that may not read our tables: the server's refusal, said in one line."""
+    import os
+
+    role = f"sajq_noaccess_{os.getpid()}"
+    admin = sa.create_engine(database_url.set(drivername="postgresql+psycopg"))
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        run = Run(database_url.set(username=role, password=None), capsys)
+        assert run("worker", "tests.apps.acceptance:queue", "--burst") == 1
+        assert "permission denied" in one_line_error(run)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP OWNED BY "{role}"'))
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))
+        admin.dispose()

@@ -9,8 +9,10 @@ its effect written exactly once; no handler thread may be left unable to run job
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -333,3 +335,78 @@ def test_a_handler_whose_connection_goes_silent_mid_statement_is_freed(
     finally:
         workers.kill_all()
         proxy.close()
+
+
+def test_a_worker_whose_startup_check_loses_its_connection_starts_all_the_same(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """A backend terminated while the worker checks the schema is a passing fault: the check
+    is tried again on a fresh connection and the worker starts and runs its jobs."""
+    from sa_jobqueue import Worker
+
+    ids = enqueue(database_url, "write", 3)
+    engine = create_engine(database_url, connect_args={"application_name": "starting"})
+    terminated: list[int] = []
+
+    def terminate_after_first_read(conn: sa.Connection, *args: object) -> None:
+        # Once, after the check's first statement: its next one meets a terminated backend.
+        if not terminated:
+            terminated.append(terminate_application(tables, "starting"))
+
+    sa.event.listen(engine, "after_cursor_execute", terminate_after_first_read)
+    try:
+        worker = Worker(network.queue, engine, concurrency=2, poll_interval=timedelta(seconds=0.2))
+        assert worker.run(burst=True)
+    finally:
+        engine.dispose()
+    assert terminated == [1]
+    assert statuses(tables, ids) == {"succeeded": 3}
+
+
+def terminate_application(bind: sa.Engine, application: str) -> int:
+    """Terminate the server connections of ``application`` on this test's database."""
+    with bind.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = :app"
+                ),
+                {"app": application},
+            ).scalar_one()
+        )
+
+
+@pytest.mark.slow
+def test_a_worker_whose_startup_check_meets_a_silent_connection_starts_all_the_same(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """The schema check at start runs under the worker's statement deadline: a connection
+    gone silent under it is cut, and the check is tried again on a fresh one."""
+    from sa_jobqueue import Worker
+
+    ids = enqueue(database_url, "write", 2)
+    proxy = SilentProxy(database_url)
+    engine = create_engine(proxy.url(database_url))
+    silenced: list[int] = []
+
+    def silence_after_first_read(conn: sa.Connection, *args: object) -> None:
+        if not silenced:  # once: the check's next statement waits on a silent peer
+            silenced.append(proxy.silence())
+
+    sa.event.listen(engine, "after_cursor_execute", silence_after_first_read)
+    worker = Worker(network.queue, engine, concurrency=2, poll_interval=timedelta(seconds=0.2))
+    outcome: list[bool] = []
+    thread = threading.Thread(target=lambda: outcome.append(worker.run(burst=True)), daemon=True)
+    try:
+        thread.start()
+        thread.join(timeout=45)
+        assert outcome == [True], "the worker hung on its silent startup connection"
+    finally:
+        if thread.is_alive():
+            worker.stop()
+        proxy.close()
+        engine.dispose()
+    assert silenced
+    assert silenced[0] >= 1
+    assert statuses(tables, ids) == {"succeeded": 2}

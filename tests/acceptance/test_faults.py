@@ -438,6 +438,8 @@ def test_sigterm_asks_running_handlers_to_stop_within_the_grace(
     assert job_row(tables, returns).status == "succeeded"
     assert effect_rows(tables, returns) == [(1, proc.pid)]
     handed_back = job_row(tables, gives_up)
-    assert (handed_back.status, handed_back.attempts) == ("queued", 0), handed_back
+    # Its attempt keeps its number (the fence of that attempt alone) and is given back.
+    assert (handed_back.status, handed_back.attempts) == ("queued", 1), handed_back
+    assert handed_back.max_attempts == 6, handed_back
     assert handed_back.last_error is None
     assert effect_rows(tables, gives_up) == []

@@ -136,7 +136,8 @@ def test_a_row_locked_elsewhere_does_not_stall_the_heartbeat(db: sa.Engine) -> N
     """An application transaction holds a running job's row (say, a cancel not yet committed).
 
     The heartbeat skips the locked row instead of waiting for it: it goes on enforcing the
-    other jobs' timeouts, and does not take the locked job for lost.
+    other jobs' timeouts, and does not take the locked job for lost while its lease lasts (a
+    lease that expires under the lock is lost: test_liveness covers that).
     """
     queue = JobQueue()
     started: dict[str, threading.Event] = {"hold": threading.Event(), "slow": threading.Event()}
@@ -148,7 +149,9 @@ def test_a_row_locked_elsewhere_does_not_stall_the_heartbeat(db: sa.Engine) -> N
         release.wait(20)
         told_to_stop[ctx.task] = ctx.stop_requested
 
-    queue.task(name="hold", lease=timedelta(seconds=1.2))(body)
+    # Renewed every 1.5 s, so renewals meet the lock, which lasts about as long as the slow
+    # job's timeout (1.5 s) and ends well before this lease would run out.
+    queue.task(name="hold", lease=timedelta(seconds=4.5))(body)
     queue.task(name="slow", timeout=timedelta(seconds=1.5))(body)
     (held_id,) = enqueue_many(db, "hold", [None], queue=queue)
     (slow_id,) = enqueue_many(db, "slow", [None], queue=queue)
