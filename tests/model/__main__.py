@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers (CI_PLANS) and its bursts, connecting directly",
+        help="the CI run's handlers (CI_PLANS; today all of them)",
     )
     parser.add_argument(
         "--prefetch",
@@ -160,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         faults=args.faults,
         operations=args.ops,
         plans=CI_PLANS if args.ci_plans else PLANS,
-        bursts_direct=args.ci_plans,
         max_stop_ms=args.max_stop_ms,
         fault_rate=args.fault_rate,
         prefetch=args.prefetch,

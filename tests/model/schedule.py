@@ -112,10 +112,8 @@ class Config:
     #: The longest pause before a step, in milliseconds (drawn from 0 up to it).
     max_gap_ms: int = 150
     #: Whether burst workers reach the database directly rather than through the seed's
-    #: network and its faults. The CI run says yes until its defect is fixed: a worker whose
-    #: connection is refused (the proxy, or the role's connection limit) just after its
-    #: --wait-for-database check passed exits 1 with a traceback from its schema check.
-    bursts_direct: bool = True
+    #: network and its faults (the CI run says no).
+    bursts_direct: bool = False
     #: The workers' ``--prefetch``, drawn per seed from these (None: the adaptive buffer).
     prefetch: tuple[int | None, ...] = CI_PREFETCH
 
