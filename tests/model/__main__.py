@@ -32,7 +32,16 @@ from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
 from tests.helpers.databases import drop_database, recreate_database
 from tests.model.runner import run_seed
-from tests.model.schedule import CI_FAULTS, CI_PLANS, FAULTS, OPERATIONS, PLANS, Config
+from tests.model.schedule import (
+    CI_FAULTS,
+    CI_OPERATIONS,
+    CI_PLANS,
+    FAULTS,
+    OPERATIONS,
+    PLANS,
+    PREFETCH,
+    Config,
+)
 
 
 @contextlib.contextmanager
@@ -78,12 +87,21 @@ def parse_faults(text: str) -> frozenset[str]:
     return chosen
 
 
+def parse_prefetch(text: str) -> tuple[int | None, ...]:
+    try:
+        return tuple(None if p == "adaptive" else int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("a list of: adaptive, or a number of jobs") from None
+
+
 def parse_ops(text: str) -> dict[str, int]:
-    """``all``, or ``name=weight,...`` changing the default weights (0 leaves one out)."""
+    """``all``, ``ci``, or either followed by (or just) ``name=weight,...`` changing weights
+    (0 leaves one out): ``ci,burst=10`` is the CI mix with more bursts."""
+    parts = [p for p in text.split(",") if p]
     weights = dict(OPERATIONS)
-    if text == "all":
-        return weights
-    for part in text.split(","):
+    if parts and parts[0] in ("all", "ci"):
+        weights = dict(CI_OPERATIONS) if parts.pop(0) == "ci" else dict(OPERATIONS)
+    for part in parts:
         name, _, weight = part.partition("=")
         if name not in weights:
             raise argparse.ArgumentTypeError(f"unknown operation {name}; known: {list(weights)}")
@@ -99,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, metavar="SEED", help="run this one seed once")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds to explore")
     parser.add_argument("--steps", type=int, default=100, help="steps per seed")
+    parser.add_argument("--clients", type=int, default=3, help="client threads per seed")
     parser.add_argument("--workers", type=int, default=2, help="worker processes per seed")
     parser.add_argument("--concurrency", type=int, default=3, help="threads per worker")
     parser.add_argument(
@@ -111,13 +130,23 @@ def main(argv: list[str] | None = None) -> int:
         "--ops",
         type=parse_ops,
         default=dict(OPERATIONS),
-        help="all (default), or name=weight,... to change weights",
+        help="all (default), ci, or name=weight,... to change weights",
+    )
+    parser.add_argument(
+        "--fault-rate", type=float, default=0.07, help="the chance that a step is a fault"
     )
     parser.add_argument("--max-stop-ms", type=int, default=3500, help="longest SIGSTOP (CI: 2500)")
     parser.add_argument(
         "--ci-plans",
         action="store_true",
-        help="the CI run's handlers and jobs: no unique key with dependencies",
+        help="the CI run's handlers (CI_PLANS; today all of them)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=parse_prefetch,
+        default=PREFETCH,
+        help="the workers' --prefetch each seed draws from: adaptive, N, or a list (default:"
+        " adaptive,2; CI: adaptive)",
     )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
@@ -125,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = Config(
         steps=args.steps,
+        clients=args.clients,
         workers=args.workers,
         concurrency=args.concurrency,
         faults=args.faults,
         operations=args.ops,
         plans=CI_PLANS if args.ci_plans else PLANS,
         max_stop_ms=args.max_stop_ms,
-        unique_with_deps=not args.ci_plans,
+        fault_rate=args.fault_rate,
+        prefetch=args.prefetch,
     )
     replay = _replay_flags(args)
     failed = 0
@@ -160,6 +191,8 @@ def _replay_flags(args: argparse.Namespace) -> str:
     flags = ""
     if args.steps != 100:
         flags += f" --steps {args.steps}"
+    if args.clients != 3:
+        flags += f" --clients {args.clients}"
     if args.workers != 2:
         flags += f" --workers {args.workers}"
     if args.concurrency != 3:
@@ -168,10 +201,21 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --faults " + (",".join(sorted(args.faults)) or "none")
     if args.ci_plans:
         flags += " --ci-plans"
+    if args.fault_rate != 0.07:
+        flags += f" --fault-rate {args.fault_rate}"
+    if args.prefetch != PREFETCH:
+        flags += " --prefetch " + ",".join(
+            "adaptive" if p is None else str(p) for p in args.prefetch
+        )
     if args.max_stop_ms != 3500:
         flags += f" --max-stop-ms {args.max_stop_ms}"
     if args.ops != dict(OPERATIONS):
-        flags += " --ops " + ",".join(f"{k}={v}" for k, v in args.ops.items())
+        # The shorter of: the changes to all the operations, or "ci" and the changes to it.
+        ways = [
+            [f"{k}={v}" for k, v in args.ops.items() if OPERATIONS.get(k) != v],
+            ["ci"] + [f"{k}={v}" for k, v in args.ops.items() if CI_OPERATIONS.get(k) != v],
+        ]
+        flags += " --ops " + ",".join(min(ways, key=len))
     return flags
 
 

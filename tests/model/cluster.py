@@ -17,19 +17,23 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from tests.helpers.databases import url_string
+from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR
+from tests.helpers.databases import admin_engine, url_string
 from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
 
 APP = "tests.model.tasks:queue"
-QUEUES = ("default", "q1", "q2")
+#: The queues every worker serves. No task declares ``q3``: its jobs get there by
+#: ``enqueue(..., queue="q3")``, and the workers serve a queue none of their tasks names.
+QUEUES = ("default", "q1", "q2", "q3")
 #: The application_name of the checker's own connections: never a fault's target.
 CHECKER_APP = "mc_checker"
 
@@ -175,13 +179,22 @@ class Cluster:
     network: str  # "direct", "proxy" or "bouncer"
     logs: Path
     concurrency: int = 3
+    prefetch: int | None = None
+    #: Burst workers reach the database directly, not through the proxy or the pooler.
+    bursts_direct: bool = False
+    #: The login role of the workers (not the bursts), when not the server's user.
+    role: str | None = None
     proxy: FaultProxy | None = None
     bouncer: PgBouncer | None = None
     workers: list[WorkerProc] = field(default_factory=list)
+    #: Burst workers (``--burst``): not targets of faults, each watched by its own thread.
+    bursts: list[WorkerProc] = field(default_factory=list)
 
     @classmethod
-    def open(cls, database: URL, network: str, logs: Path, concurrency: int) -> Cluster:
-        cluster = cls(database, network, logs, concurrency)
+    def open(
+        cls, database: URL, network: str, logs: Path, concurrency: int, prefetch: int | None
+    ) -> Cluster:
+        cluster = cls(database, network, logs, concurrency, prefetch)
         if network == "proxy":
             cluster.proxy = FaultProxy(database)
         elif network == "bouncer":
@@ -189,17 +202,27 @@ class Cluster:
         return cluster
 
     def worker_url(self) -> URL:
+        database = self.database
+        if self.role is not None:
+            database = database.set(username=self.role, password=None)
         if self.proxy is not None:
-            return self.proxy.url(self.database)
+            return self.proxy.url(database)
         if self.bouncer is not None:
-            return self.bouncer.url(self.database)
-        return self.database
+            return self.bouncer.url(self.database)  # its auth file knows the server's user
+        return database
 
-    def start_worker(self) -> WorkerProc:
-        log = self.logs / f"worker-{len(self.workers)}.log"
-        pooler = ["--pooler", "transaction"] if self.bouncer is not None else []
+    def start_worker(self, burst: list[str] | None = None) -> WorkerProc:
+        """Start a worker of every queue, or with ``burst``, a burst worker of those queues."""
+        if burst is None:
+            log = self.logs / f"worker-{len(self.workers)}.log"
+        else:
+            log = self.logs / f"burst-{len(self.bursts)}.log"
+        direct = burst is not None and self.bursts_direct
+        pooler = ["--pooler", "transaction"] if self.bouncer is not None and not direct else []
         env = subprocess_env()
         env[AUDIT_URL] = url_string(self.database)
+        # A SIGABRT then writes every thread's stack to the log: a stuck burst's evidence.
+        env["PYTHONFAULTHANDLER"] = "1"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -210,11 +233,13 @@ class Cluster:
                     "worker",
                     APP,
                     "--database-url",
-                    url_string(self.worker_url()),
+                    url_string(self.database if direct else self.worker_url()),
                     "--concurrency",
                     str(self.concurrency),
                     "--queues",
-                    ",".join(QUEUES),
+                    ",".join(QUEUES if burst is None else burst),
+                    *(["--burst"] if burst is not None else []),
+                    *(["--prefetch", str(self.prefetch)] if self.prefetch is not None else []),
                     "--poll-interval",
                     "0.2",
                     "--shutdown-grace",
@@ -229,8 +254,16 @@ class Cluster:
                 stderr=subprocess.STDOUT,
             )
         worker = WorkerProc(proc, log)
-        self.workers.append(worker)
+        (self.workers if burst is None else self.bursts).append(worker)
         return worker
+
+    def most_held(self) -> int:
+        """The most running jobs a worker holds: its threads, the most it claims ahead
+        (``--prefetch``, or the adaptive buffer's ceiling, PREFETCH_MAX_FACTOR x threads),
+        and a batch of completions being retried (one a thread: a thread that adds its next
+        completion while the batch is retried waits, keeping its slot)."""
+        ahead = PREFETCH_MAX_FACTOR * self.concurrency if self.prefetch is None else self.prefetch
+        return 2 * self.concurrency + ahead
 
     def live(self) -> list[WorkerProc]:
         """Workers running and not told to leave (stopped ones included)."""
@@ -256,7 +289,7 @@ class Cluster:
         return [w for w in self.workers if not w.alive() and not w.leaving]
 
     def close(self) -> None:
-        for worker in self.workers:
+        for worker in [*self.workers, *self.bursts]:
             if worker.alive():
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.kill()  # SIGKILL also ends a stopped process
@@ -268,7 +301,62 @@ class Cluster:
             self.bouncer.stop()
 
     def output(self, worker: WorkerProc) -> str:
-        return worker.log.read_text(errors="replace")[-2000:]
+        return worker.log.read_text(errors="replace")[-6000:]
+
+
+@contextlib.contextmanager
+def worker_role(server: URL, database: URL) -> Iterator[str]:
+    """A login role of the seed's own for its workers, with the rights they use in the seed's
+    database and no connection limit yet; dropped at the end (after the database is).
+
+    The ``conn_limit`` fault lowers its CONNECTION LIMIT, so that the real server refuses
+    the workers' new connections ("too many connections for role"), with no server setting
+    touched: the role is the seed's, and so is what it may reach.
+    """
+    role = f"{database.database}_w"
+    admin = admin_engine(server)
+    seed = admin_engine(database)
+    try:
+        with admin.connect() as conn:
+            quoted = conn.dialect.identifier_preparer.quote(role)
+            db = conn.dialect.identifier_preparer.quote(str(database.database))
+            conn.execute(sa.text(f"CREATE ROLE {quoted} LOGIN"))
+            conn.execute(sa.text(f"GRANT CONNECT ON DATABASE {db} TO {quoted}"))
+        with seed.connect() as conn:
+            conn.execute(sa.text(f"GRANT USAGE ON SCHEMA public TO {quoted}"))
+            conn.execute(sa.text(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {quoted}"))
+            conn.execute(sa.text(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {quoted}"))
+        seed.dispose()
+        yield role
+    finally:
+        with seed.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"
+                ),
+                {"r": role},
+            )
+            # Its rights in the seed's database and on the database itself: then it can go.
+            conn.execute(sa.text(f"DROP OWNED BY {quoted}"))
+        seed.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {quoted}"))
+        admin.dispose()
+
+
+def set_connection_limit(engine: sa.Engine, role: str, limit: int | None) -> int:
+    """Set ``role``'s CONNECTION LIMIT: ``limit``, or its connections now when ``limit`` is 0
+    (no new one), or none when None. Returns the limit set (-1: none)."""
+    with engine.connect() as conn:
+        if limit == 0:
+            limit = conn.execute(
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE usename = :r"), {"r": role}
+            ).scalar_one()
+        value = -1 if limit is None else int(limit)
+        quoted = conn.dialect.identifier_preparer.quote(role)
+        conn.execute(sa.text(f"ALTER ROLE {quoted} CONNECTION LIMIT {value}"))
+        conn.commit()
+    return value
 
 
 def checker_engine(database: URL) -> sa.Engine:

@@ -9,6 +9,7 @@ and every lasting fault is undone at quiescence. The database's connections are 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from sa_jobqueue.models import workers_table
-from tests.model.cluster import Cluster, WorkerProc, restart_bouncer
+from tests.model.cluster import Cluster, WorkerProc, restart_bouncer, set_connection_limit
 from tests.model.model import Model
 from tests.model.schedule import Step
 
@@ -32,6 +33,8 @@ class Faults:
     floor: int = 1
     #: (monotonic deadline, what undoes the fault)
     pending: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    #: The clients inject and undo faults from their own threads: one at a time.
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def clock(self) -> sa.engine.Row[tuple[object]]:
         with self.engine.connect() as conn:
@@ -39,17 +42,19 @@ class Faults:
 
     def run(self, step: Step) -> str:
         handler: Callable[[Step], str] = getattr(self, "fault_" + step.kind)
-        return handler(step)
+        with self.lock:
+            return handler(step)
 
     def due(self, now: float | None = None) -> None:
         """Undo the faults whose time is up (all of them, when ``now`` is None)."""
-        keep = []
-        for deadline, undo in self.pending:
-            if now is None or deadline <= now:
-                undo()
-            else:
-                keep.append((deadline, undo))
-        self.pending = keep
+        with self.lock:
+            keep = []
+            for deadline, undo in self.pending:
+                if now is None or deadline <= now:
+                    undo()
+                else:
+                    keep.append((deadline, undo))
+            self.pending = keep
 
     def _pick(self, step: Step, among: list[WorkerProc]) -> WorkerProc | None:
         return among[step.args["pick"] % len(among)] if among else None
@@ -127,6 +132,7 @@ class Faults:
 
     def fault_blackhole(self, step: Step) -> str:
         assert self.cluster.proxy is not None
+        self.model.silenced = True
         return f"silenced {self.cluster.proxy.silence()} connections"
 
     def fault_refuse(self, step: Step) -> str:
@@ -137,6 +143,34 @@ class Faults:
             (time.monotonic() + step.args["ms"] / 1000, lambda: proxy.refuse(False))
         )
         return f"refusing for {step.args['ms']} ms"
+
+    def fault_conn_limit(self, step: Step) -> str:
+        """The workers' role may open no new connection for a while: the server refuses them
+        ("too many connections for role"). The ones open now go on, but one of them (the
+        step's ``pick``) is ended, so that a worker must reconnect into the refusals."""
+        role = self.cluster.role
+        assert role is not None
+        limit = set_connection_limit(self.engine, role, 0)
+        with self.engine.connect() as conn:
+            pids = list(
+                conn.execute(
+                    sa.text(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = :r"
+                        " AND application_name = 'sa_jobqueue' ORDER BY pid"
+                    ),
+                    {"r": role},
+                ).scalars()
+            )
+            if pids:
+                pid = pids[step.args["pick"] % len(pids)]
+                conn.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+        self.pending.append(
+            (
+                time.monotonic() + step.args["ms"] / 1000,
+                lambda: set_connection_limit(self.engine, role, None) and None,
+            )
+        )
+        return f"role {role} limited to its {limit} connections for {step.args['ms']} ms"
 
     def fault_bouncer_restart(self, step: Step) -> str:
         assert self.cluster.bouncer is not None

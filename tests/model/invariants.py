@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table, workers_table
 from tests.model.model import Model, Violation
-from tests.model.tasks import KEEPS, effects, starts
+from tests.model.tasks import KEEPS, effects, ends, starts
 
 j = jobs_table.c
 
@@ -81,6 +81,7 @@ def sample(conn: sa.Connection, model: Model) -> list[Violation]:
                             f" (now {rows[0].now}): " + "; ".join(shown[i] for i in ids),
                         )
                     )
+    found += worker_bound(conn, model)
     live = conn.execute(
         sa.select(j.task, j.unique_key, sa.func.array_agg(j.id))
         .where(j.unique_key.is_not(None), j.status.in_(("queued", "running")))
@@ -90,6 +91,49 @@ def sample(conn: sa.Connection, model: Model) -> list[Violation]:
     for task, key, ids in live:
         found.append(Violation("unique_live", tuple(ids), f"{task} key {key} held by {ids}"))
     return found
+
+
+#: How long after its handler ended a job may still be ``running`` with a live lease
+#: without counting against its worker's bound: its completion waits for its thread's group
+#: commit (at most GROUP_MAX_AGE, 50 ms, after the group opened) and the commit itself.
+COMPLETING = timedelta(seconds=1)
+
+
+def worker_bound(conn: sa.Connection, model: Model) -> list[Violation]:
+    """``worker_bound``: no worker holds more running jobs than it may (backpressure).
+
+    A worker holds at most its threads' jobs, those it claimed ahead (the prefetch, or the
+    adaptive buffer's ceiling) and a batch of completions being retried (one a thread):
+    ``model.most_held``. Counted, by the jobs' ``worker``
+    column: running jobs with a live lease, except those whose current attempt's handler
+    ended (``mc_ends``) within the last second, whose completion may still wait for its
+    group's commit. A job whose handler ended earlier and that is still running with a live
+    lease is one whose outcome its worker has not recorded, yet is still counted as its.
+    """
+    ended = (
+        sa.select(ends.c.id)
+        .where(
+            ends.c.job_id == j.id,
+            ends.c.attempt == j.attempts,
+            ends.c.at > sa.func.now() - COMPLETING,
+        )
+        .exists()
+    )
+    rows = conn.execute(
+        sa.select(j.worker, sa.func.array_agg(j.id), sa.func.now())
+        .where(j.status == "running", j.visible_at > sa.func.now(), ~ended)
+        .group_by(j.worker)
+        .having(sa.func.count() > model.most_held)
+    ).all()
+    return [
+        Violation(
+            "worker_bound",
+            tuple(sorted(ids)),
+            f"worker {worker} holds {len(ids)} running jobs with live leases at {now}, more"
+            f" than its {model.most_held} (threads, most claimed ahead, a batch of completions)",
+        )
+        for worker, ids, now in rows
+    ]
 
 
 # -- at quiescence ---------------------------------------------------------------------------
@@ -103,6 +147,7 @@ class Final:
     effects: dict[int, list[int]]  # job -> attempts of its committed effects
     starts: dict[int, list[Any]]  # job -> its audited starts (attempt, pid, at)
     workers: list[Any]
+    ends: dict[tuple[int, int], list[Any]]  # (job, attempt) -> its handlers' ends (pid, at)
 
     @classmethod
     def read(cls, conn: sa.Connection) -> Final:
@@ -114,7 +159,10 @@ class Final:
         for r in conn.execute(sa.select(starts).order_by(starts.c.id)):
             began[r.job_id].append(r)
         workers = list(conn.execute(sa.select(workers_table)))
-        return cls(jobs, dict(found), dict(began), workers)
+        ended: dict[tuple[int, int], list[Any]] = defaultdict(list)
+        for r in conn.execute(sa.select(ends)):
+            ended[(r.job_id, r.attempt)].append(r)
+        return cls(jobs, dict(found), dict(began), workers, dict(ended))
 
 
 def terminal(model: Model, final: Final) -> list[Violation]:
@@ -180,7 +228,11 @@ def effects_once(model: Model, final: Final) -> list[Violation]:
 
 
 def attempts_once(model: Model, final: Final) -> list[Violation]:
-    """No attempt number of a job was handed to two executions (the fencing token is unique)."""
+    """No attempt number of a job was handed to two executions (the fencing token is unique).
+
+    Even a job handed back by a worker's shutdown after its handler started keeps its
+    attempt's number: the next claim runs the next attempt.
+    """
     found = []
     for i, began in final.starts.items():
         twice = [a for a, n in Counter(s.attempt for s in began).items() if n > 1]
@@ -298,6 +350,93 @@ def cancels_honoured(model: Model, final: Final) -> list[Violation]:
     ]
 
 
+def _in_force(model: Model, queue: str, what: str) -> list[tuple[str, datetime, datetime]]:
+    """The spans during which a rate of ``what`` ("rate" or "key_rate") was surely in force on
+    ``queue`` and unchanged: (rate, from, to), database clock.
+
+    A change committed between its ``before`` and its ``at``. Its rate is surely in force from
+    its ``at`` until the ``before`` of the next change of that rate (or a clear), provided no
+    other change's span overlaps its own (two clients changing one queue at once: which
+    committed last is not known, so neither is trusted). A span runs on to the end if no
+    change follows.
+    """
+    changes = [
+        c
+        for c in model.changes
+        if c.queue == queue and c.what in (what, "clear") and c.before is not None
+    ]
+    spans = []
+    for c in changes:
+        assert c.before is not None
+        if c.what == "clear" or c.value is None:
+            continue
+        others = [o for o in changes if o is not c]
+        if any(o.before <= c.at and o.at >= c.before for o in others if o.before is not None):
+            continue
+        later = [o.before for o in others if o.before is not None and o.before > c.at]
+        spans.append((c.value, c.at, min(later, default=datetime.max.replace(tzinfo=c.at.tzinfo))))
+    return spans
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _windows(rate: str) -> tuple[int, timedelta]:
+    """``"3/0.5s"`` -> (3, 0.5 s): the limit and the period (the mix's rates are in seconds)."""
+    limit, _, period = rate.partition("/")
+    return int(limit), timedelta(seconds=float(period.rstrip("s") or 1))
+
+
+def rates(model: Model, final: Final) -> list[Violation]:
+    """``rates``: at most N attempts of a rate-limited queue start (are claimed) in one window.
+
+    Windows are aligned to the Unix epoch by the database clock; each attempt counts in the
+    window of its claim (``mc_starts.claimed_at``, the job's ``started_at`` read as the
+    handler starts). Only windows that lie wholly in a span when the rate was surely in force
+    and unchanged are checked (see :func:`_in_force`). Attempts claimed but never begun by a
+    handler (a worker killed, a job handed back) are not in the audit: the counts can only be
+    low, never high, so a violation is never a false alarm. ``key_rates``: the same per task
+    and payload key, for a rate per key.
+    """
+    claims: dict[str, list[Any]] = defaultdict(list)
+    seen: set[tuple[int, Any]] = set()
+    for began in final.starts.values():
+        for s in began:
+            if s.claimed_at is not None and (s.job_id, s.claimed_at) not in seen:
+                seen.add((s.job_id, s.claimed_at))
+                claims[s.queue].append(s)
+    found = []
+    for queue, started in claims.items():
+        for what in ("rate", "key_rate"):
+            for rate, since, until in _in_force(model, queue, what):
+                limit, period = _windows(rate)
+                counted: Counter[tuple[Any, ...]] = Counter()
+                ids: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+                for s in started:
+                    # As the claim computes it, exactly: whole periods since the epoch.
+                    window = EPOCH + (s.claimed_at - EPOCH) // period * period
+                    if window < since or window + period > until:
+                        continue
+                    group = (window,) if what == "rate" else (window, s.task, s.key)
+                    counted[group] += 1
+                    ids[group].append(s.job_id)
+                name = "rate windows" if what == "rate" else "key rate windows"
+                model.checked[name] = model.checked.get(name, 0) + len(counted)
+                for group, n in counted.items():
+                    if n > limit:
+                        at = group[0]
+                        found.append(
+                            Violation(
+                                "rates" if what == "rate" else "key_rates",
+                                tuple(ids[group]),
+                                f"queue {queue} {' '.join(map(str, group[1:]))}: {n} starts in"
+                                f" the window of {at} ({rate}, in force unchanged from {since}"
+                                f" to {until})",
+                            )
+                        )
+    return found
+
+
 def registry(model: Model, final: Final, pids: Iterable[int]) -> list[Violation]:
     """Each live worker process appears in the registry once."""
     seen = Counter(w.pid for w in final.workers)
@@ -316,6 +455,7 @@ FINAL_CHECKS: tuple[Callable[[Model, Final], list[Violation]], ...] = (
     kept_results,
     dependency_order,
     cancels_honoured,
+    rates,
 )
 
 

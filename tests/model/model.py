@@ -8,6 +8,7 @@ invariants read the model beside what the database says, and the two must agree.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -35,9 +36,11 @@ class Change:
 
     step: int
     queue: str
-    what: str  # "pause", "resume", "cap", "key_cap", "rate", "clear"
+    what: str  # "pause", "resume", "cap", "key_cap", "rate", "key_rate", "clear"
     value: Any
     at: datetime
+    #: The clock read before its transaction began (None: not read): it committed between.
+    before: datetime | None = None
 
 
 @dataclass
@@ -54,19 +57,42 @@ class Model:
     found: list[Violation] = field(default_factory=list)
     #: (pid, SIGSTOP at, SIGCONT at or None), database clock.
     stops: list[tuple[int, datetime, datetime | None]] = field(default_factory=list)
+    #: How much some checks looked at (windows of a rate, ...), for the report's notes.
+    checked: dict[str, int] = field(default_factory=dict)
+    #: Whether a blackhole fault ran: a handler waiting on a silent connection may outlast a
+    #: worker's shutdown grace, and the worker then exits 1 (as documented), not 0.
+    silenced: bool = False
+    #: The workers the checker told to stop (SIGTERM): they may hand back a started attempt.
+    termed: set[int] = field(default_factory=set)
+    #: The most running jobs with live leases one worker may hold (``worker_bound``).
+    most_held: int = 0
+    #: The clients write from several threads: jobs are added under this lock.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def created(self, record: JobRecord) -> None:
-        self.jobs[record.id] = record
+        with self.lock:
+            self.jobs[record.id] = record
+
+    def has(self, job_id: int) -> bool:
+        with self.lock:
+            return job_id in self.jobs
 
     def order(self) -> list[int]:
-        """Job ids in the order they were created."""
-        return list(self.jobs)
+        """Job ids in the order they were recorded."""
+        with self.lock:
+            return list(self.jobs)
 
     def cap_since(self, queue: str, what: str) -> tuple[int | None, datetime | None]:
-        """The queue's current cap of kind ``what`` and when it was last set or cleared."""
+        """The queue's current cap of kind ``what`` and when it was last set or cleared.
+
+        Changes are taken in the order of the clock read after each commit, the latest last:
+        with several clients, the order they were recorded in is not their commits' order.
+        Each such time is after its commit, so the one returned is after every commit so far
+        (the sampler also skips a queue whose setting in the database is not this value).
+        """
         value: int | None = None
         since: datetime | None = None
-        for change in self.changes:
+        for change in sorted(list(self.changes), key=lambda c: c.at):
             if change.queue != queue:
                 continue
             if change.what == what:

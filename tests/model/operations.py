@@ -10,7 +10,14 @@ the input given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,16 +26,18 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued
 from sa_jobqueue.errors import ResultTimeoutError
-from sa_jobqueue.models import jobs_table
+from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table
 from sa_jobqueue.ops import (
     clear_queue_limits,
     pause_queue,
     resume_queue,
     set_queue_concurrency,
     set_queue_key_concurrency,
+    set_queue_key_rate,
     set_queue_rate,
 )
 from sa_jobqueue.workflows import Call, Dependency
+from tests.model.cluster import Cluster, WorkerProc
 from tests.model.model import Change, JobRecord, Model, Violation
 from tests.model.schedule import Step
 from tests.model.tasks import KEEPS, queue
@@ -36,15 +45,46 @@ from tests.model.tasks import KEEPS, queue
 j = jobs_table.c
 #: How many of the newest jobs a cancel or a wait picks from (so it hits live ones).
 RECENT = 20
+#: A burst's time for its last claims and completions, and a loaded machine, in seconds.
+BURST_BASE = 20.0
+#: A burst's time per job it may still have to run: the longest plan action (3 s) and its
+#: completion, one after another at a cap of 1 (slower than any rate of the mix).
+BURST_PER_JOB = 3.5
+
+
+def burst_bound(backlog: int) -> float:
+    """Seconds a burst has to exit once nothing is enqueued, given the jobs of its queues
+    that are not paused and not ended."""
+    return BURST_BASE + BURST_PER_JOB * backlog
+
+
+@dataclass
+class Burst:
+    """A burst worker the schedule started, and on which queues."""
+
+    step: int
+    worker: WorkerProc
+    queues: list[str]
+    began: float
+    aborted: bool = False  # SIGABRT by the checker: its exit status says nothing
 
 
 class Operations:
     """Runs operations against one database and writes what they did into ``model``."""
 
-    def __init__(self, engine: sa.Engine, model: Model) -> None:
+    def __init__(self, engine: sa.Engine, model: Model, cluster: Cluster | None = None) -> None:
         self.engine = engine
         self.model = model
+        self.cluster = cluster
+        self.watchers: list[threading.Thread] = []
+        self.bursts: list[Burst] = []
         self.by_step: dict[int, list[int]] = {}
+        # Per unique key: enqueues of it under way, and how many have begun. A holder's
+        # payload is checked only when no other enqueue of its key overlapped this one (the
+        # clients run at once: another's replace may land between a commit and its check).
+        self._keys = threading.Lock()
+        self._busy: Counter[str] = Counter()
+        self._begun: Counter[str] = Counter()
 
     def clock(self) -> datetime:
         with self.engine.connect() as conn:
@@ -87,8 +127,8 @@ class Operations:
         ids: list[Enqueued],
         options: dict[str, Any],
         deps: list[list[Dependency]],
+        begun: dict[str, int],
     ) -> str:
-        self.by_step[step.index] = [int(i) for i in ids]
         declared = queue.get_task(task)
         created = 0
         keys = [
@@ -98,7 +138,7 @@ class Operations:
         # A key repeated within a batch keeps its last payload (as calls one after another).
         last = {k: p for k, p in zip(keys, payloads, strict=True) if k is not None}
         for job_id, payload, edges, key in zip(ids, payloads, deps, keys, strict=True):
-            if job_id.created and int(job_id) not in self.model.jobs:
+            if job_id.created and not self.model.has(int(job_id)):
                 created += 1
                 self.model.created(
                     JobRecord(
@@ -114,7 +154,10 @@ class Operations:
             elif not job_id.created:
                 self.model.returned.append((int(job_id), step.index, task, key))
                 expected = last.get(key, payload) if key is not None else payload
-                self._check_holder(step, int(job_id), task, key, expected, job_id.updated)
+                alone = key is None or self._alone(key, begun.get(key, 0))
+                self._check_holder(step, int(job_id), task, key, expected, job_id.updated, alone)
+        # After the jobs are in the model: a racing step may resolve its reference now.
+        self.by_step.setdefault(step.index, [int(i) for i in ids])
         return f"ids {[int(i) for i in ids]} ({created} created)"
 
     def _check_holder(
@@ -125,6 +168,7 @@ class Operations:
         key: str | None,
         payload: dict[str, Any],
         updated: bool,
+        alone: bool,
     ) -> None:
         """An enqueue that created nothing returned the job holding its key (and changed it)."""
         with self.engine.connect() as conn:
@@ -140,7 +184,7 @@ class Operations:
                     f" {job_id}, which is {row and (row.task, row.unique_key)}",
                 )
             )
-        elif updated and row.payload != payload:
+        elif updated and alone and row.payload != payload:
             self.model.found.append(
                 Violation(
                     "unique_replaced",
@@ -150,32 +194,66 @@ class Operations:
                 )
             )
 
+    def _key_names(
+        self, task: str, payloads: list[dict[str, Any]], options: dict[str, Any]
+    ) -> set[str]:
+        declared = queue.get_task(task)
+        if "unique_key" in options:
+            return {options["unique_key"]}
+        if declared.unique_key is None:
+            return set()
+        return {k for k in map(declared.unique_key, payloads) if k is not None}
+
+    @contextlib.contextmanager
+    def _enqueueing(self, keys: set[str]) -> Iterator[dict[str, int]]:
+        """Mark the enqueue of ``keys`` under way; yield each key's count of begun enqueues
+        (with ``-1`` for a key another enqueue was already busy with)."""
+        with self._keys:
+            begun = {}
+            for k in keys:
+                self._begun[k] += 1
+                begun[k] = -1 if self._busy[k] else self._begun[k]
+                self._busy[k] += 1
+        try:
+            yield begun
+        finally:
+            with self._keys:
+                for k in keys:
+                    self._busy[k] -= 1
+
+    def _alone(self, key: str, begun: int) -> bool:
+        """No other enqueue of ``key`` was under way when this began, or began since."""
+        with self._keys:
+            return begun == self._begun[key]
+
     def op_enqueue(self, step: Step) -> str:
         args = step.args
         options = self._options(args)
         deps = self._deps(args["depends_on"])
-        with Session(self.engine) as session, session.begin():
-            job_id = queue.enqueue(
-                session, args["task"], args["payload"], depends_on=deps or None, **options
-            )
-        return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps])
+        with self._enqueueing(self._key_names(args["task"], [args["payload"]], options)) as b:
+            with Session(self.engine) as session, session.begin():
+                job_id = queue.enqueue(
+                    session, args["task"], args["payload"], depends_on=deps or None, **options
+                )
+            return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps], b)
 
     def op_enqueue_many(self, step: Step) -> str:
         args = step.args
         options = self._options(args)
         deps = self._deps(args["depends_on"])
-        with Session(self.engine) as session, session.begin():
-            ids = queue.enqueue_many(
-                session, args["task"], args["payloads"], depends_on=deps or None, **options
-            )
         payloads = args["payloads"]
-        return self._record(step, args["task"], payloads, ids, options, [deps] * len(payloads))
+        with self._enqueueing(self._key_names(args["task"], payloads, options)) as b:
+            with Session(self.engine) as session, session.begin():
+                ids = queue.enqueue_many(
+                    session, args["task"], payloads, depends_on=deps or None, **options
+                )
+            deps_each = [deps] * len(payloads)
+            return self._record(step, args["task"], payloads, ids, options, deps_each, b)
 
     def _calls(self, step: Step) -> list[Call]:
         return [Call(c["task"], c["payload"]) for c in step.args["calls"]]
 
     def _record_calls(self, step: Step, ids: list[Enqueued], deps: list[list[Dependency]]) -> str:
-        self.by_step[step.index] = [int(i) for i in ids]
         for job_id, call, edges in zip(ids, step.args["calls"], deps, strict=True):
             self.model.created(
                 JobRecord(
@@ -188,6 +266,7 @@ class Operations:
                     [(d.job_id, d.on_failure) for d in edges],
                 )
             )
+        self.by_step[step.index] = [int(i) for i in ids]
         return f"ids {[int(i) for i in ids]}"
 
     def op_chain(self, step: Step) -> str:
@@ -218,18 +297,23 @@ class Operations:
         return among[pick % len(among)] if among else None
 
     def op_cancel(self, step: Step) -> str:
-        job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
+        ref = step.args.get("ref")
+        if ref is not None:  # a race's cancel: the job the racing enqueues depend on
+            ids = self.by_step.get(ref["step"], [])
+            job_id = ids[ref["pos"] % len(ids)] if ids else None
+        else:
+            job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
         if job_id is None:
             return "no job"
         with Session(self.engine) as session, session.begin():
             before = session.execute(sa.select(j.status).where(j.id == job_id)).scalar_one()
             done = queue.cancel(session, job_id)
-        if done:
+        if done and self.model.has(job_id):
             self.model.jobs[job_id].cancelled_by_checker = True
         return f"job {job_id} ({before}): {done}"
 
     def op_requeue(self, step: Step) -> str:
-        mine = list(self.model.jobs)
+        mine = self.model.order()
         with self.engine.connect() as conn:
             dead = list(
                 conn.execute(
@@ -268,12 +352,120 @@ class Operations:
                 )
         return f"job {job_id}: {outcome.status}"
 
+    # -- burst workers ----------------------------------------------------------------------
+
+    def op_burst(self, step: Step) -> str:
+        """Start ``sa-jobqueue worker --burst`` on some queues; a thread watches it exit.
+
+        While the schedule plays, a burst may run as long as its queues are fed (a burst
+        claims what its own jobs free). Its bound starts when the play ends: see
+        :meth:`settle_bursts`. Exiting with a status other than 0 is a finding at once.
+        """
+        assert self.cluster is not None
+        queues = step.args["queues"]
+        worker = self.cluster.start_worker(burst=queues)
+        burst = Burst(step.index, worker, queues, time.monotonic())
+        self.bursts.append(burst)
+        watcher = threading.Thread(target=self._watch, args=(burst,), daemon=True)
+        watcher.start()
+        self.watchers.append(watcher)
+        return f"burst {worker.pid} on {','.join(queues)}"
+
+    def _watch(self, burst: Burst) -> None:
+        code = burst.worker.proc.wait()
+        if code != 0 and not burst.aborted:
+            self.model.found.append(
+                Violation(
+                    "burst_exits",
+                    (),
+                    f"step {burst.step}: burst worker {burst.worker.pid} on"
+                    f" {','.join(burst.queues)} exited {code} after"
+                    f" {time.monotonic() - burst.began:.1f}s:\n"
+                    + self.cluster_output(burst.worker),
+                )
+            )
+
+    def settle_bursts(self) -> None:
+        """``burst_exits``: once the play has ended (nothing is enqueued any more), each burst
+        still running exits within :func:`burst_bound` of the jobs of its queues that are not
+        paused and not ended.
+
+        A burst waits only for what it controls: its own jobs and their completions, and
+        rate windows that open within 10 s; it exits at once on a pause, on other workers'
+        slots, on dependencies, on jobs not due. So, with nothing more enqueued, it has at
+        most those jobs to run, one after another at worst (a cap of 1). A burst still
+        running at its bound gets SIGABRT (its threads' stacks go to its log).
+        """
+        live = [b for b in self.bursts if b.worker.alive()]
+        deadlines = []
+        with self.engine.connect() as conn:
+            for burst in live:
+                backlog = conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(
+                        jobs_table.outerjoin(queues_table, queues_table.c.queue == j.queue)
+                    )
+                    .where(
+                        j.queue.in_(burst.queues),
+                        j.status.not_in(FINISHED_STATUSES),
+                        queues_table.c.paused_at.is_(None),
+                    )
+                ).scalar_one()
+                deadlines.append((burst, backlog, time.monotonic() + burst_bound(backlog)))
+        for burst, backlog, deadline in deadlines:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                burst.worker.proc.wait(max(0.0, deadline - time.monotonic()))
+            if burst.worker.alive():
+                evidence = self._queues(burst.queues)
+                burst.aborted = True
+                burst.worker.proc.send_signal(signal.SIGABRT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    burst.worker.proc.wait(5)
+                burst.worker.proc.kill()
+                self.model.found.append(
+                    Violation(
+                        "burst_exits",
+                        (),
+                        f"step {burst.step}: burst worker {burst.worker.pid} on"
+                        f" {','.join(burst.queues)} still running"
+                        f" {burst_bound(backlog):.1f}s after the play ended ({backlog} jobs of"
+                        f" its queues not paused and not ended then); queues now: {evidence}\n"
+                        + self.cluster_output(burst.worker),
+                    )
+                )
+
+    def cluster_output(self, worker: WorkerProc) -> str:
+        assert self.cluster is not None
+        return self.cluster.output(worker)
+
+    def _queues(self, queues: list[str]) -> str:
+        """Each queue's pause, limits and jobs by status, for a burst's evidence."""
+        with self.engine.connect() as conn:
+            settings = {
+                r.queue: f"paused={r.paused_at is not None} cap={r.concurrency} rate={r.rate_limit}"
+                f"/{r.rate_period} key_cap={r.key_concurrency}"
+                f" key_rate={r.key_rate_limit}/{r.key_rate_period}"
+                for r in conn.execute(
+                    sa.select(queues_table).where(queues_table.c.queue.in_(queues))
+                )
+            }
+            counts = conn.execute(
+                sa.select(j.queue, j.status, sa.func.count())
+                .where(j.queue.in_(queues))
+                .group_by(j.queue, j.status)
+            ).all()
+        jobs = {q: {s: n for qq, s, n in counts if qq == q} for q in queues}
+        return "; ".join(f"{q}: {settings.get(q, 'no settings')} jobs {jobs[q]}" for q in queues)
+
     # -- queues -----------------------------------------------------------------------------
 
     def _change(self, step: Step, what: str, value: Any, call: Callable[[Session], Any]) -> str:
+        before = self.clock()
         with Session(self.engine) as session, session.begin():
             said = call(session)
-        self.model.changes.append(Change(step.index, step.args["queue"], what, value, self.clock()))
+        self.model.changes.append(
+            Change(step.index, step.args["queue"], what, value, self.clock(), before)
+        )
         return f"{step.args['queue']}: {said}"
 
     def op_pause(self, step: Step) -> str:
@@ -297,6 +489,12 @@ class Operations:
     def op_set_rate(self, step: Step) -> str:
         q, rate = step.args["queue"], step.args["rate"]
         return self._change(step, "rate", rate, lambda s: set_queue_rate(s, q, rate))
+
+    def op_set_key_rate(self, step: Step) -> str:
+        q, rate = step.args["queue"], step.args["rate"]
+        return self._change(
+            step, "key_rate", rate, lambda s: set_queue_key_rate(s, q, rate, key="k")
+        )
 
     def op_clear_limits(self, step: Step) -> str:
         q = step.args["queue"]

@@ -2,7 +2,8 @@
 
 A payload is ``{"n": N, "plan": [action, ...], "k": KEY}``: attempt ``a`` does
 ``plan[min(a, len(plan)) - 1]``. Every attempt first records its start in ``mc_starts``
-through an autocommit connection of its own (the database's ``clock_timestamp()``), then
+through an autocommit connection of its own (the database's ``clock_timestamp()``, and its
+claim's time, the job's ``started_at``), then
 writes its effect row into ``mc_effects`` through ``ctx.session``, then does its action:
 
 - ``ok``: return (a kept result is ``{"n": N}``); ``slow``: sleep a little first;
@@ -28,6 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from sa_jobqueue import Backoff, Discard, JobContext, JobQueue, Retry
+from sa_jobqueue.models import jobs_table
 
 metadata = sa.MetaData()
 
@@ -50,6 +52,9 @@ starts = sa.Table(
     sa.Column("task", sa.Text, nullable=False),
     sa.Column("key", sa.Text),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
+    #: The attempt's claim time (its job's ``started_at``, the claim's ``now()``), read as
+    #: the handler starts; NULL if the job has moved on to another attempt by then.
+    sa.Column("claimed_at", sa.DateTime(timezone=True)),
 )
 ends = sa.Table(
     "mc_ends",
@@ -58,6 +63,7 @@ ends = sa.Table(
     sa.Column("job_id", sa.BigInteger, nullable=False, index=True),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("action", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
 )
 
@@ -121,6 +127,9 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
         queue=ctx.queue,
         task=ctx.task,
         key=None if key is None else str(key),
+        claimed_at=sa.select(jobs_table.c.started_at)
+        .where(jobs_table.c.id == ctx.job_id, jobs_table.c.attempts == ctx.attempt)
+        .scalar_subquery(),
     )
     ctx.session.execute(
         effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
@@ -133,7 +142,7 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
         deadline = time.monotonic() + HOLD
         while not ctx.cancel_requested and time.monotonic() < deadline:
             time.sleep(0.05)
-    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action)
+    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=os.getpid())
     if action == "fail":
         raise RuntimeError(f"planned failure of attempt {ctx.attempt}")
     if action == "retry":

@@ -28,6 +28,6 @@ CONFIG = Config(steps=80, workers=2, concurrency=3)
 @pytest.mark.parametrize("seed", [*FIXED_SEEDS, RANDOM_SEED])
 def test_model_checker_seed(server_url: URL, template_database: str, seed: int) -> None:
     outcome = run_seed(server_url, template_database, seed, CONFIG)
-    report = outcome.report(" --steps 80 --faults ci --ci-plans --max-stop-ms 2500")
+    report = outcome.report(" --steps 80 --faults ci --ops ci --ci-plans --max-stop-ms 2500")
     print(report)
     assert outcome.ok, report
