@@ -163,18 +163,7 @@ def snooze() -> Update:
     A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
     and due time, or no row if stale.
     """
-    cancelled = j.cancel_requested
-    return fenced(
-        update(jobs_table)
-        .values(
-            status=case((cancelled, CANCELLED), else_=QUEUED),
-            visible_at=func.now() + seconds("delay"),
-            finished_at=case((cancelled, func.now()), else_=None),
-            max_attempts=func.greatest(j.max_attempts, j.attempts + 1),
-            worker=None,
-        )
-        .returning(j.status, j.visible_at, settled_here())
-    )
+    return _requeue(func.now() + seconds("delay"), func.greatest(j.max_attempts, j.attempts + 1))
 
 
 @cache
@@ -188,14 +177,20 @@ def release_stopped() -> Update:
     A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
     and due time, or no row if stale.
     """
+    return _requeue(func.now(), j.max_attempts + 1)
+
+
+def _requeue(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> Update:
+    """A running attempt's job queued again at ``due`` with no error (cancelled instead if
+    its cancellation was requested), fenced; returns its status and due time."""
     cancelled = j.cancel_requested
     return fenced(
         update(jobs_table)
         .values(
             status=case((cancelled, CANCELLED), else_=QUEUED),
-            visible_at=func.now(),
+            visible_at=due,
             finished_at=case((cancelled, func.now()), else_=None),
-            max_attempts=j.max_attempts + 1,
+            max_attempts=max_attempts,
             worker=None,
         )
         .returning(j.status, j.visible_at, settled_here())
