@@ -131,7 +131,8 @@ class PgBouncer:
 
 
 class SilentProxy:
-    """A TCP proxy to the test server whose open connections can all be made to go silent."""
+    """A TCP proxy to the test server whose open connections can all be made to go silent,
+    and which can refuse new connections for a while."""
 
     def __init__(self, server: URL) -> None:
         host, port = _host(server), server.port or 5432
@@ -142,6 +143,7 @@ class SilentProxy:
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
+        self._refusing = False
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -156,12 +158,20 @@ class SilentProxy:
                 pair.silent = True
             return len(live)
 
+    def refuse(self, on: bool) -> None:
+        """While on, every new connection is closed as soon as it is accepted."""
+        self._refusing = on
+
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing:
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
             try:
                 if self._unix is not None:
                     server = socket.socket(socket.AF_UNIX)
@@ -174,6 +184,7 @@ class SilentProxy:
                 continue
             pair = _Pair(client, server)
             with self._lock:
+                self._pairs = [p for p in self._pairs if not p.closed.is_set()]
                 self._pairs.append(pair)
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +23,7 @@ from sqlalchemy.engine import URL
 
 from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR
 from tests.helpers.databases import admin_engine, url_string
-from tests.helpers.poolers import PGBOUNCER, PgBouncer, _host
+from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy
 from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
 
@@ -38,100 +35,9 @@ QUEUES = ("default", "q1", "q2", "q3")
 CHECKER_APP = "mc_checker"
 
 
-class FaultProxy:
-    """A TCP proxy to the server that can silence its open connections or refuse new ones."""
-
-    def __init__(self, server: URL) -> None:
-        host, port = _host(server), server.port or 5432
-        # The embedded server (pgserver) listens on a Unix socket only.
-        self._unix = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else None
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._lock = threading.Lock()
-        self._pairs: list[_Pair] = []
-        self._refusing = False
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, database: URL) -> URL:
-        return database.set(host="127.0.0.1", port=self.port, query={})
-
-    def silence(self) -> int:
-        """Black-hole every connection open now; how many there were. New ones work."""
-        with self._lock:
-            live = [p for p in self._pairs if not p.closed.is_set()]
-            for pair in live:
-                pair.silent = True
-            return len(live)
-
-    def refuse(self, on: bool) -> None:
-        """While on, every new connection is closed as soon as it is accepted."""
-        self._refusing = on
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._refusing:
-                with contextlib.suppress(OSError):
-                    client.close()
-                continue
-            try:
-                if self._unix is not None:
-                    upstream = socket.socket(socket.AF_UNIX)
-                    upstream.connect(self._unix)
-                else:
-                    upstream = socket.create_connection(self._target, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            pair = _Pair(client, upstream)
-            with self._lock:
-                self._pairs = [p for p in self._pairs if not p.closed.is_set()]
-                self._pairs.append(pair)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        with self._lock:
-            for pair in self._pairs:
-                pair.close()
-
-
-class _Pair:
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
-        self.client, self.upstream = client, upstream
-        self.silent = False
-        self.closed = threading.Event()
-
-    def pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while not self.closed.is_set():
-                ready, _, _ = select.select([src], [], [], 0.2)
-                if not ready:
-                    continue
-                data = src.recv(65536)
-                if not data:
-                    break
-                if not self.silent:
-                    dst.sendall(data)
-        except OSError:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        self.closed.set()
-        for sock in (self.client, self.upstream):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
+#: The proxy between the workers and the server: it can black-hole the connections open now
+#: and refuse new ones for a while.
+FaultProxy = SilentProxy
 
 
 def restart_bouncer(bouncer: PgBouncer) -> None:
