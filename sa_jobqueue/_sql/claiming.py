@@ -190,7 +190,7 @@ def _picked_keyed(
 ) -> tuple[CTE, ColumnElement[Any]]:
     """:func:`_picked` for a queue with limits per key: only jobs whose key has room under its
     cap per key and its rate per key; and the seconds until the next window of the rate per
-    key when a due job was held back by it (else NULL)."""
+    key when a due job was held back by it and the claim had room (else NULL)."""
     s = state.c
     from_queue = bindparam("from_queue", type_=Text)
     due = [claimable(), j.queue == from_queue, j.visible_at <= func.now()]
@@ -249,7 +249,9 @@ def _picked_keyed(
     )
     unkeyed = select(head.c.id).where(head.c.k.is_(None))
     eligible = select(checked.c.id).where(checked.c.fits).union_all(unkeyed)
-    rate_held = exists().where(~checked.c.rate_fits)
+    # Only a claim with room is held back by a key's rate: with none (a pause, a cap whose
+    # slots are held, a used-up rate of the queue) the next window of a key would start nothing.
+    rate_held = and_(room > 0, exists().where(~checked.c.rate_fits))
     key_wait = case(
         (rate_held, func.extract("epoch", window + key_period - func.clock_timestamp())),
         else_=null(),
@@ -428,11 +430,13 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     jobs this claim started) and the rate window's count.
 
     Each row is the room, the seconds until the next rate window when the current one is used
-    up (else NULL), whether the queue has a settings row, whether it has a cap per key (the
-    variant without ``keyed`` takes nothing from such a queue), then a claimed job as :func:`claim`
-    returns it; when the claim took none, one row with NULL job columns. Fewer jobs than the
-    room: the queue had no more due; as many as the room, and the room below ``:limit``: the
-    queue is at a limit.
+    up and the queue is not paused (else NULL), whether the queue has a settings row, whether it
+    has a cap per key (the variant without ``keyed`` takes nothing from such a queue), the
+    seconds until the next window of the rate per key when that rate held back a job and the
+    room was not 0 (else NULL: a paused queue has no window to wait for), then a claimed job as
+    :func:`claim` returns it; when the claim took none, one row with NULL job columns. Fewer
+    jobs than the room: the queue had no more due; as many as the room, and the room below
+    ``:limit``: the queue is at a limit.
 
     With ``completing``, the statement first completes ``:job_ids`` at ``:attempt_list`` as
     ``transitions.complete_many`` does (fenced), and the slots of those it completed are free
@@ -476,7 +480,8 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     room = (
         select(
             func.coalesce(case((held, 0), else_=func.greatest(fits, 0)), 0).label("room"),
-            s.rate_wait.label("wait"),
+            # A paused queue starts nothing when its rate window opens: nothing to wait for.
+            case((s.is_paused, null()), else_=s.rate_wait).label("wait"),
             s.is_paused.is_not(None).label("limited"),
             has_keys.label("keyed"),
         )

@@ -19,7 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue.ops import pause_queue, set_queue_concurrency, set_queue_rate
+from sa_jobqueue._sql.claiming import rate_window
+from sa_jobqueue.models import queues_table
+from sa_jobqueue.ops import pause_queue, set_queue_concurrency, set_queue_key_rate, set_queue_rate
 from sa_jobqueue.worker._claimer import BURST_WINDOW_WAIT
 from tests.apps import limited
 from tests.helpers import jobs
@@ -91,6 +93,45 @@ def test_a_paused_queue_ends_the_burst_whatever_its_limits(
         pause_queue(conn, "limited")
     ids = enqueue_many(tables, "work", [{"n": n} for n in range(3)])
     burst(database_url, "limited")
+    assert statuses(tables, ids) == {"queued": 3}
+
+
+def test_a_paused_queue_with_a_rate_per_key_ends_the_burst(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    # Jobs sharing a key are held back by the rate per key whatever has started: a pause must
+    # not read as "that key's next window opens soon", window after window.
+    with tables.begin() as conn:
+        set_queue_key_rate(conn, "limited", "1/500ms", key="customer")
+        pause_queue(conn, "limited")
+    ids = enqueue_many(tables, "work", [{"n": n, "customer": n % 2} for n in range(5)])
+    burst(database_url, "limited")
+    assert statuses(tables, ids) == {"queued": 5}
+
+
+def test_a_paused_queue_with_a_used_up_rate_window_ends_the_burst_at_once(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    period = 10.0  # a window that opens within BURST_WINDOW_WAIT: one a running queue waits for
+    assert period <= BURST_WINDOW_WAIT
+    with tables.begin() as conn:
+        set_queue_rate(conn, "limited", "1/10s")
+        pause_queue(conn, "limited")
+    # Start early in a window, so that waiting for the next one would show.
+    wait_for(lambda: window_left(tables, period) > 8.0, timeout=3 * period)
+    with tables.begin() as conn:
+        used_up = conn.execute(
+            sa.update(queues_table)
+            .where(queues_table.c.queue == "limited")
+            .values(rate_window=rate_window(), rate_count=1)
+            .returning(queues_table.c.rate_window)
+        ).scalar_one()
+    ids = enqueue_many(tables, "work", [{"n": n} for n in range(3)])
+    burst(database_url, "limited")
+    # The burst ended inside the window it found used up: it did not wait for the next one.
+    with tables.connect() as conn:
+        current = rate_window(sa.literal(timedelta(seconds=period), sa.Interval))
+        assert conn.execute(sa.select(current)).scalar_one() == used_up
     assert statuses(tables, ids) == {"queued": 3}
 
 
