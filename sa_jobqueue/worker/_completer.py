@@ -18,10 +18,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from .._error_text import one_line
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+T = TypeVar("T")
 
 #: Completions flushed at most this long after the first of a batch arrived (seconds). Short
 #: next to any lease, long next to a statement's round trip.
@@ -187,25 +190,50 @@ class Completer:
         before its answer was lost makes the next one match nothing for those jobs (they are
         then reported as not completed, and settled by a look at their row).
         """
-        give_up = time.monotonic() + self._retry_for
-        delay = RETRY_FIRST
+
+        def first_failure(exc: Exception) -> None:
+            log.warning(
+                "could not record %d completions (%s); retrying for up to %g s",
+                len(batch),
+                one_line(exc),
+                self._retry_for,
+            )
+            self._flowing.clear()
+
         try:
-            while True:
-                try:
-                    return self._complete(batch)
-                except Exception as exc:
-                    if not self._retryable(exc) or time.monotonic() + delay > give_up:
-                        raise
-                    if self._flowing.is_set():
-                        log.warning(
-                            "could not record %d completions (%s); retrying for up to %g s",
-                            len(batch),
-                            one_line(exc),
-                            self._retry_for,
-                        )
-                        self._flowing.clear()
-                time.sleep(delay)  # backoff between tries, not synchronisation
-                delay = min(delay * 2, RETRY_CAP)
+            return retry_with_backoff(
+                lambda: self._complete(batch), self._retry_for, self._retryable, first_failure
+            )
         finally:
             if not self._flowing.is_set():
                 self._flowing.set()
+
+
+def retry_with_backoff(
+    write: Callable[[], T],
+    window: float,
+    retryable: Callable[[Exception], bool],
+    on_first_failure: Callable[[Exception], None],
+) -> T:
+    """Run ``write`` (safe to repeat), again after a retryable error with a backoff from
+    RETRY_FIRST doubling to RETRY_CAP, for up to ``window`` seconds; then raise.
+
+    The window opens at the first failure, which may itself have taken a whole statement
+    deadline (a connection gone silent): counted from the start, it could leave no retry.
+    ``on_first_failure`` is told of that failure once, if it is retryable.
+    """
+    give_up: float | None = None
+    delay = RETRY_FIRST
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            if not retryable(exc):
+                raise
+            if give_up is None:
+                give_up = time.monotonic() + window
+                on_first_failure(exc)
+            if time.monotonic() + delay > give_up:
+                raise
+        time.sleep(delay)  # backoff between tries, not synchronisation
+        delay = min(delay * 2, RETRY_CAP)

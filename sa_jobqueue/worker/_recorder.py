@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import repeat
@@ -36,7 +35,7 @@ from ..observability import JobRun, Observers
 from ..tasks import Backoff, Retry, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
 from ._claimer import HandOff
-from ._completer import RETRY_CAP, RETRY_FIRST, Completer
+from ._completer import Completer, retry_with_backoff
 from ._sessions import HandlerSession, deadline
 from ._settlement import (
     ABANDON,
@@ -81,24 +80,11 @@ def retrying(write: Callable[[], T], what: str) -> T:
     """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
     error for up to RECORD_RETRY seconds; then raise. It runs on the job's thread, which keeps
     its slot meanwhile: a worker that cannot write its outcomes claims no more jobs."""
-    # The window opens at the first failure, which may itself have taken a whole statement
-    # deadline (a connection gone silent): counted from the start, it could leave no retry.
-    give_up: float | None = None
-    delay = RETRY_FIRST
-    while True:
-        try:
-            return write()
-        except SQLAlchemyError as exc:
-            if give_up is None:
-                give_up = time.monotonic() + RECORD_RETRY
-                if transient(exc):
-                    log.warning(
-                        "%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY
-                    )
-            if not transient(exc) or time.monotonic() + delay > give_up:
-                raise
-        time.sleep(delay)  # backoff between tries, not synchronisation
-        delay = min(delay * 2, RETRY_CAP)
+
+    def first_failure(exc: Exception) -> None:
+        log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
+
+    return retry_with_backoff(write, RECORD_RETRY, transient, first_failure)
 
 
 class Reports:
