@@ -11,6 +11,11 @@ down (``shutdown(2)``, both ways). The thread blocked in the driver then wakes a
 "connection lost" error, SQLAlchemy discards that connection instead of pooling it, and the
 caller goes on over a fresh one.
 
+A stopping worker hurries its own statements: a :class:`StopClock` handed to
+:func:`guard_statements` caps every deadline at the moment its worker must be gone, and cuts a
+statement already waiting when the stop came after ``STOP_HURRY`` more seconds (a live server
+answers a claim or a renewal in milliseconds; only a silent connection is cut by it).
+
 What this does not do: it never touches a statement of a handler's own (how long those may run
 is the application's business), and it cannot tell whether the server ran a statement whose
 answer was lost; every statement it guards is one that is safe to retry or to leave to the
@@ -44,10 +49,49 @@ STATEMENT_DEADLINE = 15.0
 #: a live server answers in milliseconds even when busy. A connection that does not answer by
 #: then is replaced, so a pool of silent connections costs a handler seconds, not minutes.
 PING_DEADLINE = 5.0
+#: How long a statement already waiting when its worker is told to stop may go on waiting
+#: (seconds): the stop is not held up by a silent connection's full deadline.
+STOP_HURRY = 3.0
+#: How often the watchdog looks again while a stopping worker's statements are armed (seconds).
+_LOOK_AGAIN = 0.25
 #: Execution option that overrides the deadline for one connection's statements (seconds).
 DEADLINE_OPTION = "sa_jobqueue_deadline"
 
 _INFO_KEY = "sa_jobqueue_deadline_token"
+
+
+class StopClock:
+    """When a stopping worker must be gone: nothing until :meth:`stop`, then a fixed moment.
+
+    Set from a signal handler, so it takes no lock: :meth:`stop` only assigns floats, which
+    the watchdog and the worker's threads read (see :class:`Deadlines`).
+    """
+
+    def __init__(self) -> None:
+        self.stopped_at: float | None = None  # time.monotonic() of the stop
+        self.until = float("inf")  # time.monotonic() by which the worker must be gone
+
+    def stop(self, seconds: float) -> None:
+        """The stop is now; the worker must be gone ``seconds`` from now (once only)."""
+        if self.stopped_at is None:
+            now = time.monotonic()
+            self.until = now + seconds
+            self.stopped_at = now
+
+    def left(self) -> float:
+        """Seconds until the worker must be gone (0 once past; inf before the stop)."""
+        return max(0.0, self.until - time.monotonic())
+
+    def limit(self, seconds: float) -> float:
+        """``seconds``, or less if the worker must be gone sooner."""
+        return min(seconds, self.left())
+
+    def cap(self, deadline: float, armed_at: float) -> float:
+        """The deadline of a statement armed at ``armed_at``, given the stop (if any)."""
+        stopped_at = self.stopped_at
+        if stopped_at is not None and armed_at <= stopped_at:
+            deadline = min(deadline, stopped_at + STOP_HURRY)
+        return min(deadline, self.until)
 
 
 class Deadlines:
@@ -55,8 +99,8 @@ class Deadlines:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # token -> (deadline, socket fd, seconds it was given)
-        self._armed: dict[int, tuple[float, int, float]] = {}
+        # token -> (deadline, socket fd, seconds it was given, its worker's clock, armed at)
+        self._armed: dict[int, tuple[float, int, float, StopClock | None, float]] = {}
         self._cut: set[int] = set()
         self._tokens = itertools.count()
         self._changed = threading.Condition(self._lock)
@@ -64,12 +108,14 @@ class Deadlines:
         self._silent = False  # an outage was reported and nothing has come back since
         self._wake_at = float("inf")  # when the watchdog looks next
 
-    def arm(self, fd: int, seconds: float) -> int:
-        """Watch the socket ``fd`` for ``seconds``; returns the token to :meth:`disarm` with."""
-        deadline = time.monotonic() + seconds
+    def arm(self, fd: int, seconds: float, clock: StopClock | None = None) -> int:
+        """Watch the socket ``fd`` for ``seconds`` (less once ``clock`` says its worker is
+        stopping); returns the token to :meth:`disarm` with."""
+        now = time.monotonic()
+        deadline = now + seconds if clock is None else clock.cap(now + seconds, now)
         with self._lock:
             token = next(self._tokens)
-            self._armed[token] = (deadline, fd, seconds)
+            self._armed[token] = (deadline, fd, seconds, clock, now)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watch, name="sa_jobqueue-deadlines", daemon=True
@@ -123,21 +169,29 @@ class Deadlines:
         with self._lock:
             while True:
                 now = time.monotonic()
-                for token, (deadline, fd, seconds) in list(self._armed.items()):
-                    if deadline <= now:
-                        del self._armed[token]
-                        self._cut.add(token)
-                        # Under the lock: the statement's thread cannot disarm and close the
-                        # socket meanwhile, so the descriptor cannot have been reused.
-                        _shut(fd)
-                        if not self._silent:
-                            self._silent = True
-                            log.warning(
-                                "the database did not answer within %g s; dropped that"
-                                " connection, going on over fresh ones",
-                                seconds,
-                            )
-                self._wake_at = min((d for d, _, _ in self._armed.values()), default=float("inf"))
+                self._wake_at = float("inf")
+                for token, (deadline, fd, seconds, clock, armed_at) in list(self._armed.items()):
+                    if clock is not None:
+                        deadline = clock.cap(deadline, armed_at)
+                        if clock.stopped_at is None:
+                            # A stop comes without notice (the clock takes no lock): look
+                            # again soon while a statement it would hurry waits.
+                            self._wake_at = min(self._wake_at, now + _LOOK_AGAIN)
+                    if deadline > now:
+                        self._wake_at = min(self._wake_at, deadline)
+                        continue
+                    del self._armed[token]
+                    self._cut.add(token)
+                    # Under the lock: the statement's thread cannot disarm and close the
+                    # socket meanwhile, so the descriptor cannot have been reused.
+                    _shut(fd)
+                    if not self._silent:
+                        self._silent = True
+                        log.warning(
+                            "the database did not answer within %g s; dropped that"
+                            " connection, going on over fresh ones",
+                            round(min(seconds, now - armed_at), 1),
+                        )
                 wait = self._wake_at - now
                 self._changed.wait(None if wait == float("inf") else max(wait, 0.01))
 
@@ -167,12 +221,15 @@ def socket_of(dbapi_connection: Any) -> int | None:
         return None
 
 
-def guard_statements(engine: Engine, seconds: float = STATEMENT_DEADLINE) -> None:
+def guard_statements(
+    engine: Engine, seconds: float = STATEMENT_DEADLINE, clock: StopClock | None = None
+) -> None:
     """Give every statement run through ``engine`` a client-side deadline.
 
     ``engine`` may be an option engine (``engine.execution_options(...)``): the deadline then
     holds for its connections only, not for the engine it was made from. A connection's own
-    ``execution_options(sa_jobqueue_deadline=...)`` overrides ``seconds``.
+    ``execution_options(sa_jobqueue_deadline=...)`` overrides ``seconds``. With ``clock``, a
+    stopping worker's statements are hurried (see :class:`StopClock`).
     """
     engine.update_execution_options(**{DEADLINE_OPTION: seconds})
 
@@ -181,7 +238,7 @@ def guard_statements(engine: Engine, seconds: float = STATEMENT_DEADLINE) -> Non
         fd = socket_of(cursor.connection)
         if fd is not None:
             limit = conn.get_execution_options()[DEADLINE_OPTION]
-            conn.info[_INFO_KEY] = DEADLINES.arm(fd, limit)
+            conn.info[_INFO_KEY] = DEADLINES.arm(fd, limit, clock)
 
     @event.listens_for(engine, "after_cursor_execute")
     def disarm(conn: Any, *_: Any) -> None:

@@ -39,7 +39,7 @@ from ._upkeep import (
     PRUNE_MAX_BATCHES,
     WORKER_STALE,
 )
-from ._worker import Worker, undeclared_queues
+from ._worker import STOP_MARGIN, Worker, undeclared_queues
 
 __all__ = [
     "OUTAGE_RETRY_CAP",
@@ -48,6 +48,7 @@ __all__ = [
     "PRUNE_BATCH",
     "PRUNE_INTERVAL",
     "PRUNE_MAX_BATCHES",
+    "STOP_MARGIN",
     "WORKER_STALE",
     "Worker",
     "undeclared_queues",

@@ -13,6 +13,7 @@ never lost).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from .._deadlines import StopClock
 from .._error_text import one_line
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -63,9 +65,11 @@ class Completer:
         on_flushed: Callable[[], None] | None = None,
         retry_for: float = 0.0,
         retryable: Callable[[Exception], bool] = lambda exc: True,
+        clock: StopClock | None = None,
     ) -> None:
         self._complete = flush
         self._retry_for = retry_for
+        self._clock = clock
         self._retryable = retryable
         # Cleared while a failed batch is being retried: add() waits meanwhile (see there).
         self._flowing = threading.Event()
@@ -119,10 +123,16 @@ class Completer:
         self._pending.put((job_id, attempt))
         written.wait(timeout)
 
-    def close(self) -> None:
-        """Flush what is pending and stop the thread."""
-        self._pending.put(None)
-        self._thread.join()
+    def close(self, timeout: float | None = None) -> int:
+        """Flush what is pending and stop the thread; how many completions were still not
+        written (nor given up on) after ``timeout`` seconds. The thread, a daemon, is then
+        left to finish or not: those jobs are reclaimed once their leases expire."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):
+            self._pending.put(None, timeout=timeout)
+        self._thread.join(None if give_up is None else max(0.0, give_up - time.monotonic()))
+        with self._lock:
+            return self._in_flight
 
     def _loop(self) -> None:
         closing = False
@@ -202,7 +212,11 @@ class Completer:
 
         try:
             return retry_with_backoff(
-                lambda: self._complete(batch), self._retry_for, self._retryable, first_failure
+                lambda: self._complete(batch),
+                self._retry_for,
+                self._retryable,
+                first_failure,
+                self._clock,
             )
         finally:
             if not self._flowing.is_set():
@@ -214,9 +228,11 @@ def retry_with_backoff(
     window: float,
     retryable: Callable[[Exception], bool],
     on_first_failure: Callable[[Exception], None],
+    clock: StopClock | None = None,
 ) -> T:
     """Run ``write`` (safe to repeat), again after a retryable error with a backoff from
-    RETRY_FIRST doubling to RETRY_CAP, for up to ``window`` seconds; then raise.
+    RETRY_FIRST doubling to RETRY_CAP, for up to ``window`` seconds (and no later than a
+    stopping worker must be gone, by ``clock``); then raise.
 
     The window opens at the first failure, which may itself have taken a whole statement
     deadline (a connection gone silent): counted from the start, it could leave no retry.
@@ -233,7 +249,8 @@ def retry_with_backoff(
             if give_up is None:
                 give_up = time.monotonic() + window
                 on_first_failure(exc)
-            if time.monotonic() + delay > give_up:
+            until = give_up if clock is None else min(give_up, clock.until)
+            if time.monotonic() + delay > until:
                 raise
         time.sleep(delay)  # backoff between tries, not synchronisation
         delay = min(delay * 2, RETRY_CAP)

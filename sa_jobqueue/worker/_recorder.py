@@ -26,6 +26,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from .._deadlines import StopClock
 from .._error_text import error_json, one_line
 from .._sql import transitions
 from .._sql.fence import held_many
@@ -76,15 +77,16 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (PoolTimeout, DisconnectionError))
 
 
-def retrying(write: Callable[[], T], what: str) -> T:
+def retrying(write: Callable[[], T], what: str, clock: StopClock | None = None) -> T:
     """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
-    error for up to RECORD_RETRY seconds; then raise. It runs on the job's thread, which keeps
-    its slot meanwhile: a worker that cannot write its outcomes claims no more jobs."""
+    error for up to RECORD_RETRY seconds (less once a stopping worker must be gone, by
+    ``clock``); then raise. It runs on the job's thread, which keeps its slot meanwhile: a
+    worker that cannot write its outcomes claims no more jobs."""
 
     def first_failure(exc: Exception) -> None:
         log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
 
-    return retry_with_backoff(write, RECORD_RETRY, transient, first_failure)
+    return retry_with_backoff(write, RECORD_RETRY, transient, first_failure, clock)
 
 
 class Reports:
@@ -169,9 +171,14 @@ class Recorder:
     """
 
     def __init__(
-        self, single: Engine, reports: Reports, on_flushed: Callable[[], None] | None = None
+        self,
+        single: Engine,
+        reports: Reports,
+        on_flushed: Callable[[], None] | None = None,
+        clock: StopClock | None = None,
     ) -> None:
         self._single = single
+        self._clock = clock
         self.reports = reports
         self._batch_conn = HeldConnection(single)  # the completer thread's alone
         #: Set by the worker: completes jobs holding slots and claims their successors at once.
@@ -189,16 +196,20 @@ class Recorder:
             on_flushed=on_flushed,
             retry_for=RECORD_RETRY,
             retryable=transient,
+            clock=clock,
         )
 
     def completing(self) -> bool:
         """Whether completions wait for their batch (see ``Completer.pending``)."""
         return self._completer.pending()
 
-    def close(self) -> None:
-        """Flush the completions still waiting for their batch."""
-        self._completer.close()
-        self._batch_conn.close()
+    def close(self, timeout: float | None = None) -> int:
+        """Flush the completions still waiting for their batch; how many were still not
+        written after ``timeout`` seconds (left to their leases)."""
+        unwritten = self._completer.close(timeout)
+        if not unwritten:
+            self._batch_conn.close()
+        return unwritten
 
     def record(self, job: Claimed, verdict: Verdict, task: Task) -> None:
         """Write a verdict in a statement of its own (or the next batch, for a completion).
@@ -304,7 +315,9 @@ class Recorder:
                 return conn.execute(transitions.finish_cancelled(), fence).rowcount == 1
 
         try:
-            cancelled = retrying(write, f"job {job_id}: could not settle attempt {attempt}")
+            cancelled = retrying(
+                write, f"job {job_id}: could not settle attempt {attempt}", self._clock
+            )
         except SQLAlchemyError as exc:  # the job stays as it is; its lease settles it
             log.warning("job %d: could not settle attempt %d: %s", job_id, attempt, one_line(exc))
             self.reports.report(job_id, attempt, Outcome.LOST, exc)
@@ -329,7 +342,7 @@ class Recorder:
                 return list(conn.execute(transitions.release(), params).all())
 
         try:
-            released = retrying(write, f"could not hand back {len(jobs)} job(s)")
+            released = retrying(write, f"could not hand back {len(jobs)} job(s)", self._clock)
         except SQLAlchemyError as exc:
             log.warning(
                 "could not hand back %d job(s) (%s); they will be reclaimed when their leases"
@@ -371,7 +384,7 @@ class Recorder:
             with self._single.connect() as conn:
                 return conn.execute(transitions.bury(), params).one_or_none()
 
-        row = retrying(write, f"job {job.id}: could not record it as dead")
+        row = retrying(write, f"job {job.id}: could not record it as dead", self._clock)
         status = None if row is None else row.status
         outcome = {None: Outcome.LOST, CANCELLED: Outcome.CANCELLED}.get(status, Outcome.DEAD)
         if outcome is Outcome.DEAD:
@@ -407,6 +420,7 @@ class Recorder:
         row = retrying(
             lambda: self.fail(job.id, job.attempts, backoff, exc),
             f"job {job.id}: could not record the failure of attempt {job.attempts}",
+            self._clock,
         )
         self.reports.report(
             job.id, job.attempts, outcome_of(verdict, None if row is None else row.status), exc
@@ -461,7 +475,7 @@ class Recorder:
             with self._single.connect() as conn:
                 return conn.execute(statement, params).one_or_none()
 
-        row = retrying(write, f"job {job.id}: could not record attempt {job.attempts}")
+        row = retrying(write, f"job {job.id}: could not record attempt {job.attempts}", self._clock)
         outcome = outcome_of(verdict, None if row is None else row.status)
         self.reports.report(job.id, job.attempts, outcome, exc)
         if row is None:

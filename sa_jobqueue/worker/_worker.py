@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -14,7 +15,7 @@ from datetime import timedelta
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._deadlines import guard_statements
+from .._deadlines import StopClock, guard_statements
 from .._error_text import one_line
 from .._pooler import TRANSACTION_POOLER_HINT, on_prepared_statement_clash
 from ..database import HeldConnection, check_schema, pooler_of
@@ -33,6 +34,11 @@ from ._runner import Runner
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+#: How long, past its shutdown grace, a stopping worker may spend writing what it still owes
+#: (hand-backs, outcomes, its registry row) before it exits anyway (seconds). What is not
+#: written by then is left to the leases: those jobs are reclaimed once their leases expire.
+STOP_MARGIN = 10.0
 
 
 class Worker:
@@ -112,8 +118,11 @@ class Worker:
         # own in autocommit: no row lock can outlive its statement, so a worker frozen between
         # statement and COMMIT (SIGSTOP, a paused VM) cannot keep jobs hidden from SKIP LOCKED.
         # Each has a client-side deadline too (a silent network never hangs the worker).
+        # Once stopping, those statements are hurried, so that the worker is gone by its
+        # shutdown grace and STOP_MARGIN whatever the network does (see StopClock).
+        self._clock = StopClock()
         self._single = (control_engine or engine).execution_options(isolation_level="AUTOCOMMIT")
-        guard_statements(self._single)
+        guard_statements(self._single, clock=self._clock)
         self.pooler = pooler_of(control_engine or engine)
         self._fatal: DatabaseUnavailableError | None = None  # run() raises it once stopped
         if self.pooler == "session":
@@ -168,8 +177,10 @@ class Worker:
         it opens within ``BURST_WINDOW_WAIT`` (10 s); a pause, a future ``run_at``, a
         dependency it does not run, and a cap whose slots other workers hold all end it.
 
-        Returns True if every started job finished, False if some were still running when the
-        shutdown grace ran out (they will be reclaimed after their leases expire). Raises
+        Returns True if every started job finished and its outcome was written, False if some
+        were still running when the shutdown grace ran out, or some outcome was still not
+        written ``STOP_MARGIN`` seconds after it (those jobs are reclaimed after their leases
+        expire). Raises
         :class:`~sa_jobqueue.errors.DatabaseUnavailableError`, once stopped, if its statements
         met the prepared-statement errors of an undeclared transaction pooler (see
         :func:`sa_jobqueue.database.create_engine`'s ``pooler``).
@@ -183,7 +194,10 @@ class Worker:
         # In a burst, a written completion may make more work due (a job that waited for it):
         # the claim loop looks again once the completions are written, rather than stop.
         recorder = Recorder(
-            self._single, Reports(self._observe), on_flushed=self._wake.set if burst else None
+            self._single,
+            Reports(self._observe),
+            on_flushed=self._wake.set if burst else None,
+            clock=self._clock,
         )
         loop = None
         if self._has_async:
@@ -252,11 +266,14 @@ class Worker:
         try:
             claims.run(burst)
         finally:
+            self._clock.stop(self._stop_seconds)  # a burst's end, or an error's
             self._claimer.close()
             self._stopping.set()
             self._leases.shut_down()  # running handlers see ctx.stop_requested
             self._release_unstarted(recorder)
-            not_done = self._leases.wait_all_done(self.shutdown_grace.total_seconds())
+            assert self._clock.stopped_at is not None
+            grace_left = self._clock.stopped_at + self.shutdown_grace.total_seconds()
+            not_done = self._leases.wait_all_done(max(0.0, grace_left - time.monotonic()))
             # Threads that are free commit their open groups and end; jobs still running past
             # the grace keep their threads (Python cannot kill them), but their leases are no
             # longer renewed, so another worker will take them over.
@@ -264,13 +281,13 @@ class Worker:
                 for _ in range(lane.concurrency):
                     lane.ready.put(None)
             for thread in job_threads:
-                thread.join(timeout=0.5 if not_done else None)
+                thread.join(timeout=0.5 if not_done else self._clock.left())
             if loop is not None:
                 loop.close()
-            recorder.close()
+            unwritten = recorder.close(timeout=self._clock.left())
             self._halt.set()
             for thread in helpers:
-                thread.join(timeout=5)
+                thread.join(timeout=min(5.0, self._clock.left()))
             if not_done:
                 log.warning(
                     "worker %s stopped with %d job(s) still running; they will be"
@@ -278,9 +295,16 @@ class Worker:
                     self.name,
                     len(not_done),
                 )
+            if unwritten:
+                log.warning(
+                    "worker %s stopped with %d outcome(s) not written; their jobs will be"
+                    " reclaimed when their leases expire",
+                    self.name,
+                    unwritten,
+                )
         if self._fatal is not None:
             raise self._fatal
-        return not not_done
+        return not not_done and not unwritten
 
     def _behind_a_transaction_pooler(self) -> None:
         """Statements failed as they do behind a transaction pooler: stop, saying what to pass
@@ -293,9 +317,17 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends).
 
-        Running handlers see ``ctx.stop_requested`` turn True as :meth:`run` winds down."""
+        Running handlers see ``ctx.stop_requested`` turn True as :meth:`run` winds down. From
+        now on, :meth:`run` returns within ``shutdown_grace`` and ``STOP_MARGIN`` whatever the
+        network does: what it could not write by then is left to the jobs' leases."""
+        self._clock.stop(self._stop_seconds)
         self._stopping.set()
         self._wake.set()
+
+    @property
+    def _stop_seconds(self) -> float:
+        """How long after the stop the worker must be gone: its grace and STOP_MARGIN."""
+        return self.shutdown_grace.total_seconds() + STOP_MARGIN
 
     def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
         """Delete succeeded and cancelled jobs older than ``retention``; return how many.

@@ -10,6 +10,8 @@ forward nothing while still accepting new ones.
 from __future__ import annotations
 
 import collections
+import signal
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +26,7 @@ from sa_jobqueue._deadlines import guard_statements
 from sa_jobqueue._sql.retention import PRUNE_LOCK
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create_engine
 from sa_jobqueue.models import jobs_table, workers_table
+from sa_jobqueue.worker import STOP_MARGIN
 from sa_jobqueue.worker._sessions import GroupSession, group_engine
 from tests.apps import network
 from tests.helpers.jobs import statuses
@@ -240,6 +243,37 @@ def test_workers_ride_out_connections_that_go_silent(
             attempts = set(conn.execute(sa.select(j.attempts).where(j.id.in_(ids))).scalars())
         assert attempts == {1}
         workers.terminate_all(timeout=40)
+    finally:
+        workers.kill_all()
+        proxy.close()
+
+
+@pytest.mark.slow
+def test_a_worker_told_to_stop_on_silent_connections_exits_within_its_grace_and_margin(
+    tables: sa.Engine, database_url: URL, tmp_path: Path
+) -> None:
+    """SIGTERM while a claim waits on a silent connection and two handlers outlast the
+    grace: the worker exits within its grace and ``STOP_MARGIN`` (with status 1, jobs were
+    still running), not once the claim's full statement deadline (15 s) has passed."""
+    proxy = SilentProxy(database_url)
+    workers = Workers(APP, proxy.url(database_url), tmp_path)
+    try:
+        worker = workers.start("--shutdown-grace", "2", concurrency=4, poll=0.2)
+        workers.wait(lambda: len(listen_backends(tables)) == 1 and _registered(tables) == 1, 30)
+        with Session(tables) as session, session.begin():
+            slow = network.queue.enqueue_many(
+                session, "write_after_a_while", [{"seconds": 60}, {"seconds": 60}]
+            )
+        workers.wait(lambda: statuses(tables, slow) == {"running": 2}, timeout=30)
+        assert proxy.silence() >= 3
+        # Two threads are free, so the claim loop polls: its next claim goes into the void.
+        assert proxy.swallowed.wait(10), "no statement was sent on a silent connection"
+        stopped = time.monotonic()
+        workers.signal(worker, signal.SIGTERM)
+        code = workers.wait_exit(worker, timeout=60)
+        took = time.monotonic() - stopped
+        assert took <= 2 + STOP_MARGIN, f"exited after {took:.1f}s:\n{workers.output(worker)}"
+        assert code == 1, workers.output(worker)
     finally:
         workers.kill_all()
         proxy.close()

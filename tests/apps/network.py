@@ -11,6 +11,7 @@ seconds, for tests that wait for lost jobs to be reclaimed.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -66,6 +67,16 @@ def note_run(ctx: JobContext) -> None:
 @queue.task(lease=timedelta(seconds=4))
 def write_briefly(ctx: JobContext, payload: Any) -> None:
     """``write`` with a short lease: a job whose outcome was lost is reclaimed within seconds."""
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+
+
+@queue.task
+def write_after_a_while(ctx: JobContext, payload: Any) -> None:
+    """``write`` after holding its thread for ``payload["seconds"]``: busy when the network goes
+    silent, and its write then waits on a silent connection."""
+    time.sleep(payload["seconds"])  # the handler's work, which ignores stop requests
     ctx.session.execute(
         effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
     )

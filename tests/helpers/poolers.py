@@ -145,6 +145,9 @@ class SilentProxy:
         self._pairs: list[_Pair] = []
         self._refusing = False
         self._closed = threading.Event()
+        #: Set once a silenced connection swallows what its client sent: a statement now
+        #: waits for an answer that will never come.
+        self.swallowed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, database: URL) -> URL:
@@ -182,7 +185,7 @@ class SilentProxy:
             except OSError:
                 client.close()
                 continue
-            pair = _Pair(client, server)
+            pair = _Pair(client, server, self.swallowed)
             with self._lock:
                 self._pairs = [p for p in self._pairs if not p.closed.is_set()]
                 self._pairs.append(pair)
@@ -198,9 +201,12 @@ class SilentProxy:
 
 
 class _Pair:
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    def __init__(
+        self, client: socket.socket, server: socket.socket, swallowed: threading.Event
+    ) -> None:
         self.client, self.server = client, server
         self.silent = False
+        self._swallowed = swallowed
         self.closed = threading.Event()
 
     def pump(self, src: socket.socket, dst: socket.socket) -> None:
@@ -212,8 +218,10 @@ class _Pair:
                 data = src.recv(65536)
                 if not data:
                     break
-                if not self.silent:  # a silent connection swallows what it is sent
+                if not self.silent:
                     dst.sendall(data)
+                elif src is self.client:  # a silent connection swallows what it is sent
+                    self._swallowed.set()
         except OSError:
             pass
         self.close()

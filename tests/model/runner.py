@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue.models import jobs_table, workers_table
 from sa_jobqueue.ops import resume_queue
+from sa_jobqueue.worker import STOP_MARGIN
 from tests.helpers.databases import cloned_database
 from tests.model import invariants
 from tests.model.cluster import QUEUES, Cluster, checker_engine, worker_role
@@ -52,9 +53,9 @@ REGISTRY_BOUND = 10.0
 STARTUP_BOUND = 20.0
 #: How long a SIGTERMed worker may take to exit: its shutdown grace (5 s) and a margin.
 EXIT_BOUND = 15.0
-#: The same after a blackhole fault: a statement on a silent connection is cut at the
-#: client-side deadline (15 s, docs/explanation/faults.md), then the grace, and a margin.
-SILENCED_EXIT_BOUND = 30.0
+#: The same after a blackhole fault: the worker's promise, its grace and STOP_MARGIN
+#: whatever the network does (docs/explanation/faults.md), and 5 s for the process to end.
+SILENCED_EXIT_BOUND = 5.0 + STOP_MARGIN + 5.0
 
 
 def quiescence_bound(jobs: int, threads: int) -> float:

@@ -60,10 +60,8 @@ FAULTS = (
     "conn_limit",
 )
 #: The faults of the CI run: all of them (leave one out here while a known defect of its
-#: is being fixed, and say why beside it), but ``blackhole``: a worker told to stop while its
-#: connections are silent can take longer than 30 s to exit (seed 11 of the CI mix, on a
-#: loaded machine, invariant ``clean_stop``), which is being looked into.
-CI_FAULTS = frozenset(FAULTS) - {"blackhole"}
+#: is being fixed, and say why beside it).
+CI_FAULTS = frozenset(FAULTS)
 #: The operations of the CI run: all of them (lower a weight to 0 here to leave one out while
 #: a known defect of its is being fixed, and say why beside it).
 CI_OPERATIONS: Mapping[str, int] = dict(OPERATIONS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from sa_jobqueue._deadlines import StopClock
 from sa_jobqueue.worker._completer import Completer
 
 Pair = tuple[int, int]
@@ -141,3 +142,29 @@ def test_a_batch_that_keeps_failing_is_given_up_after_retry_for() -> None:
     completer.close()
     assert seen.unrecorded == [(1, 1)]
     assert len(seen.batches) > 1  # tried more than once before giving up
+
+
+def test_close_gives_up_waiting_after_its_timeout_and_counts_what_is_unwritten() -> None:
+    recording = Recording()
+    recording.gate.clear()  # the flush hangs, as on a silent connection
+    completer = recording.completer(max_delay=0.0)
+    completer.add(1, 1)
+    completer.add(2, 1)
+    assert completer.close(timeout=0.2) == 2
+    recording.gate.set()
+
+
+def test_a_stopping_worker_retries_no_longer_than_its_clock_allows() -> None:
+    clock = StopClock()
+    recording = Recording(fail=True)
+    completer = Completer(
+        recording.flush,
+        lambda job_id, attempt: None,
+        on_unrecorded=recording.unrecorded.extend,
+        retry_for=60.0,
+        clock=clock,
+    )
+    clock.stop(0.3)
+    completer.add(1, 1)
+    assert completer.close(timeout=5) == 0  # given up within the clock's 0.3 s, not 60 s
+    assert recording.unrecorded == [(1, 1)]
