@@ -65,6 +65,24 @@ def extend_leases() -> Update:
 
 
 @cache
+def end_leases() -> Update:
+    """End the leases of attempts whose outcome was lost with their connection, now.
+
+    The next claim then takes the jobs over as after an expired lease (their attempt
+    counted, as for a crash), at once rather than when the leases would have run out, and
+    their worker no longer holds jobs it does not run. Fenced, and live leases only: an
+    attempt whose commit reached the server after all is no longer running, one already
+    reclaimed names another attempt, and neither is touched. Returns the ids it ended.
+    """
+    return (
+        update(jobs_table)
+        .where(*fenced_many(), _live())
+        .values(visible_at=func.now())
+        .returning(j.id)
+    )
+
+
+@cache
 def still_held() -> Select[int]:
     """Which of these attempts are still running with a live lease (a plain read: it waits
     for no lock). An attempt whose lease expired while its row was locked is lost, not busy."""

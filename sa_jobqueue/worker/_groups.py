@@ -19,7 +19,6 @@ from sqlalchemy import Connection, Engine, RootTransaction
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from .._error_text import one_line
 from ._claimed import Claimed
 from ._lanes import Lane
 from ._leases import LeaseTable
@@ -147,18 +146,13 @@ class Groups:
         jobs = group.done
         if broken(group.conn):
             # The connection was lost (a terminated backend, a pooler restart): the jobs'
-            # writes went with it. Their leases are no longer renewed, so they are reclaimed
-            # (their attempt counted, as for a crash) and run again; a commit that did reach
-            # the server before the loss is fenced, so nothing runs twice to completion.
-            log.warning(
-                "lost the connection of %d job(s) before their commit; they will be retried"
-                " after their leases expire",
-                len(jobs),
-            )
+            # writes went with it. Their leases are ended, so they are reclaimed (their
+            # attempt counted, as for a crash) and run again; a commit that did reach the
+            # server before the loss is fenced, so nothing runs twice to completion.
             drop_connection(here, lost=True)
             self._leases.forget(jobs)
-            for job in jobs:
-                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST)
+            if jobs:
+                self._recorder.unrecorded(jobs, None)
             return
         if not group.intact:
             # Something ended the shared transaction early: its jobs' writes are gone, so
@@ -177,17 +171,11 @@ class Groups:
                     group.conn.rollback()
         except SQLAlchemyError as exc:
             # Nothing of these jobs was written, their completions included: they are still
-            # running in the database, and run again once their leases expire.
-            log.error(
-                "could not commit the work of %d job(s) (%s); they will be retried after their"
-                " leases expire",
-                len(jobs),
-                one_line(exc),
-            )
+            # running in the database, and run again once their leases are ended.
             drop_connection(here, lost=True)
             self._leases.forget(jobs)
-            for job in jobs:
-                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST, exc)
+            if jobs:
+                self._recorder.unrecorded(jobs, exc)
             return
         if here.lane.ready.empty():
             drop_connection(here)  # else keep it for the next group: work is waiting

@@ -28,6 +28,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .._deadlines import StopClock
 from .._error_text import error_json, one_line
+from .._sql import leases as leases_sql
 from .._sql import transitions
 from .._sql.fence import held_many
 from ..database import HeldConnection
@@ -356,17 +357,39 @@ class Recorder:
             for job in jobs:
                 self.reports.report(job.id, job.attempts, Outcome.HANDED_BACK)
 
-    def unrecorded(self, job: Claimed, exc: BaseException) -> None:
-        """The outcome could not be written (connection lost, server gone)."""
-        # The job stays running in the database and is reclaimed when its lease runs out.
+    def unrecorded(self, jobs: list[Claimed], exc: BaseException | None) -> None:
+        """Their outcomes were lost with their connection (the handler's transaction, their
+        writes with it), or could not be written at all.
+
+        Their leases are ended now, fenced, on a fresh connection: the next claim takes the
+        jobs over (their attempt counted, as after a crash) at once, not when their leases
+        run out, and meanwhile the worker holds no job it no longer runs. If even that
+        cannot be written, the leases run out as they would have.
+        """
+        params = held_many((job.id, job.attempts) for job in jobs)
+
+        def write() -> list[Row[Any]]:
+            with self._single.connect() as conn:
+                return list(conn.execute(leases_sql.end_leases(), params).all())
+
+        why = "" if exc is None else f" ({one_line(exc)})"
+        try:
+            retrying(write, f"could not end the leases of {len(jobs)} job(s)", self._clock)
+        except SQLAlchemyError:
+            when = "after their leases expire"
+        else:
+            when = "at once"
+        attempts = ", ".join(f"{job.id} (attempt {job.attempts})" for job in jobs[:10])
+        more = f" and {len(jobs) - 10} more" if len(jobs) > 10 else ""
         log.error(
-            "job %d: could not record the outcome of attempt %d (%s); it will be"
-            " retried after its lease expires",
-            job.id,
-            job.attempts,
-            one_line(exc),
+            "could not record the outcome of job %s%s%s; retried %s",
+            attempts,
+            more,
+            why,
+            when,
         )
-        self.reports.report(job.id, job.attempts, Outcome.LOST, exc)
+        for job in jobs:
+            self.reports.report(job.id, job.attempts, Outcome.LOST, exc)
 
     def unknown_task(self, job: Claimed, exc: Exception) -> None:
         """A job whose task this worker does not know: a failed attempt, retried after the

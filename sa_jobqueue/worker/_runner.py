@@ -135,7 +135,7 @@ class Runner:
         except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
             # Most likely the connection was lost: the thread must go on serving jobs with a
             # fresh one, whatever state this one was left in.
-            self._recorder.unrecorded(job, exc)
+            self._recorder.unrecorded([job], exc)
             if here.group is not None:
                 self._groups.commit(here)  # keep what the group completed before, if it can
             drop_connection(here)
@@ -369,7 +369,7 @@ class Runner:
                 self._ran(job, run, time.monotonic() - started)
                 await self._settle_async(job, task, ctx, failure)
         except (SQLAlchemyError, psycopg.Error) as exc:
-            self._recorder.unrecorded(job, exc)
+            self._recorder.unrecorded([job], exc)
         except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
             log.exception("job %d: internal error while running it", job.id)
 

@@ -190,6 +190,27 @@ def set_connections(server: sa.Engine, database: str, allowed: bool) -> None:
         )
 
 
+def test_a_job_whose_commit_lost_its_connection_runs_again_at_once_not_after_its_lease(
+    tables: sa.Engine, database_url: URL, workers: Workers
+) -> None:
+    """The handler's connection is terminated before its commit: the attempt's writes and
+    its outcome are lost. Its lease is ended on a fresh connection, so the next claim takes
+    the job over within moments, not once its minute-long lease runs out."""
+    workers.start(concurrency=2, poll=0.2)
+    (job_id,) = enqueue(database_url, "write_then_lose_it", 1)
+    try:
+        workers.wait(lambda: statuses(tables, [job_id]) == {"succeeded": 1}, timeout=20)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {job_row(tables, job_id)}\n{workers.all_output()}") from None
+    assert job_row(tables, job_id).attempts == 2
+    with tables.connect() as conn:
+        effects = conn.execute(
+            sa.select(network.effects.c.attempt).where(network.effects.c.job_id == job_id)
+        ).scalars()
+        assert list(effects) == [2]  # the first attempt's write was lost with its commit
+    workers.terminate_all()
+
+
 @pytest.mark.slow
 def test_outcomes_are_recorded_once_the_server_accepts_connections_again(
     tables: sa.Engine,

@@ -82,6 +82,25 @@ def write_after_a_while(ctx: JobContext, payload: Any) -> None:
     )
 
 
+@queue.task(lease=timedelta(seconds=60))
+def write_then_lose_it(ctx: JobContext, payload: Any) -> None:
+    """``write``, whose first attempt then has its connection terminated before the commit:
+    its writes are lost with it, and its outcome cannot be recorded. A lease of a minute, so
+    that a retry within seconds cannot be the lease's expiry."""
+    ctx.session.execute(
+        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+    )
+    if ctx.attempt == 1:
+        bind = ctx.session.get_bind()
+        backend = ctx.session.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
+        other = sa.create_engine(bind.engine.url, poolclass=sa.pool.NullPool)
+        try:
+            with other.connect() as conn:
+                conn.execute(sa.select(sa.func.pg_terminate_backend(backend)))
+        finally:
+            other.dispose()
+
+
 @queue.task(timeout=timedelta(seconds=2), max_attempts=1)
 def hang(ctx: JobContext, payload: Any) -> None:
     """A statement through ``ctx.session`` that does not answer for a minute, as on a silent
