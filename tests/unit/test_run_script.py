@@ -1,4 +1,5 @@
-"""``tests/run``: both pytest passes run whatever the first returns, and both results count.
+"""``tests/run``: both pytest passes run whatever the first returns, and both results count;
+the second, against the embedded server, leaves out the slow and unit tiers the first ran.
 
 The script runs in a copy of the checkout's layout whose ``.venv`` holds stand-ins: each tool
 logs how it was called and exits as the test says, so the script's own logic is what is tested
@@ -18,19 +19,27 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent.parent / "run"
 
 #: A stand-in for .venv/bin/python: pip succeeds; pytest logs the database it was given and
-#: exits with FAKE_EXTERNAL or FAKE_EMBEDDED (the pass against the given URL, or the other).
+#: its arguments, and exits with FAKE_EXTERNAL or FAKE_EMBEDDED (the pass against the given
+#: URL, or the other).
 FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$2" = "pytest" ]; then
+    shift 2
     if [ -n "${SA_JOBQUEUE_TEST_DATABASE_URL:-}" ]; then
-        echo "external $SA_JOBQUEUE_TEST_DATABASE_URL" >> "$FAKE_LOG"; exit "$FAKE_EXTERNAL"
+        echo "external $SA_JOBQUEUE_TEST_DATABASE_URL $*" >> "$FAKE_LOG"; exit "$FAKE_EXTERNAL"
     fi
-    echo "embedded" >> "$FAKE_LOG"; exit "$FAKE_EMBEDDED"
+    echo "embedded $*" >> "$FAKE_LOG"; exit "$FAKE_EMBEDDED"
 fi
 exit 0
 """
 
 
-def run_script(tmp_path: Path, external: int, embedded: int) -> tuple[int, str, list[str]]:
+def run_script(
+    tmp_path: Path,
+    external: int = 0,
+    embedded: int = 0,
+    args: tuple[str, ...] = (),
+    url: str = "postgresql://somewhere/db",
+) -> tuple[int, str, list[str]]:
     (tmp_path / "tests").mkdir()
     shutil.copy(SCRIPT, tmp_path / "tests" / "run")
     bin_dir = tmp_path / ".venv" / "bin"
@@ -47,13 +56,13 @@ def run_script(tmp_path: Path, external: int, embedded: int) -> tuple[int, str, 
     log = tmp_path / "log"
     env = dict(os.environ)
     env.update(
-        SA_JOBQUEUE_TEST_DATABASE_URL="postgresql://somewhere/db",
+        SA_JOBQUEUE_TEST_DATABASE_URL=url,
         FAKE_LOG=str(log),
         FAKE_EXTERNAL=str(external),
         FAKE_EMBEDDED=str(embedded),
     )
     done = subprocess.run(
-        ["bash", str(tmp_path / "tests" / "run"), "-q"],
+        ["bash", str(tmp_path / "tests" / "run"), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -72,10 +81,25 @@ def test_both_pytest_passes_run_and_either_failure_fails_the_run(
     tmp_path: Path, external: int, embedded: int, failed: bool
 ) -> None:
     status, output, passes = run_script(tmp_path, external, embedded)
-    assert passes == ["external postgresql://somewhere/db", "embedded"], output
+    assert passes == [
+        "external postgresql://somewhere/db ",
+        "embedded -m not slow and not unit",
+    ], output
     assert (status != 0) == failed, output
     summary = output.strip().splitlines()[-2:]
     assert summary[0].startswith("== pytest against postgresql://somewhere/db: "), output
-    assert summary[1].startswith("== pytest against an embedded PostgreSQL: "), output
+    assert summary[1].startswith("== pytest against an embedded PostgreSQL (all but"), output
     assert summary[0].endswith("passed" if external == 0 else f"FAILED (exit {external})")
     assert summary[1].endswith("passed" if embedded == 0 else f"FAILED (exit {embedded})")
+
+
+def test_pytest_arguments_go_to_both_passes_whole(tmp_path: Path) -> None:
+    status, output, passes = run_script(tmp_path, args=("-q", "tests/unit"))
+    assert status == 0, output
+    assert passes == ["external postgresql://somewhere/db -q tests/unit", "embedded -q tests/unit"]
+
+
+def test_without_a_server_the_whole_suite_runs_against_the_embedded_one(tmp_path: Path) -> None:
+    status, output, passes = run_script(tmp_path, url="")
+    assert status == 0, output
+    assert passes == ["embedded "], output
