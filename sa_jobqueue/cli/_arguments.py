@@ -147,13 +147,13 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "--poll-interval",
         type=_values.seconds,
         default=timedelta(seconds=1),
-        help="seconds between safety-net polls (default 1)",
+        help="time between safety-net polls, in seconds or with a unit: 500ms, 2s (default 1)",
     )
     worker.add_argument(
         "--shutdown-grace",
         type=_values.seconds,
         default=timedelta(seconds=30),
-        help="seconds running jobs get to finish on SIGTERM (default 30)",
+        help="how long running jobs get to finish on SIGTERM: 30, 30s, 2m (default 30)",
     )
     worker.add_argument(
         "--no-listen",
@@ -165,8 +165,9 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "--retention",
         type=_values.retention,
         default=timedelta(days=1),
-        metavar="SECONDS",
-        help="keep succeeded and cancelled jobs this long, 'forever' to keep them (default 1 day)",
+        metavar="DURATION",
+        help="keep succeeded and cancelled jobs this long (3600, 12h, 7d), 'forever' to keep"
+        " them (default 1d)",
     )
     worker.add_argument(
         "--prefetch",

@@ -17,43 +17,55 @@ from ..models import STATUSES
 from ..ops.filters import MAX_PAGE
 from ..ops.queues import RateLimit, check_cap
 
-_DURATION: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)")
-_UNIT_SECONDS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_NUMBER: Final = r"(\d+(?:\.\d*)?|\.\d+)"
+_BARE: Final = re.compile(_NUMBER)
+_PART: Final = re.compile(_NUMBER + r"(ms|s|m|h|d)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_EXAMPLES: Final = "e.g. 30, 500ms, 30s, 1m30s, 2h, 7d"
+
+
+def _seconds(value: str) -> float:
+    """A bare number of seconds, or amounts with units written one after another."""
+    text = value.strip().lower()
+    if _BARE.fullmatch(text):
+        return float(text)
+    total, at = 0.0, 0
+    while at < len(text):
+        part = _PART.match(text, at)
+        if part is None:
+            raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
+        total += float(part[1]) * _UNIT_SECONDS[part[2]]
+        at = part.end()
+    if not text:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
+    return total
+
+
+def _timedelta(number: float, value: str) -> timedelta:
+    try:
+        return timedelta(seconds=number)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"duration too long: {value!r}") from None
 
 
 def seconds(value: str) -> timedelta:
-    """A number of seconds, more than 0 (``--poll-interval``, ``--watch``)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    """A duration more than 0: seconds, or with units (``--poll-interval``, ``--watch``)."""
+    number = _seconds(value)
     if number <= 0:
         raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return timedelta(seconds=number)
+    return _timedelta(number, value)
 
 
 def retention(value: str) -> timedelta | None:
-    """A number of seconds, 0 or more, or ``forever`` (None)."""
+    """A duration, 0 or more (seconds, or with units), or ``forever`` (None)."""
     if value == "forever":
         return None
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return timedelta(seconds=number)
+    return _timedelta(_seconds(value), value)
 
 
 def duration(value: str) -> timedelta:
-    """``30s``, ``5m``, ``2h``, ``7d``, or a bare number of seconds; 0 is allowed."""
-    match = _DURATION.fullmatch(value.strip().lower())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 30s, 5m, 2h, 7d)")
-    try:
-        return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"duration too long: {value!r}") from None
+    """``30s``, ``5m``, ``1m30s``, ``2h``, ``7d``, or a bare number of seconds; 0 is allowed."""
+    return _timedelta(_seconds(value), value)
 
 
 def queues(value: str) -> list[tuple[str, int | None]]:

@@ -258,7 +258,7 @@ def test_a_worker_told_to_stop_on_silent_connections_exits_within_its_grace_and_
     proxy = SilentProxy(database_url)
     workers = Workers(APP, proxy.url(database_url), tmp_path)
     try:
-        worker = workers.start("--shutdown-grace", "2", concurrency=4, poll=0.2)
+        worker = workers.start("--shutdown-grace", "2s", concurrency=4, poll=0.2)
         workers.wait(lambda: len(listen_backends(tables)) == 1 and _registered(tables) == 1, 30)
         with Session(tables) as session, session.begin():
             slow = network.queue.enqueue_many(
