@@ -58,9 +58,11 @@ def _redact(url: str | URL) -> str:
     return f"{scheme}{sep}...@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
+#: How long opening a connection may take (seconds, libpq's ``connect_timeout``).
+CONNECT_TIMEOUT = 10
 #: Connection settings for every connection sa_jobqueue opens.
 CONNECT_ARGS: dict[str, Any] = {
-    "connect_timeout": 10,
+    "connect_timeout": CONNECT_TIMEOUT,
     "application_name": "sa_jobqueue",
     # TCP keepalives find a half-open connection (a server or network that vanished without a
     # FIN) after about 30 + 3 * 10 = 60 s instead of the kernel's default of two hours.

@@ -18,8 +18,15 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
+from sqlalchemy.pool import NullPool
 
-from ..database import create_control_engine, create_engine, ping
+from ..database import (
+    CONNECT_TIMEOUT,
+    create_control_engine,
+    create_engine,
+    ping,
+    pooler_of,
+)
 from ..errors import DatabaseUnavailableError, JobQueueError
 from ..observability import Observer
 from ..queue import JobQueue
@@ -108,12 +115,18 @@ def lanes(
 
 
 def _wait_for_database(engine: Engine, patience: float) -> None:
-    """Ping until the database answers; give up with the last error after ``patience`` s."""
+    """Ping until the database answers; give up with the last error after ``patience`` s.
+
+    Each try connects afresh with a connect timeout of at most half the patience left (and
+    libpq's 2 s at least), so that one connection that hangs (its handshake gone silent, a
+    server too busy to answer it) cannot use up the whole wait on its own.
+    """
     deadline = time.monotonic() + patience
     delay = 0.5
     while True:
+        left = deadline - time.monotonic()
         try:
-            ping(engine)
+            _ping_once(engine, connect_timeout=max(2, min(CONNECT_TIMEOUT, int(left / 2))))
             return
         except DatabaseUnavailableError as exc:
             if time.monotonic() + delay > deadline:
@@ -122,6 +135,20 @@ def _wait_for_database(engine: Engine, patience: float) -> None:
                 print(f"sa-jobqueue: {exc}; retrying for up to {patience:g}s", file=sys.stderr)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+def _ping_once(engine: Engine, connect_timeout: int) -> None:
+    """:func:`ping` over a connection of its own, made with ``engine``'s URL and pooler."""
+    once = create_engine(
+        engine.url,
+        pooler=pooler_of(engine),
+        poolclass=NullPool,
+        connect_args={"connect_timeout": connect_timeout},
+    )
+    try:
+        ping(once)
+    finally:
+        once.dispose()
 
 
 def _observers(args: argparse.Namespace, app: JobQueue) -> list[Observer]:

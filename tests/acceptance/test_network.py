@@ -279,6 +279,27 @@ def test_a_worker_told_to_stop_on_silent_connections_exits_within_its_grace_and_
         proxy.close()
 
 
+@pytest.mark.slow
+def test_a_starting_worker_waits_past_a_connection_that_hangs_in_its_handshake(
+    tables: sa.Engine, database_url: URL, tmp_path: Path
+) -> None:
+    """The first connection a starting worker opens goes silent before the server's first
+    answer: ``--wait-for-database 10`` tries again within its patience instead of spending
+    all of it in that one connect (libpq's 10 s timeout), and the burst runs its job."""
+    proxy = SilentProxy(database_url)
+    proxy.silence_next(1)
+    workers = Workers(APP, proxy.url(database_url), tmp_path)
+    try:
+        (job_id,) = enqueue_through(database_url, "write", 1)
+        burst = workers.start("--burst", "--wait-for-database", "10", concurrency=1)
+        code = workers.wait_exit(burst, timeout=40)
+        assert code == 0, workers.output(burst)
+        assert statuses(tables, [job_id]) == {"succeeded": 1}
+    finally:
+        workers.kill_all()
+        proxy.close()
+
+
 def test_a_statement_cut_at_its_deadline_discards_its_connection(database_url: URL) -> None:
     """The deadline's own mechanism, on a direct connection: a statement that overstays is
     cut, raises a connection error at once, and its connection never goes back to the pool."""

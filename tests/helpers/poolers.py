@@ -144,6 +144,7 @@ class SilentProxy:
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._refusing = False
+        self._silent_new = 0  # how many of the next connections are silent from the start
         self._closed = threading.Event()
         #: Set once a silenced connection swallows what its client sent: a statement now
         #: waits for an answer that will never come.
@@ -160,6 +161,12 @@ class SilentProxy:
             for pair in live:
                 pair.silent = True
             return len(live)
+
+    def silence_next(self, count: int) -> None:
+        """The next ``count`` connections are accepted and forward nothing from the start
+        (their clients wait for the server's first answer for ever)."""
+        with self._lock:
+            self._silent_new = count
 
     def refuse(self, on: bool) -> None:
         """While on, every new connection is closed as soon as it is accepted."""
@@ -189,6 +196,9 @@ class SilentProxy:
             with self._lock:
                 self._pairs = [p for p in self._pairs if not p.closed.is_set()]
                 self._pairs.append(pair)
+                if self._silent_new > 0:
+                    self._silent_new -= 1
+                    pair.silent = True
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
 
