@@ -150,9 +150,28 @@ def create_engine(
         if local:
             set_local_in_every_transaction(engine, local)
     engine.update_execution_options(**{POOLER_OPTION: pooler})
+    guard_dialect_setup(engine)
     if pre_ping:
         ping_at_checkout(engine)
     return engine
+
+
+def guard_dialect_setup(engine: Engine, seconds: float = PING_DEADLINE) -> None:
+    """Give the dialect's setup on an engine's first connection a client-side deadline.
+
+    SQLAlchemy asks the server for its version and settings on the first connection an
+    engine opens, through a connection no execution event sees: on a silent network that
+    would wait for ever, and hang whoever opened it (a worker starting, a producer's first
+    enqueue). Past ``seconds`` the socket is cut and the connect fails; the setup runs again
+    on the next connection.
+    """
+    setup = engine.dialect.initialize
+
+    def initialize(connection: Connection) -> None:
+        with DEADLINES.guard(connection.connection.dbapi_connection, seconds):
+            setup(connection)
+
+    engine.dialect.initialize = initialize  # type: ignore[method-assign]
 
 
 def ping_at_checkout(engine: Engine, seconds: float = PING_DEADLINE) -> None:

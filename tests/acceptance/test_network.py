@@ -300,6 +300,27 @@ def test_a_starting_worker_waits_past_a_connection_that_hangs_in_its_handshake(
         proxy.close()
 
 
+@pytest.mark.slow
+def test_a_starting_worker_whose_first_query_goes_unanswered_starts_all_the_same(
+    tables: sa.Engine, database_url: URL, tmp_path: Path
+) -> None:
+    """The worker's first connection completes its handshake, then goes silent: SQLAlchemy's
+    own first statements (the server's version) are cut at the ping's deadline, and the
+    worker connects again and runs its job. Before, it waited for an answer for ever."""
+    proxy = SilentProxy(database_url)
+    proxy.silence_next_once_ready(1)
+    workers = Workers(APP, proxy.url(database_url), tmp_path)
+    try:
+        (job_id,) = enqueue_through(database_url, "write", 1)
+        burst = workers.start("--burst", "--wait-for-database", "10", concurrency=1)
+        code = workers.wait_exit(burst, timeout=40)
+        assert code == 0, workers.output(burst)
+        assert statuses(tables, [job_id]) == {"succeeded": 1}
+    finally:
+        workers.kill_all()
+        proxy.close()
+
+
 def test_a_statement_cut_at_its_deadline_discards_its_connection(database_url: URL) -> None:
     """The deadline's own mechanism, on a direct connection: a statement that overstays is
     cut, raises a connection error at once, and its connection never goes back to the pool."""

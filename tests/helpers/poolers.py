@@ -145,6 +145,7 @@ class SilentProxy:
         self._pairs: list[_Pair] = []
         self._refusing = False
         self._silent_new = 0  # how many of the next connections are silent from the start
+        self._silent_ready = 0  # how many go silent once the server says it is ready
         self._closed = threading.Event()
         #: Set once a silenced connection swallows what its client sent: a statement now
         #: waits for an answer that will never come.
@@ -167,6 +168,12 @@ class SilentProxy:
         (their clients wait for the server's first answer for ever)."""
         with self._lock:
             self._silent_new = count
+
+    def silence_next_once_ready(self, count: int) -> None:
+        """The next ``count`` connections go silent once the server has said it is ready for
+        queries (its first ReadyForQuery): the handshake completes, the first query hangs."""
+        with self._lock:
+            self._silent_ready = count
 
     def refuse(self, on: bool) -> None:
         """While on, every new connection is closed as soon as it is accepted."""
@@ -199,6 +206,9 @@ class SilentProxy:
                 if self._silent_new > 0:
                     self._silent_new -= 1
                     pair.silent = True
+                elif self._silent_ready > 0:
+                    self._silent_ready -= 1
+                    pair.silent_once_ready = True
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
 
@@ -210,12 +220,17 @@ class SilentProxy:
                 pair.close()
 
 
+#: The server's ReadyForQuery message (its type byte and length): the handshake is over.
+_READY = b"Z\x00\x00\x00\x05"
+
+
 class _Pair:
     def __init__(
         self, client: socket.socket, server: socket.socket, swallowed: threading.Event
     ) -> None:
         self.client, self.server = client, server
         self.silent = False
+        self.silent_once_ready = False
         self._swallowed = swallowed
         self.closed = threading.Event()
 
@@ -230,6 +245,8 @@ class _Pair:
                     break
                 if not self.silent:
                     dst.sendall(data)
+                    if self.silent_once_ready and src is self.server and _READY in data:
+                        self.silent = True
                 elif src is self.client:  # a silent connection swallows what it is sent
                     self._swallowed.set()
         except OSError:
