@@ -241,6 +241,7 @@ def build_dag(engine: sa.Engine) -> dict[int, list[int]]:
     return deps
 
 
+@pytest.mark.slow
 def test_a_dag_of_1000_jobs_runs_in_order_across_a_sigkill(
     tables: sa.Engine, workers: Workers
 ) -> None:

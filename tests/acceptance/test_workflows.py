@@ -97,6 +97,7 @@ def test_a_group_goes_in_by_batches_and_runs_side_by_side(engine: sa.Engine) -> 
     assert result_of(engine, ids[-1]) == 2
 
 
+@pytest.mark.slow
 def test_a_chord_of_2000_calls_back_once_with_every_result(engine: sa.Engine) -> None:
     queue = make_queue()
     with Session(engine) as session, session.begin():

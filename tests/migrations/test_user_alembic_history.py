@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -77,9 +78,10 @@ class Venv:
     def bin(self) -> Path:
         return self.root / "bin"
 
-    @property
+    @cached_property
     def our_versions(self) -> Path:
-        """The installed package's versions directory, as the venv's Python resolves it."""
+        """The installed package's versions directory, as the venv's Python resolves it (once:
+        the venv's packages do not move)."""
         found = _run(
             [
                 str(self.bin / "python"),
@@ -113,8 +115,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     )
     (wheel,) = dist.glob("sa_jobqueue-*.whl")
     env = Venv(root / "venv")
-    _run([sys.executable, "-m", "venv", str(env.root)], root)
-    _run([str(env.bin / "python"), "-m", "pip", "install", "-q", str(wheel)], root)
+    # No pip of its own (ensurepip takes seconds): this pip installs into it, with the
+    # dependencies, as it would into any environment (--python: pip run by the venv's Python).
+    _run([sys.executable, "-m", "venv", "--without-pip", str(env.root)], root)
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(env.bin / "python"), "install", "-q",
+         str(wheel)],
+        root,
+    )  # fmt: skip
     assert env.our_versions.is_relative_to(env.root)
     return env
 
