@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -51,11 +52,12 @@ SAMPLE_EVERY = 0.1
 REGISTRY_BOUND = 10.0
 #: How long the first workers may take to start (import, connect, register), in seconds.
 STARTUP_BOUND = 20.0
-#: How long a SIGTERMed worker may take to exit: its shutdown grace (5 s) and a margin.
-EXIT_BOUND = 15.0
-#: The same after a blackhole fault: the worker's promise, its grace and STOP_MARGIN
-#: whatever the network does (docs/explanation/faults.md), and 5 s for the process to end.
-SILENCED_EXIT_BOUND = 5.0 + STOP_MARGIN + 5.0
+#: How long a SIGTERMed worker may take to exit: the worker's promise, its shutdown grace
+#: (5 s) and STOP_MARGIN whatever the network does (docs/explanation/faults.md), and 5 s for
+#: the process to end.
+EXIT_BOUND = 5.0 + STOP_MARGIN + 5.0
+#: The same after a blackhole fault (the promise holds on silent connections too).
+SILENCED_EXIT_BOUND = EXIT_BOUND
 
 
 def quiescence_bound(jobs: int, threads: int) -> float:
@@ -330,6 +332,10 @@ def _exits(cluster: Cluster, model: Model) -> list[Violation]:
                 )
             )
         if w.term and code is None:
+            # Its threads' stacks go to its log (faulthandler), to show what it waits on.
+            w.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(5)
             found.append(
                 Violation(
                     "clean_stop",
