@@ -152,14 +152,19 @@ class Deadlines:
             return True
 
     @contextlib.contextmanager
-    def guard(self, connection: Any, seconds: float = STATEMENT_DEADLINE) -> Iterator[None]:
+    def guard(
+        self,
+        connection: Any,
+        seconds: float = STATEMENT_DEADLINE,
+        clock: StopClock | None = None,
+    ) -> Iterator[None]:
         """Arm for the ``with`` block the socket of ``connection``, a psycopg connection
-        (nothing if it has none any more)."""
+        (nothing if it has none any more); ``clock`` hurries it once its worker stops."""
         fd = socket_of(connection)
         if fd is None:
             yield
             return
-        token = self.arm(fd, seconds)
+        token = self.arm(fd, seconds, clock)
         try:
             yield
         finally:

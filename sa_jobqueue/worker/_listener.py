@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
-from .._deadlines import DEADLINES
+from .._deadlines import DEADLINES, StopClock
 from .._error_text import one_line
 from .._sql import enqueue as enqueue_sql
 from ..database import CONNECT_ARGS
@@ -26,9 +26,14 @@ LISTEN_PING = 10.0
 
 
 def listen(
-    engine: Engine, queues: Collection[str], wake: threading.Event, stopping: threading.Event
+    engine: Engine,
+    queues: Collection[str],
+    wake: threading.Event,
+    stopping: threading.Event,
+    clock: StopClock | None = None,
 ) -> None:
-    """Hold one LISTEN connection until ``stopping``; reconnect after any failure.
+    """Hold one LISTEN connection until ``stopping``; reconnect after any failure. Its ping
+    on a quiet connection is hurried by ``clock`` once the worker stops.
 
     After every (re)connection ``wake`` is set at once: jobs enqueued while nobody listened
     sent their NOTIFY to nobody, and only a claim finds them before the next poll.
@@ -54,7 +59,7 @@ def listen(
                         # Silence may be a quiet queue or a network that forwards nothing:
                         # only an answer tells them apart. No answer in time drops the
                         # connection, and the loop connects afresh.
-                        with DEADLINES.guard(raw):
+                        with DEADLINES.guard(raw, clock=clock):
                             raw.execute("SELECT 1")
                         heard = time.monotonic()
         except Exception as exc:

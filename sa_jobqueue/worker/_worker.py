@@ -256,7 +256,7 @@ class Worker:
             helpers.append(
                 threading.Thread(
                     target=listen,
-                    args=(self.engine, self.queues, self._wake, self._stopping),
+                    args=(self.engine, self.queues, self._wake, self._stopping, self._clock),
                     name="sa_jobqueue-listener",
                     daemon=True,
                 )
