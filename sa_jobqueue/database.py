@@ -211,6 +211,12 @@ def as_pooler(value: object) -> Pooler:
     return "transaction" if value == "transaction" else "session"
 
 
+#: The worker's own connections that are not one per job thread: the claim loop's and the
+#: completer's (each held for good), the heartbeat's, the registry's, and the main thread's
+#: (the startup check, the hand-backs at shutdown).
+CONTROL_USERS = 5
+
+
 def create_control_engine(
     url: str | URL, concurrency: int, *, pooler: Pooler = "session"
 ) -> Engine:
@@ -226,9 +232,9 @@ def create_control_engine(
         pooler=pooler,
         settings=CONTROL_SETTINGS,
         isolation_level="AUTOCOMMIT",
-        # The claim loop, the heartbeat and the completer, plus one per job recording a
-        # failure at once.
-        pool_size=3,
+        # Every user at once, plus one per job thread recording an outcome: none ever waits
+        # for the pool, a wait no statement deadline would cut.
+        pool_size=CONTROL_USERS,
         max_overflow=concurrency,
     )
     return engine

@@ -9,6 +9,7 @@ its effect written exactly once; no handler thread may be left unable to run job
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue.database import create_engine
+from sa_jobqueue.database import CONTROL_USERS, create_control_engine, create_engine
 from sa_jobqueue.models import jobs_table
 from tests.apps import network
 from tests.helpers.jobs import job_row, reading, statuses
@@ -188,6 +189,21 @@ def set_connections(server: sa.Engine, database: str, allowed: bool) -> None:
         conn.execute(
             sa.text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allowed).lower()}')
         )
+
+
+def test_every_user_of_a_workers_own_connections_gets_one_at_once(database_url: URL) -> None:
+    """The claim loop's and the completer's connections (held), the heartbeat's, the
+    registry's, the main thread's, and one per job thread recording an outcome, all at once:
+    none waits for the pool, where no statement deadline (nor a stopping worker's clock)
+    would cut the wait. Before, the pool had room for two fewer and the next one waited
+    out the pool's 30 s timeout."""
+    control = create_control_engine(database_url, concurrency=3)
+    try:
+        with contextlib.ExitStack() as held:
+            for _ in range(CONTROL_USERS + 3):
+                held.enter_context(control.connect())
+    finally:
+        control.dispose()
 
 
 def test_a_job_whose_commit_lost_its_connection_runs_again_at_once_not_after_its_lease(
