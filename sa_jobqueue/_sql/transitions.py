@@ -121,6 +121,31 @@ def release() -> Update:
 
 
 @cache
+def release_ran() -> Update:
+    """Hand attempts whose handlers ran back to the queue, due now, their attempts not spent.
+
+    For the jobs of a group whose shared transaction rolled back through no fault of theirs
+    (a sibling lost its lease, the transaction ended early): their writes went with it, so
+    they must run again. As :func:`release_stopped` does for one job, each attempt keeps its
+    number (handed back with ``attempts - 1``, the next claim would run that number a second
+    time, and two runs would share one fence) and ``max_attempts`` grows by one. A job whose
+    cancellation was requested ends ``cancelled``. Fenced like every transition.
+    """
+    return (
+        update(jobs_table)
+        .where(*fenced_many())
+        .values(
+            status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
+            visible_at=func.now(),
+            max_attempts=j.max_attempts + 1,
+            finished_at=case((j.cancel_requested, func.now()), else_=None),
+            worker=None,
+        )
+        .returning(j.id, settled_here())
+    )
+
+
+@cache
 def finish_cancelled() -> Update:
     """End one attempt whose job's cancellation was requested as ``cancelled``."""
     return fenced(

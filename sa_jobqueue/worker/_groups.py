@@ -160,7 +160,9 @@ class Groups:
             drop_connection(here)
             self._leases.forget(jobs)
             if jobs:
-                self._recorder.hand_back(jobs, "their shared transaction ended early", report=True)
+                self._recorder.hand_back(
+                    jobs, "their shared transaction ended early", report=True, ran=True
+                )
             return
         try:
             with deadline(group.conn):
@@ -189,7 +191,9 @@ class Groups:
         for job in stale:
             self._recorder.not_completed(job.id, job.attempts)
         if again:
-            self._recorder.hand_back(again, "their shared transaction was rolled back", report=True)
+            self._recorder.hand_back(
+                again, "their shared transaction was rolled back", report=True, ran=True
+            )
 
 
 def drop_connection(here: ThreadState, *, lost: bool = False) -> None:

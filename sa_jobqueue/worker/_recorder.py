@@ -334,13 +334,18 @@ class Recorder:
                 attempt,
             )
 
-    def hand_back(self, jobs: list[Claimed], why: str, *, report: bool = False) -> None:
-        """Return attempts to the queue as if never claimed (fenced): due again at once."""
+    def hand_back(
+        self, jobs: list[Claimed], why: str, *, report: bool = False, ran: bool = False
+    ) -> None:
+        """Return attempts to the queue (fenced), due again at once: as if never claimed, or,
+        if their handlers ``ran`` (a group rolled back), with their attempt numbers spent and
+        one more attempt each (see ``transitions.release_ran``)."""
         params = held_many((job.id, job.attempts) for job in jobs)
+        statement = transitions.release_ran() if ran else transitions.release()
 
         def write() -> list[Row[Any]]:
             with self._single.connect() as conn:
-                return list(conn.execute(transitions.release(), params).all())
+                return list(conn.execute(statement, params).all())
 
         try:
             released = retrying(write, f"could not hand back {len(jobs)} job(s)", self._clock)

@@ -74,6 +74,14 @@ class Setup:
         with Session(self.db) as session:
             return {job.id: job.status for job in session.scalars(sa.select(Job))}
 
+    def attempts(self, job: Claimed) -> tuple[int, int]:
+        """The job's ``attempts`` and ``max_attempts`` now."""
+        with self.db.connect() as conn:
+            row = conn.execute(
+                sa.select(Job.attempts, Job.max_attempts).where(Job.id == job.id)
+            ).one()
+            return row.attempts, row.max_attempts
+
     def notes(self) -> list[int]:
         with self.db.connect() as conn:
             return sorted(conn.execute(sa.select(NOTES.c.job_id)).scalars())
@@ -111,6 +119,9 @@ def test_one_stale_job_rolls_the_group_back_and_hands_the_others_back(setup: Set
     assert setup.notes() == []  # nobody's writes committed
     assert setup.statuses() == {stale.id: "running", other.id: "queued"}
     assert sorted(setup.outcomes.seen) == sorted([(stale.id, "lost"), (other.id, "handed_back")])
+    # Its handler ran: its attempt number is spent (the next claim must not run it again),
+    # and one more attempt makes up for it, as the rollback was no fault of its own.
+    assert setup.attempts(other) == (other.attempts, other.max_attempts + 1)
 
 
 def test_a_group_whose_transaction_ended_early_hands_its_jobs_back(setup: Setup) -> None:
@@ -122,3 +133,4 @@ def test_a_group_whose_transaction_ended_early_hands_its_jobs_back(setup: Setup)
     assert setup.statuses() == {job.id: "queued"}
     assert setup.outcomes.seen == [(job.id, "handed_back")]
     assert setup.leases.groups_open == 0
+    assert setup.attempts(job) == (job.attempts, job.max_attempts + 1)
