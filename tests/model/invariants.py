@@ -269,6 +269,25 @@ def attempts_once(model: Model, final: Final) -> list[Violation]:
     return found
 
 
+def session_usable(model: Model, final: Final) -> list[Violation]:
+    """A handler's ``ctx.session`` can be used: its statement may fail on a lost connection
+    (the driver's error), never with SQLAlchemy refusing the connection outright (a
+    transaction left invalid, one already begun, a closed connection: ``tasks.unusable``).
+    The handlers make one statement, so such a session came from the worker in that state:
+    a connection an earlier job lost, kept for the next."""
+    bad = {key: r for key, rows in final.ends.items() for r in rows if r.unusable}
+    if not bad:
+        return []
+    lines = [f"{job} attempt {attempt}: {r.error}" for (job, attempt), r in list(bad.items())[:8]]
+    return [
+        Violation(
+            "session_usable",
+            tuple(sorted({job for job, _ in bad})),
+            f"{len(bad)} attempts got a session they could not use:\n    " + "\n    ".join(lines),
+        )
+    ]
+
+
 def kept_results(model: Model, final: Final) -> list[Violation]:
     """A succeeded job of a task that keeps results holds what its payload says; others none."""
     found = []
@@ -479,6 +498,7 @@ FINAL_CHECKS: tuple[Callable[[Model, Final], list[Violation]], ...] = (
     nothing_lost,
     effects_once,
     attempts_once,
+    session_usable,
     kept_results,
     dependency_order,
     cancels_honoured,

@@ -15,8 +15,10 @@ writes its effect row into ``mc_effects`` through ``ctx.session``, then does its
 ``mc_effects`` has no unique constraint: a second committed effect of one job is visible as a
 second row, never hidden by a conflict. Only the effect of the attempt that succeeded may
 exist. Before returning or raising, the handler records its end in ``mc_ends``: a start
-without an end is an attempt whose process died or stalled. Leases and backoffs are short so
-that a seed settles in seconds.
+without an end is an attempt whose process died or stalled. An attempt whose ``ctx.session``
+raised (making it, or writing the effect) records the error with its end, and whether it was
+SQLAlchemy refusing to use the session at all (:func:`unusable`), then raises it. Leases and
+backoffs are short so that a seed settles in seconds.
 
 The ``quick`` task's handler makes no round trip but its effect's: it hands its start and
 end to a thread of the worker process that writes them soon after (:func:`_later`), so that
@@ -82,7 +84,32 @@ ends = sa.Table(
     sa.Column("action", sa.Text, nullable=False),
     sa.Column("pid", sa.Integer),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
+    #: What ``ctx.session`` raised, if it did (the class and the message), and whether it was
+    #: an :func:`unusable` one.
+    sa.Column("error", sa.Text),
+    sa.Column("unusable", sa.Boolean),
 )
+
+
+def unusable(error: BaseException) -> bool:
+    """Whether ``ctx.session`` raised because SQLAlchemy will not use the connection it was
+    given at all: a transaction left invalid by a lost connection ("Can't reconnect until
+    invalid transaction is rolled back"), one already begun on it, a ``Connection`` closed
+    (``InvalidRequestError`` and its subclasses).
+
+    Not counted: a lost connection itself, which is the driver's error (a ``DBAPIError``, or
+    psycopg's own for a group's savepoint); nor SQLAlchemy's pool giving up at checkout after
+    its connections failed the ping again and again ("This connection is closed", an
+    ``InvalidRequestError`` too, but raised in ``sqlalchemy.pool``): no connection could be
+    had, which a storm of terminated backends may well cause.
+    """
+    if not isinstance(error, sa.exc.InvalidRequestError):
+        return False
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    raised_in = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return not raised_in.startswith("sqlalchemy.pool")
 
 
 #: The environment variable giving the audit's direct database URL (never through a proxy or
@@ -185,7 +212,12 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
     plan: list[str] = payload["plan"]
     action = plan[min(ctx.attempt, len(plan)) - 1]
     key = payload.get("k")
-    grouped = isinstance(ctx.session, GroupSession)  # made now; it connects when first used
+    error: Exception | None = None
+    grouped: bool | None = None
+    try:
+        grouped = isinstance(ctx.session, GroupSession)  # made now; it connects when first used
+    except Exception as exc:
+        error = exc
     record(
         starts,
         job_id=ctx.job_id,
@@ -199,9 +231,24 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
         .scalar_subquery(),
         grouped=grouped,
     )
-    ctx.session.execute(
-        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
-    )
+    if error is None:
+        try:
+            ctx.session.execute(
+                effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+            )
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        record(
+            ends,
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            action=action,
+            pid=os.getpid(),
+            error=f"{type(error).__module__}.{type(error).__name__}: {error}"[:500],
+            unusable=unusable(error),
+        )
+        raise error
     if action == "slow":
         time.sleep(SLOW)
     elif action == "long":
