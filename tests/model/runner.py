@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,8 +204,11 @@ def run_seed(
             violations = list(model.found) + invariants.at_quiescence(model, final, pids)
             violations += _exits(cluster, model)
             checked = "".join(f"; {n} {what} checked" for what, n in model.checked.items())
+            runs = [s for began in final.starts.values() for s in began]
+            grouped = Counter(s.task for s in runs if s.grouped)
             notes.append(
-                f"{sampler.samples} samples{checked}; quiescence bound {bound:.0f}s; logs {logdir}"
+                f"{sampler.samples} samples{checked}; {grouped.total()} of {len(runs)} audited"
+                f" attempts grouped {dict(grouped)}; quiescence bound {bound:.0f}s; logs {logdir}"
             )
         finally:
             sampler.halt.set()

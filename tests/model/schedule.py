@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.model.cluster import QUEUES
-from tests.model.tasks import TASKS
+from tests.model.tasks import LATE, TASKS
 
 #: Operation weights: how often each is drawn, relative to the others.
 OPERATIONS: Mapping[str, int] = {
     "enqueue": 30,
     "enqueue_many": 6,
+    #: A batch of 3 to 8 jobs of the ``quick`` task (fast plans only): run back to back, they
+    #: share their threads' group commits, the worker's grouped path.
+    "enqueue_quick": 8,
     "chain": 3,
     "group": 2,
     "chord": 2,
@@ -79,6 +82,11 @@ PLANS: tuple[tuple[tuple[str, ...], int], ...] = (
 )
 #: The plans of the CI run: all of them.
 CI_PLANS = PLANS
+#: The actions a ``quick`` job's plan is drawn from (the plans made of these alone): none
+#: sleeps, so its handler stays under the worker's GROUP_FAST and its jobs are grouped.
+QUICK_ACTIONS = frozenset({"ok", "fail", "retry", "discard"})
+#: The tasks of chains, groups, chords and races.
+FLOW_TASKS = ("plain", "kept", "brief", "quick")
 UNIQUE_TASKS = ("keyed", "replacing", "periodic_key")
 #: The workers' ``--prefetch`` a seed draws from (None: the adaptive buffer, up to 8 x the
 #: threads). A small one makes ``worker_bound`` tight: threads + 2.
@@ -208,7 +216,7 @@ def generate(seed: int, config: Config) -> Schedule:
             continue
         args = _op_args(rng, kind, producers, n, config)
         n += args.get("count", 1)
-        if kind in ("enqueue", "enqueue_many", "chain", "group", "chord"):
+        if kind in ("enqueue", "enqueue_many", "enqueue_quick", "chain", "group", "chord"):
             producers.append((index, args.get("count", 1)))
         steps.append(Step(index, gap, kind, False, args, client))
     return Schedule(
@@ -244,8 +252,14 @@ def _plan(rng: random.Random, mix: tuple[tuple[tuple[str, ...], int], ...]) -> l
 
 
 def _job(rng: random.Random, n: int, task: str, config: Config) -> dict[str, Any]:
-    """A payload: its number, its plan, a key for caps per key, and a unique key maybe."""
-    plan = _plan(rng, config.plans)
+    """A payload: its number, its plan, a key for caps per key, and a unique key maybe.
+
+    A ``quick`` job's plan is one of the mix's fast plans (only QUICK_ACTIONS), or ``ok``.
+    """
+    mix = config.plans
+    if task in LATE:
+        mix = tuple((p, w) for p, w in mix if QUICK_ACTIONS.issuperset(p)) or ((("ok",), 1),)
+    plan = _plan(rng, mix)
     payload: dict[str, Any] = {"n": n, "plan": plan, "k": f"c{rng.randrange(3)}"}
     if task in UNIQUE_TASKS:
         payload["uk"] = f"u{rng.randrange(4)}"
@@ -299,7 +313,7 @@ def _race_args(
         for c in range(config.clients):
             order = list(shared)
             rng.shuffle(order)
-            task = rng.choice(("plain", "kept", "brief"))
+            task = rng.choice(FLOW_TASKS)
             parts.append(
                 {
                     "op": "enqueue",
@@ -323,7 +337,7 @@ def _race_args(
         target = rng.choice(refs) if refs else None
         parts.append({"op": "cancel", "ref": target, "pick": rng.randrange(1000), "count": 0})
         for c in range(1, config.clients):
-            task = rng.choice(("plain", "kept", "brief"))
+            task = rng.choice(FLOW_TASKS)
             dep = (
                 [] if target is None else [{**target, "on_failure": rng.choice(["cancel", "run"])}]
             )
@@ -358,9 +372,9 @@ def _op_args(
         keyed = task in UNIQUE_TASKS or "unique_key" in args
         args["depends_on"] = [] if keyed and not config.unique_with_deps else _deps(rng, producers)
         return args
-    if kind == "enqueue_many":
-        task = rng.choice(TASKS)
-        count = rng.randint(2, 6)
+    if kind in ("enqueue_many", "enqueue_quick"):
+        task = "quick" if kind == "enqueue_quick" else rng.choice(TASKS)
+        count = rng.randint(3, 8) if kind == "enqueue_quick" else rng.randint(2, 6)
         return {
             "task": task,
             "payloads": [_job(rng, n + i, task, config) for i in range(count)],
@@ -374,7 +388,7 @@ def _op_args(
         count = rng.randint(2, 4)
         calls = []
         for i in range(count):
-            task = rng.choice(("plain", "kept", "brief"))
+            task = rng.choice(FLOW_TASKS)
             calls.append({"task": task, "payload": _job(rng, n + i, task, config)})
         args = {"calls": calls, "count": count}
         if kind != "group":

@@ -2,8 +2,9 @@
 
 A payload is ``{"n": N, "plan": [action, ...], "k": KEY}``: attempt ``a`` does
 ``plan[min(a, len(plan)) - 1]``. Every attempt first records its start in ``mc_starts``
-through an autocommit connection of its own (the database's ``clock_timestamp()``, and its
-claim's time, the job's ``started_at``), then
+through an autocommit connection of its own (the database's ``clock_timestamp()``, its
+claim's time, the job's ``started_at``, and whether its session is a savepoint of its
+thread's group), then
 writes its effect row into ``mc_effects`` through ``ctx.session``, then does its action:
 
 - ``ok``: return (a kept result is ``{"n": N}``); ``slow``: sleep a little first;
@@ -14,15 +15,29 @@ writes its effect row into ``mc_effects`` through ``ctx.session``, then does its
 ``mc_effects`` has no unique constraint: a second committed effect of one job is visible as a
 second row, never hidden by a conflict. Only the effect of the attempt that succeeded may
 exist. Before returning or raising, the handler records its end in ``mc_ends``: a start
-without an end is an attempt whose process died or stalled. Leases and backoffs are short so
-that a seed settles in seconds.
+without an end is an attempt whose process died or stalled. An attempt whose ``ctx.session``
+raised (making it, or writing the effect) records the error with its end, and whether it was
+SQLAlchemy refusing to use the session at all (:func:`unusable`), then raises it. Leases and
+backoffs are short so that a seed settles in seconds.
+
+The ``quick`` task's handler makes no round trip but its effect's: it hands its start and
+end to a thread of the worker process that writes them soon after (:func:`_later`), so that
+it runs in a few milliseconds, well under the worker's ``GROUP_FAST``, and its jobs share
+their thread's group commit. Its audit rows are late (their ``clock_timestamp()`` is when
+they were written) and may be missing (a worker killed before it wrote them): the checks
+that read them are sound either way (see ``invariants.py``), and ``worker_bound`` leaves its
+jobs out. Its plans are the fast ones (``schedule.QUICK_ACTIONS``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import queue as queues
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +45,7 @@ import sqlalchemy as sa
 
 from sa_jobqueue import Backoff, Discard, JobContext, JobQueue, Retry
 from sa_jobqueue.models import jobs_table
+from sa_jobqueue.worker._sessions import GroupSession
 
 metadata = sa.MetaData()
 
@@ -55,6 +71,9 @@ starts = sa.Table(
     #: The attempt's claim time (its job's ``started_at``, the claim's ``now()``), read as
     #: the handler starts; NULL if the job has moved on to another attempt by then.
     sa.Column("claimed_at", sa.DateTime(timezone=True)),
+    #: Whether the attempt ran in its thread's group (its session a savepoint of the group's
+    #: transaction): a group rolled back hands its jobs back with their attempt uncounted.
+    sa.Column("grouped", sa.Boolean),
 )
 ends = sa.Table(
     "mc_ends",
@@ -65,7 +84,33 @@ ends = sa.Table(
     sa.Column("action", sa.Text, nullable=False),
     sa.Column("pid", sa.Integer),
     sa.Column("at", sa.DateTime(timezone=True), server_default=sa.func.clock_timestamp()),
+    #: What ``ctx.session`` raised, if it did (the class and the message), and whether it was
+    #: an :func:`unusable` one.
+    sa.Column("error", sa.Text),
+    sa.Column("unusable", sa.Boolean),
 )
+
+
+def unusable(error: BaseException) -> bool:
+    """Whether ``ctx.session`` raised because SQLAlchemy will not use the connection it was
+    given at all: a transaction left invalid by a lost connection ("Can't reconnect until
+    invalid transaction is rolled back"), one already begun on it, a ``Connection`` closed
+    (``InvalidRequestError`` and its subclasses).
+
+    Not counted: a lost connection itself, which is the driver's error (a ``DBAPIError``, or
+    psycopg's own for a group's savepoint); nor SQLAlchemy's pool giving up at checkout after
+    its connections failed the ping again and again ("This connection is closed", an
+    ``InvalidRequestError`` too, but raised in ``sqlalchemy.pool``): no connection could be
+    had, which a storm of terminated backends may well cause.
+    """
+    if not isinstance(error, sa.exc.InvalidRequestError):
+        return False
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    raised_in = "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
+    return not raised_in.startswith("sqlalchemy.pool")
+
 
 #: The environment variable giving the audit's direct database URL (never through a proxy or
 #: pooler the checker injects faults into, so the audit survives the faults it observes).
@@ -80,6 +125,8 @@ HOLD = 3.0
 #: Every task the checker enqueues, with its declared lease (the checker's bounds use it).
 LEASES: dict[str, timedelta] = {}
 KEEPS: set[str] = set()
+#: The tasks whose audit rows are written late, by a thread of their own (see the docstring).
+LATE: set[str] = set()
 
 queue = JobQueue()
 
@@ -114,12 +161,64 @@ def _record(table: sa.Table, **values: Any) -> None:
                 raise
 
 
+class _Writer:
+    """Writes the audit rows handed to it, on a thread of its own, in the order given.
+
+    A row that cannot be written (twice) is dropped: the checks only see fewer starts and ends.
+    At the process's exit the rows still queued are written (for up to EXIT_FLUSH seconds).
+    """
+
+    EXIT_FLUSH = 2.0
+
+    def __init__(self) -> None:
+        self.rows: queues.SimpleQueue[tuple[sa.Table, dict[str, Any]] | None] = queues.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="mc-audit", daemon=True)
+        self.thread.start()
+        atexit.register(self.close)
+
+    def _run(self) -> None:
+        while (row := self.rows.get()) is not None:
+            with contextlib.suppress(Exception):  # dropped, as the class says
+                _record(row[0], **row[1])
+
+    def close(self) -> None:
+        self.rows.put(None)
+        self.thread.join(self.EXIT_FLUSH)
+
+
+_writer: _Writer | None = None
+
+
+def _later(table: sa.Table, **values: Any) -> None:
+    """Hand a row to the process's audit writer: no round trip on the handler's thread."""
+    global _writer
+    with _lock:
+        if _writer is None:
+            _writer = _Writer()
+    _writer.rows.put((table, values))
+
+
 def work(ctx: JobContext, payload: dict[str, Any]) -> object:
     """Do the action the payload's plan gives this attempt (see the module's docstring)."""
+    return _attempt(ctx, payload, _record)
+
+
+def quick(ctx: JobContext, payload: dict[str, Any]) -> object:
+    """:func:`work` with its audit rows written late: a round trip only for its effect."""
+    return _attempt(ctx, payload, _later)
+
+
+def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., None]) -> object:
     plan: list[str] = payload["plan"]
     action = plan[min(ctx.attempt, len(plan)) - 1]
     key = payload.get("k")
-    _record(
+    error: Exception | None = None
+    grouped: bool | None = None
+    try:
+        grouped = isinstance(ctx.session, GroupSession)  # made now; it connects when first used
+    except Exception as exc:
+        error = exc
+    record(
         starts,
         job_id=ctx.job_id,
         attempt=ctx.attempt,
@@ -130,10 +229,26 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
         claimed_at=sa.select(jobs_table.c.started_at)
         .where(jobs_table.c.id == ctx.job_id, jobs_table.c.attempts == ctx.attempt)
         .scalar_subquery(),
+        grouped=grouped,
     )
-    ctx.session.execute(
-        effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
-    )
+    if error is None:
+        try:
+            ctx.session.execute(
+                effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+            )
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        record(
+            ends,
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            action=action,
+            pid=os.getpid(),
+            error=f"{type(error).__module__}.{type(error).__name__}: {error}"[:500],
+            unusable=unusable(error),
+        )
+        raise error
     if action == "slow":
         time.sleep(SLOW)
     elif action == "long":
@@ -142,7 +257,7 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
         deadline = time.monotonic() + HOLD
         while not ctx.cancel_requested and time.monotonic() < deadline:
             time.sleep(0.05)
-    _record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=os.getpid())
+    record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=os.getpid())
     if action == "fail":
         raise RuntimeError(f"planned failure of attempt {ctx.attempt}")
     if action == "retry":
@@ -152,11 +267,13 @@ def work(ctx: JobContext, payload: dict[str, Any]) -> object:
     return {"n": payload["n"]}
 
 
-def _declare(name: str, lease: timedelta = LEASE, **options: Any) -> None:
-    queue.task(name=name, lease=lease, backoff=BACKOFF, max_attempts=3, **options)(work)
+def _declare(name: str, lease: timedelta = LEASE, handler: Any = work, **options: Any) -> None:
+    queue.task(name=name, lease=lease, backoff=BACKOFF, max_attempts=3, **options)(handler)
     LEASES[name] = lease
     if options.get("keep_result"):
         KEEPS.add(name)
+    if handler is quick:
+        LATE.add(name)
 
 
 _declare("plain")
@@ -165,6 +282,7 @@ _declare("brief", lease=SHORT_LEASE, queue="q2")
 _declare("keyed", unique_key=lambda p: p.get("uk"))
 _declare("replacing", unique_key=lambda p: p.get("uk"), unique_mode="replace", keep_result=True)
 _declare("periodic_key", unique_key=lambda p: p.get("uk"), unique_period=timedelta(seconds=2))
+_declare("quick", handler=quick)
 
 #: The tasks a schedule draws from.
 TASKS = tuple(LEASES)
