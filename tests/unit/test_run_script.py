@@ -1,5 +1,5 @@
 """``tests/run``: both pytest passes run whatever the first returns, and both results count;
-the second, against the embedded server, leaves out the slow and unit tiers the first ran.
+the second, against the embedded server, runs the integration and migration tiers again.
 
 The script runs in a copy of the checkout's layout whose ``.venv`` holds stand-ins: each tool
 logs how it was called and exits as the test says, so the script's own logic is what is tested
@@ -83,12 +83,12 @@ def test_both_pytest_passes_run_and_either_failure_fails_the_run(
     status, output, passes = run_script(tmp_path, external, embedded)
     assert passes == [
         "external postgresql://somewhere/db ",
-        "embedded -m not slow and not unit",
+        "embedded -m integration or migrations",
     ], output
     assert (status != 0) == failed, output
     summary = output.strip().splitlines()[-2:]
     assert summary[0].startswith("== pytest against postgresql://somewhere/db: "), output
-    assert summary[1].startswith("== pytest against an embedded PostgreSQL (all but"), output
+    assert summary[1].startswith("== pytest against an embedded PostgreSQL (the integration"), output
     assert summary[0].endswith("passed" if external == 0 else f"FAILED (exit {external})")
     assert summary[1].endswith("passed" if embedded == 0 else f"FAILED (exit {embedded})")
 
