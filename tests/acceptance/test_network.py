@@ -280,35 +280,18 @@ def test_a_worker_told_to_stop_on_silent_connections_exits_within_its_grace_and_
 
 
 @pytest.mark.slow
-def test_a_starting_worker_waits_past_a_connection_that_hangs_in_its_handshake(
-    tables: sa.Engine, database_url: URL, tmp_path: Path
+@pytest.mark.parametrize("silence", ["silence_next", "silence_next_once_ready"])
+def test_a_starting_worker_whose_first_connection_goes_silent_starts_all_the_same(
+    tables: sa.Engine, database_url: URL, tmp_path: Path, silence: str
 ) -> None:
-    """The first connection a starting worker opens goes silent before the server's first
-    answer: ``--wait-for-database 10`` tries again within its patience instead of spending
-    all of it in that one connect (libpq's 10 s timeout), and the burst runs its job."""
+    """The first connection a starting burst opens goes silent: before the server's first
+    answer (``silence_next``: ``--wait-for-database 10`` tries again within its patience
+    instead of spending all of it in libpq's 10 s connect timeout), or right after the
+    handshake (``silence_next_once_ready``: SQLAlchemy's own first statement, the server's
+    version, is cut at the ping's deadline instead of waiting for ever). Either way the
+    worker connects again and runs its job."""
     proxy = SilentProxy(database_url)
-    proxy.silence_next(1)
-    workers = Workers(APP, proxy.url(database_url), tmp_path)
-    try:
-        (job_id,) = enqueue_through(database_url, "write", 1)
-        burst = workers.start("--burst", "--wait-for-database", "10", concurrency=1)
-        code = workers.wait_exit(burst, timeout=40)
-        assert code == 0, workers.output(burst)
-        assert statuses(tables, [job_id]) == {"succeeded": 1}
-    finally:
-        workers.kill_all()
-        proxy.close()
-
-
-@pytest.mark.slow
-def test_a_starting_worker_whose_first_query_goes_unanswered_starts_all_the_same(
-    tables: sa.Engine, database_url: URL, tmp_path: Path
-) -> None:
-    """The worker's first connection completes its handshake, then goes silent: SQLAlchemy's
-    own first statements (the server's version) are cut at the ping's deadline, and the
-    worker connects again and runs its job. Before, it waited for an answer for ever."""
-    proxy = SilentProxy(database_url)
-    proxy.silence_next_once_ready(1)
+    getattr(proxy, silence)(1)
     workers = Workers(APP, proxy.url(database_url), tmp_path)
     try:
         (job_id,) = enqueue_through(database_url, "write", 1)

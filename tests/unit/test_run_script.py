@@ -88,7 +88,8 @@ def test_both_pytest_passes_run_and_either_failure_fails_the_run(
     assert (status != 0) == failed, output
     summary = output.strip().splitlines()[-2:]
     assert summary[0].startswith("== pytest against postgresql://somewhere/db: "), output
-    assert summary[1].startswith("== pytest against an embedded PostgreSQL (the integration"), output
+    embedded_label = "== pytest against an embedded PostgreSQL (the integration"
+    assert summary[1].startswith(embedded_label), output
     assert summary[0].endswith("passed" if external == 0 else f"FAILED (exit {external})")
     assert summary[1].endswith("passed" if embedded == 0 else f"FAILED (exit {embedded})")
 
