@@ -48,8 +48,10 @@ from .tasks import Backoff, Task, check_backoff
 
 #: How many times a unique insert is tried again when the job holding its key finished between
 #: the insert and the lookup. Each retry needs another transaction to enqueue and finish a job
-#: with the same key within those two statements, so more than two rounds is already unheard of.
-UNIQUE_ROUNDS: Final = 10
+#: with the same key within those two statements: rare, but four enqueuers racing a loop that
+#: finishes the key's job as fast as it can lost ten rounds in a row once in a test run. Each
+#: round is two short statements, so the bound is set far past any real churn.
+UNIQUE_ROUNDS: Final = 100
 
 #: The smallest batch that goes in by COPY. COPY costs two more round trips than the INSERT
 #: (one to draw the ids, one more for COPY's own handshake) and saves per job: no array to
