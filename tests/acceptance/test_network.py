@@ -266,8 +266,10 @@ def test_a_worker_told_to_stop_on_silent_connections_exits_within_its_grace_and_
             )
         workers.wait(lambda: statuses(tables, slow) == {"running": 2}, timeout=30)
         assert proxy.silence() >= 3
-        # Two threads are free, so the claim loop polls: its next claim goes into the void.
-        assert proxy.swallowed.wait(10), "no statement was sent on a silent connection"
+        # Two threads are free and a job is due, so the claim loop's next claim goes into
+        # the void (or, at the latest, the heartbeat's next renewal does).
+        enqueue_through(database_url, "write", 1)
+        assert proxy.swallowed.wait(20), "no statement was sent on a silent connection"
         stopped = time.monotonic()
         workers.signal(worker, signal.SIGTERM)
         code = workers.wait_exit(worker, timeout=60)
