@@ -134,13 +134,7 @@ def release_ran() -> Update:
     return (
         update(jobs_table)
         .where(*fenced_many())
-        .values(
-            status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
-            visible_at=func.now(),
-            max_attempts=j.max_attempts + 1,
-            finished_at=case((j.cancel_requested, func.now()), else_=None),
-            worker=None,
-        )
+        .values(**_requeued(func.now(), j.max_attempts + 1))
         .returning(j.id, settled_here())
     )
 
@@ -208,18 +202,24 @@ def release_stopped() -> Update:
 def _requeue(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> Update:
     """A running attempt's job queued again at ``due`` with no error (cancelled instead if
     its cancellation was requested), fenced; returns its status and due time."""
-    cancelled = j.cancel_requested
     return fenced(
         update(jobs_table)
-        .values(
-            status=case((cancelled, CANCELLED), else_=QUEUED),
-            visible_at=due,
-            finished_at=case((cancelled, func.now()), else_=None),
-            max_attempts=max_attempts,
-            worker=None,
-        )
+        .values(**_requeued(due, max_attempts))
         .returning(j.status, j.visible_at, settled_here())
     )
+
+
+def _requeued(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> dict[str, Any]:
+    """The new values of a running attempt's job queued again at ``due`` with no error, its
+    attempt kept (``cancelled`` instead if its cancellation was requested)."""
+    cancelled = j.cancel_requested
+    return {
+        "status": case((cancelled, CANCELLED), else_=QUEUED),
+        "visible_at": due,
+        "finished_at": case((cancelled, func.now()), else_=None),
+        "max_attempts": max_attempts,
+        "worker": None,
+    }
 
 
 @cache
