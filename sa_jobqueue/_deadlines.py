@@ -82,10 +82,6 @@ class StopClock:
         """Seconds until the worker must be gone (0 once past; inf before the stop)."""
         return max(0.0, self.until - time.monotonic())
 
-    def limit(self, seconds: float) -> float:
-        """``seconds``, or less if the worker must be gone sooner."""
-        return min(seconds, self.left())
-
     def cap(self, deadline: float, armed_at: float) -> float:
         """The deadline of a statement armed at ``armed_at``, given the stop (if any)."""
         stopped_at = self.stopped_at

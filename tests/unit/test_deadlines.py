@@ -56,7 +56,7 @@ def test_a_stop_hurries_a_statement_already_waiting_without_telling_the_watchdog
 def test_the_clock_caps_deadlines_by_when_the_worker_must_be_gone() -> None:
     clock = StopClock()
     assert clock.left() == float("inf")
-    assert clock.limit(15.0) == 15.0
+    assert clock.cap(15.0, 1.0) == 15.0  # no stop yet: a deadline stands as it is
     clock.stop(10.0)
     assert clock.stopped_at is not None
     armed_before = clock.stopped_at - 1.0
@@ -65,6 +65,6 @@ def test_the_clock_caps_deadlines_by_when_the_worker_must_be_gone() -> None:
     # Armed after it: its own deadline, but never past the moment the worker must be gone.
     assert clock.cap(clock.stopped_at + 1.0, clock.stopped_at + 0.5) == clock.stopped_at + 1.0
     assert clock.cap(clock.stopped_at + 60.0, clock.stopped_at + 0.5) == clock.until
-    assert 9.0 < clock.limit(15.0) <= 10.0
+    assert 9.0 < clock.left() <= 10.0
     clock.stop(100.0)  # once only
     assert clock.left() <= 10.0
