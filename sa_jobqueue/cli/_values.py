@@ -29,6 +29,8 @@ def _seconds(value: str) -> float:
     text = value.strip().lower()
     if _BARE.fullmatch(text):
         return float(text)
+    if not text:
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
     total, at = 0.0, 0
     while at < len(text):
         part = _PART.match(text, at)
@@ -36,8 +38,6 @@ def _seconds(value: str) -> float:
             raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
         total += float(part[1]) * _UNIT_SECONDS[part[2]]
         at = part.end()
-    if not text:
-        raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
     return total
 
 
