@@ -8,13 +8,12 @@ found. Either way they reach the database as bound parameters only.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, Literal
 
-from ..cli._values import duration
+from .._durations import read_duration
 from ..errors import InvalidJobError
 from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
 from ..ops.filters import check_statuses
@@ -152,8 +151,8 @@ def _name(text: str, what: str, longest: int) -> str | None:
 def age(text: str) -> timedelta:
     """``30s``, ``5m``, ``2h``, ``7d`` or a number of seconds; InvalidJobError otherwise."""
     try:
-        return duration(text)
-    except argparse.ArgumentTypeError as exc:
+        return read_duration(text)
+    except ValueError as exc:
         raise InvalidJobError(str(exc)) from None
 
 
