@@ -41,7 +41,8 @@ from ..ops.queues import (
     set_queue_key_rate,
     set_queue_rate,
 )
-from ..ops.reports import (
+from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
+from ._reports import (
     findings_json,
     findings_text,
     job_detail,
@@ -52,7 +53,6 @@ from ..ops.reports import (
     stats_text,
     to_json,
 )
-from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 
 #: The commands this module runs (``jobs`` and ``queues`` with their actions).
 OPERATOR_COMMANDS: Final = ("stats", "jobs", "queues", "check")

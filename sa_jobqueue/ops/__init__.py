@@ -20,9 +20,9 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
 ``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters`` (checks of
-the filters callers pass), ``workers`` (each worker's row in the registry), ``reports``
-(the CLI's text and JSON renderings) and ``verify`` (``sa-jobqueue verify``). Their
-statements are in :mod:`sa_jobqueue._sql`.
+the filters callers pass), ``workers`` (each worker's row in the registry) and ``verify``
+(the run behind ``sa-jobqueue verify``). Their statements are in :mod:`sa_jobqueue._sql`;
+rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the dashboard's.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.

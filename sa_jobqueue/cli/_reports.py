@@ -19,10 +19,10 @@ from typing import Any
 
 from .._visible import json_visible, visible
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
-from .admin import Edge, JobInfo
-from .health import Finding, span, worst
-from .queues import QueueInfo, QueueLimits
-from .stats import Stats
+from ..ops.admin import Edge, JobInfo
+from ..ops.health import Finding, span, worst
+from ..ops.queues import QueueInfo, QueueLimits
+from ..ops.stats import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
 ERROR_WIDTH = 60
