@@ -12,6 +12,8 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   :func:`queue_limits` (returning :class:`QueueLimits`) and
   :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
   in the caller's transaction.
+* :func:`requeue_dead_jobs` (returning :class:`RequeuedBatch`): retry the dead jobs
+  matching a filter, one bounded batch per call, in the caller's transaction.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
@@ -19,8 +21,8 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters`` (checks of
-the filters callers pass), ``workers`` (each worker's row in the registry) and ``verify``
+``requeue``, ``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters``
+(checks of the filters callers pass), ``workers`` (each worker's row in the registry) and ``verify``
 (the run behind ``sa-jobqueue verify``). Their statements are in :mod:`sa_jobqueue._sql`;
 rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the dashboard's.
 
@@ -48,6 +50,7 @@ from .queues import (
     set_queue_key_rate,
     set_queue_rate,
 )
+from .requeue import RequeuedBatch, requeue_dead_jobs
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "QueueLimits",
     "QueueStats",
     "RateLimit",
+    "RequeuedBatch",
     "Severity",
     "Stats",
     "TaskRunTimes",
@@ -76,6 +80,7 @@ __all__ = [
     "paused_queues",
     "purge",
     "queue_limits",
+    "requeue_dead_jobs",
     "requeue_job",
     "resume_queue",
     "set_queue_concurrency",

@@ -16,7 +16,7 @@ from typing import Final, Literal
 from .._durations import read_duration
 from ..errors import InvalidJobError
 from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
-from ..ops.filters import check_statuses
+from ..ops.filters import check_name_filter, check_statuses
 from ..ops.health import span
 
 #: Jobs on one page of the list, unless the query asks for another number.
@@ -132,20 +132,12 @@ def queue_name(text: str) -> str | None:
     Other characters than ``enqueue`` allows are accepted, since rows may have been written
     some other way; the name only ever travels as a bound parameter.
     """
-    return _name(text, "queue", 64)
+    return check_name_filter(text, "queue") if text else None
 
 
 def task_name(text: str) -> str | None:
     """A task name of 1 to 200 characters (the column's limit), or None for ""."""
-    return _name(text, "task", 200)
-
-
-def _name(text: str, what: str, longest: int) -> str | None:
-    if text == "":
-        return None
-    if len(text) > longest or "\x00" in text:
-        raise InvalidJobError(f"a {what} name is 1 to {longest} characters, with no NUL")
-    return text
+    return check_name_filter(text, "task") if text else None
 
 
 def age(text: str) -> timedelta:
