@@ -1,7 +1,6 @@
 """Operating the queue from outside a worker: statistics, purging history, health checks.
 
-The public operator API is what this package exports (``__all__``), also importable from
-the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
+The public operator API is what this package exports (``__all__``):
 
 * :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
   :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
