@@ -3,8 +3,9 @@
 The public operator API is what this package exports (``__all__``):
 
 * :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
-  :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
-  Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
+  :func:`requeue_job` (returning :class:`JobInfo`, whose :class:`JobSummary` fields the
+  dashboard's views of a job share): job admin over the caller's Session or Connection, in
+  its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
 * :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues`,
   :func:`set_queue_concurrency`, :func:`set_queue_key_concurrency`, :func:`set_queue_rate`,
   :func:`set_queue_key_rate` (each rate a :class:`RateLimit`), :func:`clear_queue_limits`,
@@ -31,7 +32,17 @@ current transaction, and commit nothing; ``purge`` commits each of its batches i
 
 from __future__ import annotations
 
-from .admin import Edge, JobInfo, cancel_job, count_jobs, get_job, job_edges, list_jobs, requeue_job
+from .admin import (
+    Edge,
+    JobInfo,
+    JobSummary,
+    cancel_job,
+    count_jobs,
+    get_job,
+    job_edges,
+    list_jobs,
+    requeue_job,
+)
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
 from .queues import (
@@ -56,6 +67,7 @@ __all__ = [
     "Edge",
     "Finding",
     "JobInfo",
+    "JobSummary",
     "QueueInfo",
     "QueueLimits",
     "QueueStats",
