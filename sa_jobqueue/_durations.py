@@ -1,15 +1,62 @@
-"""Durations and other option values as people read them, for one-line error messages.
+"""Durations as people write them (``30s``, ``1m30s``, ``7d``): read, and written back.
 
+:func:`read_duration` reads what the CLI's options and the dashboard's filters accept; each
+caller turns its ValueError into its own kind of error (argparse's, the dashboard's). Writing:
 ``str(timedelta(days=1))`` is ``1 day, 0:00:00`` and ``repr(timedelta(0))`` is
-``datetime.timedelta(0)``: neither belongs in a message a user reads. These helpers say the same
-thing in the units the CLI accepts (``30s``, ``5m``, ``2h``, ``7d``), exactly, with no rounding,
+``datetime.timedelta(0)``: neither belongs in a message a user reads. :func:`duration_text` and
+:func:`value_text` say the same thing in the units read here, exactly, with no rounding,
 because a validation message states a limit and must not blur it.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Final
+
+_NUMBER: Final = r"(\d+(?:\.\d*)?|\.\d+)"
+_BARE: Final = re.compile(_NUMBER)
+_PART: Final = re.compile(_NUMBER + r"(ms|s|m|h|d)")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_EXAMPLES: Final = "e.g. 30, 500ms, 30s, 1m30s, 2h, 7d"
+
+
+def read_seconds(value: str) -> float:
+    """A bare number of seconds, or amounts with units one after another (``1m30s``).
+
+    ValueError, saying what is accepted, for anything else. Any sign is refused by the
+    syntax; whether 0 is allowed is the caller's to say.
+    """
+    text = value.strip().lower()
+    if _BARE.fullmatch(text):
+        return float(text)
+    if not text:
+        raise ValueError(f"not a duration: {value!r} ({_EXAMPLES})")
+    total, at = 0.0, 0
+    while at < len(text):
+        part = _PART.match(text, at)
+        if part is None:
+            raise ValueError(f"not a duration: {value!r} ({_EXAMPLES})")
+        total += float(part[1]) * _UNIT_SECONDS[part[2]]
+        at = part.end()
+    return total
+
+
+def as_timedelta(seconds: float, value: str) -> timedelta:
+    """``seconds`` (read from ``value``) as a timedelta; ValueError if it is too long for one."""
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"duration too long: {value!r}") from None
+
+
+def read_duration(value: str) -> timedelta:
+    """``30s``, ``5m``, ``1m30s``, ``2h``, ``7d``, or a bare number of seconds; 0 is allowed.
+
+    ValueError with the reason for anything else.
+    """
+    return as_timedelta(read_seconds(value), value)
+
 
 _UNITS: Final = (
     ("d", timedelta(days=1)),

@@ -6,6 +6,7 @@ The worker's own pruning of succeeded and cancelled jobs is in :mod:`.retention`
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from sqlalchemy import (
     ARRAY,
@@ -49,18 +50,21 @@ def requeue_dead(reset: bool) -> Update:
 
 
 @cache
-def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool) -> Update:
-    """Requeue up to ``:b_batch`` dead jobs matching the filters, as :func:`requeue_dead` does.
+def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool) -> Select[Any]:
+    """Requeue up to ``:b_batch`` dead jobs with id > ``:b_after_id`` matching the filters.
 
     Filters: ``:b_queue``, ``:b_task``, ``:b_older_than`` (seconds since ``created_at``), those
-    switched on (``b_``: the UPDATE keeps the columns' own names for its SET clause). The
-    lowest ids go first. Returns ``(id, queue)`` of each job requeued; a job whose unique key a
-    live job holds stays dead and is not returned.
+    switched on (``b_``: the UPDATE keeps the columns' own names for its SET clause). Each
+    job is requeued as :func:`requeue_dead` does. Returns ``(id, queue)`` for every job the
+    batch picked, lowest id first, ``queue`` NULL for one left dead because a live job of
+    its task holds its unique key: the highest id is where the next batch starts.
     """
     # The ids are picked in a MATERIALIZED CTE, run exactly once, so the statement locks at
     # most :b_batch rows (see claiming.claim); SKIP LOCKED passes over a job another session is
     # requeueing or purging at this moment instead of waiting for it. dead() repeats the dead
-    # index's predicate, so the pick reads that index, not the finished history.
+    # index's predicate, so the pick reads that index, not the finished history; walking up
+    # from the last batch's highest id, a batch never picks again the jobs an earlier one
+    # left dead.
     picked = (
         select(j.id)
         .where(
@@ -70,7 +74,7 @@ def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool
                 queue=queue,
                 task=task,
                 older_than=older_than,
-                after=False,
+                after=True,
                 newest_first=False,
                 prefix="b_",
             ),
@@ -82,7 +86,12 @@ def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool
         .prefix_with("MATERIALIZED")
     )
     stmt = update(jobs_table).where(j.id == picked.c.id)
-    return _requeued(stmt, reset).returning(j.id, j.queue)
+    requeued = _requeued(stmt, reset).returning(j.id, j.queue).cte("requeued")
+    return (
+        select(picked.c.id, requeued.c.queue)
+        .select_from(picked.outerjoin(requeued, requeued.c.id == picked.c.id))
+        .order_by(picked.c.id)
+    )
 
 
 def _requeued(stmt: Update, reset: bool) -> Update:

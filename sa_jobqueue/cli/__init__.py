@@ -32,11 +32,11 @@ of this package are internal, not a stable API:
 * ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
   ``_app`` loading the user's ``module:attribute``;
 * ``_schema``: ``migrate``;
-* ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``;
+* ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``, with ``_reports``
+  rendering their results as text or JSON;
+* ``_verify``: ``verify``'s options and exit status (the run is :mod:`sa_jobqueue.ops.verify`);
 * ``_web``: ``web``, its options and the server (the ``web`` extra, imported when it runs);
 * ``_exit``: the exit statuses.
-
-``verify`` lives in :mod:`sa_jobqueue.ops.verify`, options included.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
 from ..errors import JobQueueError
-from ..ops.verify.command import run as run_verify
 from ._app import load_app
 from ._arguments import DEFAULT_LOG_LEVEL, parse_args
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
 from ._schema import migrate
+from ._verify import run as run_verify
 from ._web import run_web
 from ._worker import run_worker
 

@@ -2,7 +2,7 @@
 
 :func:`build_parser` is the whole of it, and :func:`parse_args` refuses options that do not go
 together; the options' values are read by :mod:`._values`.
-``verify`` and ``web`` bring their own options (:func:`sa_jobqueue.ops.verify.add_parser`,
+``verify`` and ``web`` bring their own options (:func:`._verify.add_parser`,
 :func:`._web.add_parser`).
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Final
 from .. import __version__
 from ..database import POOLER_ENV, POOLERS
 from ..ops.health import Thresholds, span
-from ..ops.verify.command import add_parser as add_verify_parser
 from . import _values
+from ._verify import add_parser as add_verify_parser
 from ._web import add_parser as add_web_parser
 
 LOG_FORMATS: Final = ("text", "json")

@@ -41,7 +41,9 @@ from ..ops.queues import (
     set_queue_key_rate,
     set_queue_rate,
 )
-from ..ops.reports import (
+from ..ops.requeue import REQUEUE_BATCH, requeue_dead_jobs
+from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
+from ._reports import (
     findings_json,
     findings_text,
     job_detail,
@@ -52,15 +54,12 @@ from ..ops.reports import (
     stats_text,
     to_json,
 )
-from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 
 #: The commands this module runs (``jobs`` and ``queues`` with their actions).
 OPERATOR_COMMANDS: Final = ("stats", "jobs", "queues", "check")
 #: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
 #: server fails instead of hanging a terminal or a monitoring probe.
 OPERATOR_SETTINGS: Final = {"statement_timeout": "60s", "lock_timeout": "10s"}
-#: Jobs requeued per transaction by ``jobs retry`` with filters.
-RETRY_PAGE: Final = 500
 
 
 def operate(args: argparse.Namespace) -> int:
@@ -202,31 +201,28 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
     requeued = kept = 0
     after: int | None = None
     while True:
-        # A transaction per page: a long retry holds no locks for long, and what it did
+        # A transaction per batch: a long retry holds no locks for long, and what it did
         # stays done if it is interrupted.
         with engine.begin() as conn:
-            page = list_jobs(
+            done = requeue_dead_jobs(
                 conn,
-                status=DEAD,
                 queue=args.queue,
                 task=args.task,
                 older_than=args.older_than,
-                limit=RETRY_PAGE,
+                attempts=mode,
                 after_id=after,
+                batch=REQUEUE_BATCH,
             )
-            for job in page:
-                if requeue_job(conn, job.id, attempts=mode):
-                    requeued += 1
-                else:
-                    kept += 1
-        if len(page) < RETRY_PAGE:
+        requeued += done.requeued
+        kept += done.kept
+        if not done.more:
             break
-        after = page[-1].id
+        after = done.last_id
     print(f"requeued {requeued} dead job(s)")
     if kept:
         print(
             f"sa-jobqueue: {kept} left dead: a queued or running job of the task holds the"
-            " unique key, or the job changed meanwhile",
+            " unique key",
             file=sys.stderr,
         )
         return EXIT_ERROR

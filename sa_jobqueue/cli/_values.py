@@ -7,45 +7,28 @@ the reason, which argparse prints after the option's name (``argument --window: 
 from __future__ import annotations
 
 import argparse
-import re
 from datetime import timedelta
-from typing import Final
 
+from .._durations import as_timedelta, read_seconds
 from .._validation import check_queue_name, check_task_name
 from ..errors import InvalidLimitError, JobQueueError
 from ..models import STATUSES
 from ..ops.filters import MAX_PAGE
 from ..ops.queues import RateLimit, check_cap
 
-_NUMBER: Final = r"(\d+(?:\.\d*)?|\.\d+)"
-_BARE: Final = re.compile(_NUMBER)
-_PART: Final = re.compile(_NUMBER + r"(ms|s|m|h|d)")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_EXAMPLES: Final = "e.g. 30, 500ms, 30s, 1m30s, 2h, 7d"
-
 
 def _seconds(value: str) -> float:
-    """A bare number of seconds, or amounts with units written one after another."""
-    text = value.strip().lower()
-    if _BARE.fullmatch(text):
-        return float(text)
-    if not text:
-        raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
-    total, at = 0.0, 0
-    while at < len(text):
-        part = _PART.match(text, at)
-        if part is None:
-            raise argparse.ArgumentTypeError(f"not a duration: {value!r} ({_EXAMPLES})")
-        total += float(part[1]) * _UNIT_SECONDS[part[2]]
-        at = part.end()
-    return total
+    try:
+        return read_seconds(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _timedelta(number: float, value: str) -> timedelta:
     try:
-        return timedelta(seconds=number)
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"duration too long: {value!r}") from None
+        return as_timedelta(number, value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def seconds(value: str) -> timedelta:

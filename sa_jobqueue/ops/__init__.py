@@ -1,17 +1,19 @@
 """Operating the queue from outside a worker: statistics, purging history, health checks.
 
-The public operator API is what this package exports (``__all__``), also importable from
-the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
+The public operator API is what this package exports (``__all__``):
 
 * :func:`get_job`, :func:`list_jobs`, :func:`count_jobs`, :func:`cancel_job` and
-  :func:`requeue_job` (returning :class:`JobInfo`): job admin over the caller's Session or
-  Connection, in its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
+  :func:`requeue_job` (returning :class:`JobInfo`, whose :class:`JobSummary` fields the
+  dashboard's views of a job share): job admin over the caller's Session or Connection, in
+  its transaction; :class:`~sa_jobqueue.JobQueue` delegates to them.
 * :func:`pause_queue`, :func:`resume_queue`, :func:`paused_queues`,
   :func:`set_queue_concurrency`, :func:`set_queue_key_concurrency`, :func:`set_queue_rate`,
   :func:`set_queue_key_rate` (each rate a :class:`RateLimit`), :func:`clear_queue_limits`,
   :func:`queue_limits` (returning :class:`QueueLimits`) and
   :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
   in the caller's transaction.
+* :func:`requeue_dead_jobs` (returning :class:`RequeuedBatch`): retry the dead jobs
+  matching a filter, one bounded batch per call, in the caller's transaction.
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
@@ -19,10 +21,10 @@ the earlier paths :mod:`sa_jobqueue.operations` and :mod:`sa_jobqueue.health`:
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters`` (checks of
-the filters callers pass), ``workers`` (each worker's row in the registry), ``reports``
-(the CLI's text and JSON renderings) and ``verify`` (``sa-jobqueue verify``). Their
-statements are in :mod:`sa_jobqueue._sql`.
+``requeue``, ``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters``
+(checks of the filters callers pass), ``workers`` (each worker's row in the registry) and ``verify``
+(the run behind ``sa-jobqueue verify``). Their statements are in :mod:`sa_jobqueue._sql`;
+rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the dashboard's.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
@@ -30,7 +32,17 @@ current transaction, and commit nothing; ``purge`` commits each of its batches i
 
 from __future__ import annotations
 
-from .admin import Edge, JobInfo, cancel_job, count_jobs, get_job, job_edges, list_jobs, requeue_job
+from .admin import (
+    Edge,
+    JobInfo,
+    JobSummary,
+    cancel_job,
+    count_jobs,
+    get_job,
+    job_edges,
+    list_jobs,
+    requeue_job,
+)
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
 from .queues import (
@@ -48,16 +60,19 @@ from .queues import (
     set_queue_key_rate,
     set_queue_rate,
 )
+from .requeue import RequeuedBatch, requeue_dead_jobs
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
 
 __all__ = [
     "Edge",
     "Finding",
     "JobInfo",
+    "JobSummary",
     "QueueInfo",
     "QueueLimits",
     "QueueStats",
     "RateLimit",
+    "RequeuedBatch",
     "Severity",
     "Stats",
     "TaskRunTimes",
@@ -76,6 +91,7 @@ __all__ = [
     "paused_queues",
     "purge",
     "queue_limits",
+    "requeue_dead_jobs",
     "requeue_job",
     "resume_queue",
     "set_queue_concurrency",

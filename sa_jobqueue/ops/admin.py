@@ -30,13 +30,17 @@ from .filters import check_age, check_limit, check_statuses
 
 
 @dataclass(frozen=True)
-class JobInfo:
-    """A snapshot of one job row, as :meth:`JobQueue.get_job` returns it."""
+class JobSummary:
+    """What every view of a job shows: where it is, where it stands, and when.
+
+    :class:`JobInfo` adds the job's values (payload, error, unique key, result); the
+    dashboard's list and job page add bounded previews of them instead, since a page must not
+    load megabytes of payload to show a few lines of it.
+    """
 
     id: int
     queue: str
     task: str
-    payload: Any
     status: str
     priority: int
     attempts: int
@@ -45,8 +49,18 @@ class JobInfo:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    last_error: Any
     cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class JobInfo(JobSummary):
+    """A snapshot of one job row, as :meth:`JobQueue.get_job` returns it.
+
+    The fields of :class:`JobSummary`, then the job's values in full.
+    """
+
+    payload: Any
+    last_error: Any
     unique_key: str | None = None
     #: What the handler returned, for a task that keeps results, once the job succeeded.
     result: Any = None

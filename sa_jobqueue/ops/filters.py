@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Final
+from typing import Final, Literal
 
 from .._durations import value_text
 from ..errors import InvalidJobError
@@ -17,6 +17,8 @@ from ..models import STATUSES
 
 #: The most rows one call of :meth:`JobQueue.list_jobs` returns, and the largest purge batch.
 MAX_PAGE: Final = 10_000
+#: The longest queue and task names the table holds (its columns' lengths).
+NAME_LENGTHS: Final = {"queue": 64, "task": 200}
 
 
 def check_statuses(statuses: str | Iterable[str]) -> list[str]:
@@ -29,6 +31,18 @@ def check_statuses(statuses: str | Iterable[str]) -> list[str]:
             f" expected one or more of {', '.join(STATUSES)}"
         )
     return wanted
+
+
+def check_name_filter(name: object, what: Literal["queue", "task"]) -> str:
+    """A queue or task name to match rows by: 1 to :data:`NAME_LENGTHS` characters, no NUL.
+
+    Looser than the names ``enqueue`` accepts: a row written some other way can still be
+    found. The name only ever reaches the database as a bound parameter.
+    """
+    longest = NAME_LENGTHS[what]
+    if not isinstance(name, str) or not 1 <= len(name) <= longest or "\x00" in name:
+        raise InvalidJobError(f"a {what} name is 1 to {longest} characters, with no NUL")
+    return name
 
 
 def check_limit(limit: object, name: str = "limit") -> int:

@@ -2,8 +2,9 @@
 
 Each function takes a Connection inside a transaction the app begins for the action alone and
 commits when the function returns (rolls back if it raises), and returns an :class:`Outcome`
-for the page to show. A bulk action changes at most :data:`MAX_BATCH` jobs, so one click
-never holds locks for long; its outcome says how many are left for the next click.
+for the page to show. A bulk action changes at most one batch of jobs (:data:`MAX_BATCH`
+for a purge, :data:`~sa_jobqueue.ops.requeue.REQUEUE_BATCH` for a retry), so one click never
+holds locks for long; its outcome says how many are left for the next click.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ from typing import Any, Final, Literal
 
 from sqlalchemy import Connection
 
-from .._enqueue import wake
 from .._sql import dashboard as dashboard_sql
-from .._sql.finished import purge_batch, requeue_dead_batch
+from .._sql.finished import purge_batch
 from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
 from ..ops.filters import check_age
 from ..ops.health import span
 from ..ops.queues import pause_queue, resume_queue
+from ..ops.requeue import requeue_dead_jobs
 
-#: The most jobs one click retries or purges.
+#: The most jobs one click purges.
 MAX_BATCH: Final = 10_000
 
 Attempts = Literal["extend", "reset"]
@@ -84,8 +85,10 @@ def retry_matching(
     older_than: timedelta | None,
     attempts: Attempts,
 ) -> Outcome:
-    """Requeue up to :data:`MAX_BATCH` dead jobs of the filter, lowest ids first."""
-    params: dict[str, Any] = {"b_batch": MAX_BATCH}
+    """Requeue one batch of dead jobs of the filter, lowest ids first (see
+    :func:`~sa_jobqueue.ops.requeue.requeue_dead_jobs`), and count those still dead."""
+    done = requeue_dead_jobs(conn, queue=queue, task=task, older_than=older_than, attempts=attempts)
+    params: dict[str, Any] = {}
     if queue is not None:
         params["b_queue"] = queue
     if task is not None:
@@ -97,17 +100,14 @@ def retry_matching(
         "task": task is not None,
         "older_than": older_than is not None,
     }
-    requeued = conn.execute(requeue_dead_batch(attempts == "reset", **flags), params).all()
-    for queue_name in sorted({q for _, q in requeued}):
-        wake(conn, queue_name)
     left = conn.execute(dashboard_sql.count_dead(**flags), params).scalar_one()
-    text = f"{len(requeued):,} dead job(s) queued again"
+    text = f"{done.requeued:,} dead job(s) queued again"
     if left:
         text += (
             f"; {left:,} still dead (a live job holds the unique key of some, another"
             " session had some locked, or more matched than one click takes)"
         )
-    return Outcome(bool(requeued) or not left, text)
+    return Outcome(bool(done.requeued) or not left, text)
 
 
 def purge(conn: Connection, *, statuses: list[str], older_than: timedelta) -> Outcome:

@@ -8,16 +8,15 @@ found. Either way they reach the database as bound parameters only.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, Literal
 
-from ..cli._values import duration
+from .._durations import read_duration
 from ..errors import InvalidJobError
 from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
-from ..ops.filters import check_statuses
+from ..ops.filters import check_name_filter, check_statuses
 from ..ops.health import span
 
 #: Jobs on one page of the list, unless the query asks for another number.
@@ -133,27 +132,19 @@ def queue_name(text: str) -> str | None:
     Other characters than ``enqueue`` allows are accepted, since rows may have been written
     some other way; the name only ever travels as a bound parameter.
     """
-    return _name(text, "queue", 64)
+    return check_name_filter(text, "queue") if text else None
 
 
 def task_name(text: str) -> str | None:
     """A task name of 1 to 200 characters (the column's limit), or None for ""."""
-    return _name(text, "task", 200)
-
-
-def _name(text: str, what: str, longest: int) -> str | None:
-    if text == "":
-        return None
-    if len(text) > longest or "\x00" in text:
-        raise InvalidJobError(f"a {what} name is 1 to {longest} characters, with no NUL")
-    return text
+    return check_name_filter(text, "task") if text else None
 
 
 def age(text: str) -> timedelta:
     """``30s``, ``5m``, ``2h``, ``7d`` or a number of seconds; InvalidJobError otherwise."""
     try:
-        return duration(text)
-    except argparse.ArgumentTypeError as exc:
+        return read_duration(text)
+    except ValueError as exc:
         raise InvalidJobError(str(exc)) from None
 
 

@@ -28,6 +28,7 @@ from ..database import check_schema
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
 from ..ops.health import Thresholds
+from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
 from . import _actions, _display, _reads
 from ._filters import MAX_ID, JobFilter, age, finished_statuses, queue_name, read_filter, task_name
@@ -343,6 +344,7 @@ class Dashboard:
             statuses=STATUSES,
             finished_statuses=FINISHED_STATUSES,
             max_batch=_actions.MAX_BATCH,
+            retry_batch=REQUEUE_BATCH,
             request_path=request.url.path,
             **context,
         )

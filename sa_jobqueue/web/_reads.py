@@ -20,6 +20,7 @@ from .._sql.health import worker_freshness
 from .._sql.queues import all_limits, paused_queues
 from .._sql.stats import live_per_queue, live_workers
 from ..models import FINISHED_STATUSES
+from ..ops.admin import JobSummary
 from ..ops.filters import check_age
 from ..ops.health import Finding, Thresholds, check
 from ..ops.queues import RateLimit
@@ -144,21 +145,13 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
 
 
 @dataclass(frozen=True)
-class ListedJob:
-    """A job as the list shows it: no payload, the error's type and first characters."""
+class ListedJob(JobSummary):
+    """A job as the list shows it: no payload, the error's type and first characters.
 
-    id: int
-    queue: str
-    task: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    visible_at: datetime
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    cancel_requested: bool
+    A page lists up to 500 jobs: their payloads (up to a megabyte each by default) and
+    tracebacks are not read at all, only :data:`PREVIEW_CHARS` of each error.
+    """
+
     error_type: str | None
     error_message: str | None
 
@@ -273,22 +266,16 @@ class Event:
 
 
 @dataclass(frozen=True)
-class JobDetail:
-    """One job in full, its JSON as text cut to :data:`MAX_CHARS`, with the whole lengths."""
+class JobDetail(JobSummary):
+    """One job in full, its JSON as text cut to :data:`MAX_CHARS`, with the whole lengths.
+
+    Not a :class:`~sa_jobqueue.JobInfo`: its values are text cut in the database (a page
+    shows at most :data:`MAX_CHARS` of a payload, whole on its own link), and a row written
+    some other way may hold an error that is not an object. It also shows what only the
+    page needs: the worker, the lease, the backoff and the trace context.
+    """
 
     as_of: datetime
-    id: int
-    queue: str
-    task: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    visible_at: datetime
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    cancel_requested: bool
     lease: timedelta
     worker: str | None
     unique_key: str | None

@@ -21,7 +21,7 @@ from sa_jobqueue import InvalidJobError, JobQueue
 from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.ops import Finding, check, count_purge, purge, worst
+from sa_jobqueue.ops import Finding, check, count_purge, purge, requeue_dead_jobs, worst
 from tests.helpers.job_states import add_dead, add_job, add_worker
 from tests.helpers.jobs import findings, row, status_by_id
 from tests.helpers.waiting import wait_for
@@ -79,6 +79,37 @@ def test_requeue_wakes_the_queue_once_at_commit(
             break
         received.append(notify.payload)
     assert received == ["mail"]
+
+
+def test_requeue_dead_jobs_wakes_each_queue_once_at_commit(
+    engine: sa.Engine, listener: psycopg.Connection[Any]
+) -> None:
+    with engine.begin() as conn:
+        for name in ("mail", "mail", "sms"):
+            add_dead(conn, queue=name)
+    with engine.begin() as conn:
+        done = requeue_dead_jobs(conn)
+        assert (done.requeued, done.kept) == (3, 0)
+        conn.execute(select(func.pg_notify(CHANNEL, "~marker")))
+    received = []
+    for notify in listener.notifies(timeout=10):
+        if notify.payload == "~marker":
+            break
+        received.append(notify.payload)
+    assert sorted(received) == ["mail", "sms"]
+
+
+def test_requeue_dead_jobs_passes_over_rows_locked_by_someone_else(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        locked, free = add_dead(conn), add_dead(conn)
+    with engine.connect() as holder, holder.begin():
+        holder.execute(select(j.id).where(j.id == locked).with_for_update())
+        with engine.begin() as conn:
+            # Waiting for the lock would fail here instead of hanging the test.
+            conn.execute(sa.text("SET LOCAL lock_timeout = '5s'"))
+            done = requeue_dead_jobs(conn)
+        assert (done.requeued, done.kept, done.last_id, done.more) == (1, 0, free, False)
+    assert status_by_id(engine) == {locked: "dead", free: "queued"}
 
 
 def test_purge_deletes_only_the_matching_finished_jobs(engine: sa.Engine) -> None:

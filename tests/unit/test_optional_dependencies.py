@@ -24,7 +24,8 @@ def python(code: str) -> subprocess.CompletedProcess[str]:
 def test_importing_the_package_the_worker_and_the_cli_loads_neither() -> None:
     result = python(
         "import sys\n"
-        "import sa_jobqueue, sa_jobqueue.worker, sa_jobqueue.cli, sa_jobqueue.joblog\n"
+        "import sa_jobqueue, sa_jobqueue.worker, sa_jobqueue.cli\n"
+        "import sa_jobqueue.observability, sa_jobqueue.observability.logs\n"
         "sa_jobqueue.JobQueue()\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r}))\n"
     )
@@ -35,7 +36,7 @@ def test_importing_the_package_the_worker_and_the_cli_loads_neither() -> None:
 def test_the_modules_that_need_them_load_them() -> None:
     result = python(
         "import sys\n"
-        "import sa_jobqueue.metrics, sa_jobqueue.tracing\n"
+        "import sa_jobqueue.observability.metrics, sa_jobqueue.observability.tracing\n"
         f"print(all(m in sys.modules for m in {OPTIONAL!r}))\n"
     )
     assert result.returncode == 0, result.stderr

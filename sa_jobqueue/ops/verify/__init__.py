@@ -35,8 +35,9 @@ database entirely untouched: ``pg_notify`` reaches every listener of the databas
 workers see (and ignore) wake-ups for the queue ``sa_jobqueue_verify``. A verify process that
 is itself SIGKILLed cannot drop its schema (its workers do stop, within a second or two).
 
-The modules of this package are internal: ``command`` (the command line), ``hammer`` (the
-run), ``workers`` (the worker subprocesses), ``report`` (what the run concludes), ``names``
-(what the run and its workers agree on) and ``tasks`` (the handler, which only the workers
-import). Their statements and the run's record tables are in :mod:`sa_jobqueue._sql.verify`.
+The modules of this package are internal: ``hammer`` (the run), ``workers`` (the worker
+subprocesses), ``report`` (what the run concludes), ``names`` (what the run and its workers
+agree on) and ``tasks`` (the handler, which only the workers import). Their statements and the
+run's record tables are in :mod:`sa_jobqueue._sql.verify`; the command line (options, exit
+status) is the CLI's, in ``sa_jobqueue.cli._verify``.
 """

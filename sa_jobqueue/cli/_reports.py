@@ -19,10 +19,10 @@ from typing import Any
 
 from .._visible import json_visible, visible
 from ..models import FINISHED_STATUSES, QUEUED, RUNNING, STATUSES
-from .admin import Edge, JobInfo
-from .health import Finding, span, worst
-from .queues import QueueInfo, QueueLimits
-from .stats import Stats
+from ..ops.admin import Edge, JobInfo, JobSummary
+from ..ops.health import Finding, span, worst
+from ..ops.queues import QueueInfo, QueueLimits
+from ..ops.stats import Stats
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
 ERROR_WIDTH = 60
@@ -83,7 +83,7 @@ def findings_json(findings: Sequence[Finding]) -> str:
 # -- jobs ------------------------------------------------------------------------------------
 
 
-def _when(job: JobInfo, now: datetime) -> str:
+def _when(job: JobSummary, now: datetime) -> str:
     """Where the job stands in time: when it is due, its lease, or when it finished."""
     if job.status == QUEUED:
         ahead = job.visible_at - now

@@ -1,4 +1,8 @@
-"""``sa-jobqueue verify`` on the command line: its options, and the exit status."""
+"""``sa-jobqueue verify`` on the command line: its options, and the exit status.
+
+The run itself is :mod:`sa_jobqueue.ops.verify`; this module only reads the options, says
+what goes on, prints the report and picks the exit status.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,14 @@ from typing import Any, Final
 
 from sqlalchemy.exc import DBAPIError
 
-from ...errors import JobQueueError
-from .hammer import reason, verify
-from .report import Settings
+from ..errors import JobQueueError
+from ..ops.verify.hammer import reason, verify
+from ..ops.verify.report import Settings
+from ._exit import EXIT_USAGE
 
+#: Jobs were lost or doubled.
 EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
+#: Ctrl-C or SIGTERM: 128 + SIGINT (2), as a shell shows it.
 EXIT_INTERRUPTED: Final = 130
 
 log = logging.getLogger("sa_jobqueue.verify")
