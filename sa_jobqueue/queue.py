@@ -1,54 +1,49 @@
 """JobQueue: the face of the queue. Declare tasks, enqueue jobs, look after them.
 
 The work is done underneath: the task registry in :mod:`sa_jobqueue._registry`, enqueueing
-in :mod:`sa_jobqueue._enqueue` (one option resolver for every enqueue path), and job admin in
-:mod:`sa_jobqueue.ops.admin`, which the admin methods here delegate to.
+in the :mod:`sa_jobqueue._enqueue` wing (its :class:`~sa_jobqueue._enqueue.Enqueuer` prepares
+each call; the methods here run the work it returns in the caller's transaction, or in one of
+its own for an Engine), and job admin in :mod:`sa_jobqueue.ops.admin`, which the admin methods
+here delegate to. The enqueue options are defined once, in :class:`JobOptions`.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, overload
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from . import results
-from ._binds import SessionLike, connection_of, run_async
-from ._enqueue import (
-    Enqueued,
-    EnqueueOptions,
-    NewJobs,
-    insert_many,
-    insert_one,
-    new_jobs,
-    resolve_options,
-)
+from ._binds import SessionLike, run_async
+from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, Enqueuer, JobOptions
+from ._enqueue.calls import chain_of, chord_of, group_of
+from ._enqueue.transactions import arun_in, run_in
 from ._registry import TaskRegistry, handler_name
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
 from .errors import TaskDefinitionError
-from .middleware import Enqueueing, Middleware, enqueue_chain
+from .middleware import Middleware
 from .ops import admin
 from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
 from .tasks import Backoff, Handler, Task
-from .workflows import (
-    Call,
-    Dependency,
-    OnFailure,
-    check_call_options,
-    check_dependencies,
-    enqueue_with,
-)
+from .workflows import Call, Dependency, OnFailure
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from ._binds import AsyncSessionLike
 
-__all__ = ["Enqueued", "JobInfo", "JobQueue", "JobResult"]
+__all__ = [
+    "EnqueueManyOptions",
+    "EnqueueOptions",
+    "Enqueued",
+    "JobInfo",
+    "JobOptions",
+    "JobQueue",
+    "JobResult",
+]
 
 
 class JobQueue:
@@ -96,21 +91,32 @@ class JobQueue:
         self.default_queue = check_queue_name(default_queue)
         if not all(isinstance(layer, Middleware) for layer in middleware):
             raise TaskDefinitionError("middleware must be Middleware objects (subclass it)")
-        #: Around every enqueue and every attempt, the first outermost (see
-        #: :mod:`sa_jobqueue.middleware`).
-        self.middleware: tuple[Middleware, ...] = tuple(middleware)
-        self.max_payload_bytes = max_payload_bytes
         #: Whether enqueues record the trace context (and the CLI worker traces each job).
         self.tracing = tracing
-        self._trace_context: Callable[[], str | None] | None = None
+        trace_context: Callable[[], str | None] | None = None
         if tracing:
             # Imported only when asked for: without tracing, OpenTelemetry is never loaded.
             from .observability.tracing import current_trace_context
 
-            self._trace_context = current_trace_context
+            trace_context = current_trace_context
         self._registry = TaskRegistry()
-        #: Each task's options when enqueue overrides none, resolved once (a Task is frozen).
-        self._defaults: dict[str, EnqueueOptions] = {}
+        self._enqueuer = Enqueuer(
+            self._registry,
+            middleware=middleware,
+            max_payload_bytes=max_payload_bytes,
+            trace_context=trace_context,
+        )
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """Around every enqueue and every attempt, the first outermost (see
+        :mod:`sa_jobqueue.middleware`)."""
+        return self._enqueuer.middleware
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload an enqueue accepts, in bytes of its JSON text."""
+        return self._enqueuer.max_payload_bytes
 
     # -- registry ---------------------------------------------------------------------------
 
@@ -235,193 +241,74 @@ class JobQueue:
         """The declared periodic schedules by name (a copy)."""
         return self._registry.schedules
 
-    # -- enqueue ----------------------------------------------------------------------------
+    # -- enqueue: see sa_jobqueue._enqueue ----------------------------------------------------
 
     def enqueue(
         self,
-        session: SessionLike,
+        session: SessionLike | Engine,
         task: str | Task,
         payload: Any = None,
-        *,
-        run_at: datetime | timedelta | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        lease: timedelta | None = None,
-        backoff: Backoff | None = None,
-        unique_key: str | None = None,
-        unique_mode: UniqueMode | None = None,
-        unique_period: timedelta | None = None,
-        depends_on: Sequence[int | Dependency] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
 
-        ``run_at`` is a timezone-aware datetime, or a timedelta counted from the database's
-        ``now()``; by default the job is due at once. ``priority``: lower runs first. Options
-        left out come from the task's declaration (``backoff`` too: given here, it is kept
-        with the job and used for its retries instead of the task's). Bad input raises
-        InvalidJobError (or UnknownTaskError) before any SQL is sent, so the caller's
-        transaction stays usable. Never commits and never flushes the session.
+        ``options`` are those of :class:`~sa_jobqueue.queue.EnqueueOptions`: the
+        :class:`~sa_jobqueue.queue.JobOptions` (``run_at``, ``priority``, ``queue``,
+        ``max_attempts``, ``lease``, ``backoff``, ``unique_mode``, ``unique_period``), each
+        left to the task's declaration when left out, and ``unique_key`` and ``depends_on``.
+        Bad input raises InvalidJobError (or UnknownTaskError) before any SQL is sent, so the
+        caller's transaction stays usable; an unknown option name raises TypeError. Never
+        commits and never flushes the session.
 
-        ``unique_key`` (default: the task's ``unique_key(payload)``, if it declares one): while
-        a waiting, queued or running job of the same task holds this key, nothing is added and
-        the returned id is that job's, with ``.created`` False. What happens to that job is the
-        ``unique_mode`` (default: the task's): ``"skip"`` leaves it as it is; ``"replace"``
-        gives it, if it is queued, this call's payload, priority and due time; ``"debounce"``
-        does the same but never moves its due time earlier. Then ``.updated`` is True. A
-        waiting or running job is never changed. A job that has finished (succeeded, dead,
-        cancelled) holds no key, unless a ``unique_period`` (default: the task's) holds it for the
-        rest of the window its job was enqueued in. Under REPEATABLE READ or SERIALIZABLE, a key
-        taken by a transaction that committed after yours began raises a serialization error
-        instead (retry the transaction). See the unique jobs how-to for the whole story.
-
-        ``depends_on``: job ids (or :class:`~sa_jobqueue.workflows.Dependency` edges) the job
-        waits for: it is ``waiting`` until they have all ended, then runs; one that ends dead
-        or cancelled cancels it unless its edge says ``on_failure="run"``. An id with no job
-        raises UnknownJobError before the job is inserted. Under REPEATABLE READ or
-        SERIALIZABLE, a dependency that changed after your transaction's snapshot raises a
-        serialization error, at the enqueue or at commit: retry the transaction. See
-        :mod:`sa_jobqueue.workflows`.
+        Given an ``Engine`` instead, the job joins no business transaction: it is inserted in
+        a transaction of its own, committed before this returns, and tried again (three tries
+        in all) when the connection is lost; see :mod:`sa_jobqueue._enqueue.transactions` for
+        the one case where a retry can add the job twice, and why a unique key prevents it.
         """
-        options = _given(
-            run_at=run_at,
-            priority=priority,
-            queue=queue,
-            max_attempts=max_attempts,
-            lease=lease,
-            backoff=backoff,
-            unique_mode=unique_mode,
-            unique_period=unique_period,
-        )
-        keys = None if unique_key is None else [unique_key]
-        edges = check_dependencies(depends_on)
-        enqueue = self._enqueuer(task, [payload], keys, options, _insert_one, edges)
-        return enqueue(connection_of(session))[0]
+        return run_in(session, self._enqueuer.one(task, payload, options))[0]
 
     async def aenqueue(
         self,
-        session: AsyncSessionLike,
+        session: AsyncSessionLike | AsyncEngine,
         task: str | Task,
         payload: Any = None,
-        *,
-        run_at: datetime | timedelta | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        lease: timedelta | None = None,
-        backoff: Backoff | None = None,
-        unique_key: str | None = None,
-        unique_mode: UniqueMode | None = None,
-        unique_period: timedelta | None = None,
-        depends_on: Sequence[int | Dependency] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
-        """:meth:`enqueue` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees.
-
-        The job is written in the async session's transaction and exists if and only if that
-        commits; bad input raises before any SQL is sent.
-        """
-        options = _given(
-            run_at=run_at,
-            priority=priority,
-            queue=queue,
-            max_attempts=max_attempts,
-            lease=lease,
-            backoff=backoff,
-            unique_mode=unique_mode,
-            unique_period=unique_period,
-        )
-        keys = None if unique_key is None else [unique_key]
-        edges = check_dependencies(depends_on)
-        enqueue = self._enqueuer(task, [payload], keys, options, _insert_one, edges)
-        return (await run_async(session, enqueue))[0]
+        """:meth:`enqueue` for an ``AsyncSession``, ``AsyncConnection`` or ``AsyncEngine``;
+        same guarantees, the same work run on the sync Connection behind it."""
+        return (await arun_in(session, self._enqueuer.one(task, payload, options)))[0]
 
     def enqueue_many(
         self,
-        session: SessionLike,
+        session: SessionLike | Engine,
         task: str | Task,
         payloads: Iterable[Any],
-        *,
-        run_at: datetime | timedelta | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        lease: timedelta | None = None,
-        backoff: Backoff | None = None,
-        unique_keys: Sequence[str | None] | None = None,
-        unique_mode: UniqueMode | None = None,
-        unique_period: timedelta | None = None,
-        depends_on: Sequence[int | Dependency] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one go; return their ids in order.
 
-        Same rules as :meth:`enqueue`; every payload is checked before anything is sent, so a
-        bad one rejects the whole batch and inserts nothing. One NOTIFY for the batch. Fewer
-        than 200 jobs, or jobs with unique keys, go in by one INSERT; more by COPY on the
-        session's connection, in its transaction, after one statement that draws their ids.
-        SQLAlchemy's cursor events see that statement, not the COPY.
-
-        ``unique_keys``: one key per payload, as ``unique_key`` of :meth:`enqueue` (a None
-        entry, or no list, leaves the key to the task's ``unique_key`` function). A payload
-        whose key a live job holds gets that job's id (``.created`` False), and so does a later
-        payload of the batch with the same key as an earlier one: it gets the earlier one's job.
-        In replace and debounce modes the last payload of a key is the one kept, as if the
-        payloads had been enqueued one after another.
-
-        ``depends_on``: as for :meth:`enqueue`, for every job of the batch.
+        Same rules as :meth:`enqueue` (an ``Engine`` too), with the options of
+        :class:`~sa_jobqueue.queue.EnqueueManyOptions` (``unique_keys``: one per payload);
+        every payload is checked before anything is sent, so a bad one rejects the whole
+        batch and inserts nothing. One NOTIFY for the batch. Fewer than 200 jobs, or jobs with
+        unique keys, go in by one INSERT; more by COPY on the session's connection, in its
+        transaction, after one statement that draws their ids. SQLAlchemy's cursor events see
+        that statement, not the COPY.
         """
-        items = list(payloads)
-        keys = None if unique_keys is None else list(unique_keys)
-        options = _given(
-            run_at=run_at,
-            priority=priority,
-            queue=queue,
-            max_attempts=max_attempts,
-            lease=lease,
-            backoff=backoff,
-            unique_mode=unique_mode,
-            unique_period=unique_period,
-        )
-        edges = check_dependencies(depends_on)
-        enqueue = self._enqueuer(task, items, keys, options, insert_many, edges)
-        if not items and not self.middleware:
-            return []
-        return enqueue(connection_of(session))
+        work = self._enqueuer.many(task, payloads, options)
+        return [] if work is None else run_in(session, work)
 
     async def aenqueue_many(
         self,
-        session: AsyncSessionLike,
+        session: AsyncSessionLike | AsyncEngine,
         task: str | Task,
         payloads: Iterable[Any],
-        *,
-        run_at: datetime | timedelta | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        lease: timedelta | None = None,
-        backoff: Backoff | None = None,
-        unique_keys: Sequence[str | None] | None = None,
-        unique_mode: UniqueMode | None = None,
-        unique_period: timedelta | None = None,
-        depends_on: Sequence[int | Dependency] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[Enqueued]:
-        """:meth:`enqueue_many` for an ``AsyncSession`` or ``AsyncConnection``; same guarantees."""
-        items = list(payloads)
-        keys = None if unique_keys is None else list(unique_keys)
-        options = _given(
-            run_at=run_at,
-            priority=priority,
-            queue=queue,
-            max_attempts=max_attempts,
-            lease=lease,
-            backoff=backoff,
-            unique_mode=unique_mode,
-            unique_period=unique_period,
-        )
-        edges = check_dependencies(depends_on)
-        enqueue = self._enqueuer(task, items, keys, options, insert_many, edges)
-        if not items and not self.middleware:
-            return []
-        return await run_async(session, enqueue)
+        """:meth:`enqueue_many` for an ``AsyncSession``, ``AsyncConnection`` or
+        ``AsyncEngine``; same guarantees."""
+        work = self._enqueuer.many(task, payloads, options)
+        return [] if work is None else await arun_in(session, work)
 
     # -- workflows: see sa_jobqueue.workflows ------------------------------------------------
 
@@ -441,22 +328,13 @@ class JobQueue:
         cancelled cancels the rest of the chain, or, with ``on_failure="run"``, lets the next
         one run anyway. See :mod:`sa_jobqueue.workflows`.
         """
-        ids: list[Enqueued] = []
-        edges = check_dependencies(depends_on)
-        for call in calls:
-            (job_id,) = self._enqueue_calls(session, [call], edges, frozenset(ids[-1:]))
-            ids.append(job_id)
-            edges = [Dependency(job_id, on_failure)]
-        return ids
+        return run_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
 
     def group(self, session: SessionLike, calls: Sequence[Call]) -> list[Enqueued]:
         """Enqueue ``calls`` to run side by side, in the caller's transaction; their ids, in
         order. Calls of one task with the same options go in together (by COPY from 200 on),
         so a group of 10,000 is a few statements."""
-        ids: list[Enqueued] = []
-        for _, run in itertools.groupby(calls, key=_batch_key):
-            ids += self._enqueue_calls(session, list(run), [], frozenset())
-        return ids
+        return run_in(session, group_of(self._enqueuer, calls))
 
     def chord(
         self,
@@ -470,10 +348,7 @@ class JobQueue:
         (reading their results with ``ctx.upstream_results()``): the group's ids, and the
         callback's. A member that ends dead or cancelled cancels the callback, or, with
         ``on_failure="run"``, does not stop it."""
-        members = self.group(session, calls)
-        edges = [Dependency(job_id, on_failure) for job_id in members]
-        (last,) = self._enqueue_calls(session, [callback], edges, frozenset(members))
-        return members, last
+        return run_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
 
     async def achain(
         self,
@@ -484,14 +359,11 @@ class JobQueue:
         on_failure: OnFailure = "cancel",
     ) -> list[Enqueued]:
         """:meth:`chain` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await run_async(
-            session,
-            lambda conn: self.chain(conn, calls, depends_on=depends_on, on_failure=on_failure),
-        )
+        return await arun_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
 
     async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> list[Enqueued]:
         """:meth:`group` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await run_async(session, lambda conn: self.group(conn, calls))
+        return await arun_in(session, group_of(self._enqueuer, calls))
 
     async def achord(
         self,
@@ -502,123 +374,7 @@ class JobQueue:
         on_failure: OnFailure = "cancel",
     ) -> tuple[list[Enqueued], Enqueued]:
         """:meth:`chord` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await run_async(
-            session, lambda conn: self.chord(conn, calls, callback, on_failure=on_failure)
-        )
-
-    def _enqueue_calls(
-        self,
-        session: SessionLike,
-        calls: list[Call],
-        edges: list[Dependency],
-        new: frozenset[int],
-    ) -> list[Enqueued]:
-        """Enqueue ``calls`` (one task, the same options) waiting for ``edges``; ``new``: the
-        dependencies enqueued in this transaction."""
-        first = calls[0]
-        options = check_call_options(first.options)
-        payloads = [call.payload for call in calls]
-        enqueue = self._enqueuer(first.task, payloads, None, options, insert_many, edges, new)
-        return enqueue(connection_of(session))
-
-    def _enqueuer(
-        self,
-        task: str | Task,
-        payloads: list[Any],
-        unique_keys: Sequence[str | None] | None,
-        options: Mapping[str, Any],
-        insert: Callable[[Connection, NewJobs], list[Enqueued]],
-        edges: list[Dependency],
-        new: frozenset[int] = frozenset(),
-    ) -> Callable[[Connection], list[Enqueued]]:
-        """The enqueue, to run on the caller's connection: ``insert`` of the jobs, after the
-        middleware and with ``edges`` (``new``: dependencies enqueued in this transaction).
-
-        Everything is checked and encoded here, before any SQL, in the caller's thread or task;
-        with middleware, which may change them, the jobs are checked once it has run, and only
-        the trace context is taken now (an async enqueue's middleware runs in SQLAlchemy's
-        greenlet, where the caller's context variables are not current).
-        """
-        if self.middleware:
-            trace = self._traced()
-
-            def through(conn: Connection) -> list[Enqueued]:
-                return self._through(
-                    conn, task, payloads, unique_keys, options, insert, trace, edges, new
-                )
-
-            return through
-        jobs = self._new_jobs(task, payloads, unique_keys, options)
-        return lambda conn: enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
-
-    def _new_jobs(
-        self,
-        task: str | Task,
-        payloads: list[Any],
-        unique_keys: Sequence[str | None] | None,
-        options: Mapping[str, Any],
-        trace: Callable[[], str | None] | None = None,
-    ) -> NewJobs:
-        """Check and encode everything enqueue was given; no I/O.
-
-        ``unique_keys`` is parallel to ``payloads``; for a None entry (or no list) the task's
-        function, if it has one, gives the key. ``options`` are the enqueue options given
-        (none: the task's defaults, resolved once). ``trace`` gives the trace context, when
-        it was taken before (see :meth:`_traced`).
-        """
-        found = self._registry.lookup(task)
-        if not options:
-            resolved = self._defaults.get(found.name)
-            if resolved is None or resolved.task is not found:
-                resolved = self._defaults[found.name] = resolve_options(found)
-        else:
-            resolved = resolve_options(found, **options)
-        # The trace context is taken before any I/O and in the caller's thread or task: the
-        # span that is current where enqueue was called is the one the job's run points to.
-        return new_jobs(
-            resolved,
-            payloads,
-            unique_keys,
-            max_payload_bytes=self.max_payload_bytes,
-            trace_context=trace or self._trace_context,
-        )
-
-    def _traced(self) -> Callable[[], str | None] | None:
-        """The trace context of the caller, taken now (see :meth:`_enqueuer`)."""
-        if self._trace_context is None:
-            return None
-        context = self._trace_context()
-        return lambda: context
-
-    def _through(
-        self,
-        conn: Connection,
-        task: str | Task,
-        payloads: list[Any],
-        unique_keys: Sequence[str | None] | None,
-        options: Mapping[str, Any],
-        insert: Callable[[Connection, NewJobs], list[Enqueued]],
-        trace: Callable[[], str | None] | None,
-        edges: list[Dependency],
-        new: frozenset[int],
-    ) -> list[Enqueued]:
-        """Enqueue through the middleware: each may change the call, or refuse it.
-
-        The middleware runs before any of the queue's SQL: the dependencies are locked (and an
-        unknown one refused) at the end of the chain, on the connection the call then names,
-        just before the insert."""
-
-        def proceed(call: Enqueueing) -> list[Enqueued]:
-            keys = None if call.unique_keys is None else list(call.unique_keys)
-            jobs = self._new_jobs(call.task, list(call.payloads), keys, call.options, trace)
-            if not call.payloads:
-                return []
-            conn = call.connection
-            return enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
-
-        found = self._registry.lookup(task)
-        call = Enqueueing(found, tuple(payloads), unique_keys, dict(options), conn)
-        return enqueue_chain(self.middleware, proceed)(call)
+        return await arun_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
 
     # -- job admin: see sa_jobqueue.ops.admin ----------------------------------------------------
 
@@ -769,18 +525,3 @@ class JobQueue:
     def counts(self, session: SessionLike) -> dict[str, dict[str, int]]:
         """Job counts as ``{queue: {status: n}}``."""
         return admin.count_jobs(session)
-
-
-def _given(**options: Any) -> dict[str, Any]:
-    """The enqueue options a call gave (left out: None), by name."""
-    return {name: value for name, value in options.items() if value is not None}
-
-
-def _insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
-    return [insert_one(conn, new)]
-
-
-def _batch_key(call: Call) -> tuple[str, str]:
-    """Calls that can go in together: the same task and the same options."""
-    task = call.task if isinstance(call.task, str) else call.task.name
-    return task, repr(sorted(call.options.items()))

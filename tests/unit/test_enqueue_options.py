@@ -11,7 +11,7 @@ import pytest
 
 from sa_jobqueue import Backoff, InvalidJobError, JobContext, JobQueue, Task
 from sa_jobqueue._durations import duration_text
-from sa_jobqueue._enqueue import EnqueueOptions, new_jobs, resolve_options
+from sa_jobqueue._enqueue import ResolvedOptions, new_jobs, resolve_options
 from sa_jobqueue.errors import (
     InvalidNameError,
     InvalidScheduleError,
@@ -43,7 +43,7 @@ KEYED = Task(name="keyed", handler=handler, unique_key=by_key)
 
 def test_without_overrides_the_tasks_declaration_is_taken() -> None:
     options = resolve_options(TASK)
-    assert options == EnqueueOptions(
+    assert options == ResolvedOptions(
         task=TASK, queue="mail", priority=5, max_attempts=3, lease=timedelta(seconds=45)
     )
     assert options.schedule == "now"
