@@ -105,44 +105,36 @@ class Enqueuer:
         SQLAlchemy's greenlet, where the caller's context variables are not current).
         """
         if self.middleware:
-            found = self.registry.lookup(task)
             given = {name: value for name, value in options.items() if value is not None}
-            return functools.partial(
-                self._through,
-                found,
-                payloads,
-                unique_keys,
-                given,
-                insert,
-                self._traced(),
-                edges,
-                new,
+            # The call as middleware sees it, but for the connection the work is given.
+            call = functools.partial(
+                Enqueueing, self.registry.lookup(task), tuple(payloads), unique_keys, given
             )
-        jobs = self.new_jobs(task, payloads, unique_keys, options)
+            return functools.partial(self._through, call, insert, self._traced(), edges, new)
+        jobs = self.new_jobs(self.registry.lookup(task), payloads, unique_keys, options)
         return lambda conn: enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
     def new_jobs(
         self,
-        task: str | Task,
+        task: Task,
         payloads: list[Any],
         unique_keys: Sequence[str | None] | None,
         options: Mapping[str, Any],
         trace: Callable[[], str | None] | None = None,
     ) -> NewJobs:
-        """Check and encode everything an enqueue was given; no I/O.
+        """Check and encode everything an enqueue of ``task`` was given; no I/O.
 
         ``unique_keys`` is parallel to ``payloads``; for a None entry (or no list) the task's
         function, if it has one, gives the key. ``options`` are the enqueue options given
         (none: the task's defaults, resolved once). ``trace`` gives the trace context, when it
         was taken before (see :meth:`_traced`).
         """
-        found = self.registry.lookup(task)
         if not options:
-            resolved = self._defaults.get(found.name)
-            if resolved is None or resolved.task is not found:
-                resolved = self._defaults[found.name] = resolve_options(found)
+            resolved = self._defaults.get(task.name)
+            if resolved is None or resolved.task is not task:
+                resolved = self._defaults[task.name] = resolve_options(task)
         else:
-            resolved = resolve_options(found, **options)
+            resolved = resolve_options(task, **options)
         # The trace context is taken before any I/O and in the caller's thread or task: the
         # span that is current where enqueue was called is the one the job's run points to.
         return new_jobs(
@@ -162,10 +154,7 @@ class Enqueuer:
 
     def _through(
         self,
-        task: Task,
-        payloads: list[Any],
-        unique_keys: Sequence[str | None] | None,
-        options: dict[str, Any],
+        call: Callable[[Connection], Enqueueing],
         insert: Insert,
         trace: Callable[[], str | None] | None,
         edges: list[Dependency],
@@ -186,8 +175,7 @@ class Enqueuer:
             conn = call.connection
             return enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
-        call = Enqueueing(task, tuple(payloads), unique_keys, options, conn)
-        return enqueue_chain(self.middleware, proceed)(call)
+        return enqueue_chain(self.middleware, proceed)(call(conn))
 
 
 def _dependencies(options: EnqueueOptions | EnqueueManyOptions) -> list[Dependency]:
