@@ -260,9 +260,11 @@ class JobQueue(JobAdmin):
         commits and never flushes the session.
 
         Given an ``Engine`` instead, the job joins no business transaction: it is inserted in
-        a transaction of its own, committed before this returns, and tried again (three tries
-        in all) when the connection is lost; see :mod:`sa_jobqueue._enqueue.transactions` for
-        the one case where a retry can add the job twice, and why a unique key prevents it.
+        a transaction of its own, committed before this returns, and that transaction is tried
+        again (three tries in all) when it fails on a transient error, a lost connection above
+        all. A failed transaction added nothing, with one exception: a connection lost after
+        the COMMIT was sent and before its reply came may leave the job committed, and the
+        retry then adds it again, unless a unique key lets the retry find it instead.
         """
         return run_in(session, self._enqueuer.one(task, payload, options))[0]
 

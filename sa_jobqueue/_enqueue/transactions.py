@@ -12,7 +12,8 @@ A transaction of its own is a producer's that has no business transaction to joi
 aborted the transaction), :data:`ATTEMPTS` times in all. A failed transaction added nothing,
 so trying it again is safe, with one exception: when the connection is lost after the COMMIT
 was sent and before its reply came, the jobs may have been committed, and the retry enqueues
-them a second time. A unique key makes that retry find the first job instead.
+them a second time. A unique key makes that retry find the first job instead. Each try runs
+the whole work again, middleware included, in its new transaction.
 """
 
 from __future__ import annotations

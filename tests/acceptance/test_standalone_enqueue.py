@@ -7,6 +7,7 @@ Each test has a fresh database: the jobs are committed and read back from other 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sa_jobqueue import JobQueue
 from sa_jobqueue.errors import InvalidScheduleError, PayloadError, UnknownTaskError
+from sa_jobqueue.middleware import Enqueueing, Middleware, ProceedEnqueue
 from sa_jobqueue.models import jobs_table
 from tests.helpers.jobs import count, make_queue
 from tests.helpers.waiting import wait_for
@@ -177,3 +179,29 @@ def test_aenqueue_with_an_async_engine_commits_and_survives_a_dead_connection(
     ids = asyncio.run(main())
     with engine.connect() as other:
         assert other.execute(sa.select(j.id).order_by(j.id)).scalars().all() == ids
+
+
+class Tagged(Middleware):
+    """Tags each payload, and records the connection each enqueue was given."""
+
+    def __init__(self) -> None:
+        self.connections: list[sa.Connection] = []
+
+    def enqueue(self, call: Enqueueing, proceed: ProceedEnqueue) -> list[Any]:
+        self.connections.append(call.connection)
+        tagged = [{**payload, "tag": "t"} for payload in call.payloads]
+        return proceed(dataclasses.replace(call, payloads=tagged))
+
+
+def test_middleware_runs_in_the_transaction_enqueue_began(
+    plain_engine: sa.Engine, engine: sa.Engine
+) -> None:
+    tagged = Tagged()
+    queue = make_queue(middleware=[tagged])
+    kill_pooled_connection(plain_engine, engine)
+    job_id = queue.enqueue(plain_engine, "work_a", {"n": 1})
+    assert len(tagged.connections) == 2  # the dead connection's try, then the retry
+    assert all(conn.closed for conn in tagged.connections)
+    with engine.connect() as other:
+        payloads = other.execute(sa.select(j.id, j.payload)).all()
+    assert payloads == [(job_id, {"n": 1, "tag": "t"})]
