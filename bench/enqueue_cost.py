@@ -11,7 +11,7 @@ Uses $DATABASE_URL's server (a database ``bench_enqueue_cost`` is created and dr
 2. Client CPU per call (``time.process_time``) of shapes (a) and (b), and of the same INSERT
    and COMMIT sent with psycopg alone. Rounds alternate between them; medians.
 3. ``enqueue_many`` of each size by INSERT and by COPY (forced by setting
-   ``sa_jobqueue._enqueue.COPY_FROM``), alternating, medians of wall time and CPU per job.
+   ``sa_jobqueue._enqueue.inserting.COPY_FROM``), alternating, medians of wall time and CPU per job.
 
 Commits are made with ``synchronous_commit=off`` unless ``--sync-commit on``: the fsync costs
 every shape and path the same, and on a shared disk it is mostly noise.
@@ -41,7 +41,8 @@ from psycopg import pq  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench import harness  # noqa: E402
-from sa_jobqueue import JobContext, JobQueue, _enqueue  # noqa: E402
+from sa_jobqueue import JobContext, JobQueue  # noqa: E402
+from sa_jobqueue._enqueue import inserting  # noqa: E402
 from sa_jobqueue._sql import enqueue as enqueue_sql  # noqa: E402
 from sa_jobqueue.database import create_engine  # noqa: E402
 from sa_jobqueue.migrations import upgrade  # noqa: E402
@@ -198,7 +199,7 @@ def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace
             session.rollback()
 
     print("\n3. enqueue_many by INSERT and by COPY, per job")
-    default = _enqueue.COPY_FROM
+    default = inserting.COPY_FROM
     try:
         for size in sizes:
             results: dict[str, tuple[list[float], list[float]]] = {}
@@ -206,7 +207,7 @@ def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace
             repeat = max(1, 20_000 // size)
             for _ in range(args.rounds):
                 for path, threshold in (("INSERT", 10**12), ("COPY", 1)):
-                    _enqueue.COPY_FROM = threshold
+                    inserting.COPY_FROM = threshold
                     call()
                     c0, w0 = time.process_time(), time.perf_counter()
                     for _ in range(repeat):
@@ -222,7 +223,7 @@ def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace
             )
             print(f"  {size:6} jobs: {line}")
     finally:
-        _enqueue.COPY_FROM = default
+        inserting.COPY_FROM = default
 
 
 if __name__ == "__main__":

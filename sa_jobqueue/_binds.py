@@ -25,7 +25,15 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Connection, Insert
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import MissingGreenlet, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    MissingGreenlet,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -110,6 +118,14 @@ async def run_async(session: AsyncSessionLike, work: Callable[[Connection], T]) 
         f" AsyncConnection, not {type(session).__name__} (for a Session or Connection, call"
         " the method without the 'a' prefix)"
     )
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed statement may well succeed if tried again soon: the connection was
+    lost or refused, a timeout or a pool exhausted; not an error in the statement itself."""
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+    return isinstance(exc, (PoolTimeout, DisconnectionError))
 
 
 # -- below SQLAlchemy -----------------------------------------------------------------------

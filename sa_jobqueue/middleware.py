@@ -49,9 +49,9 @@ class Enqueueing:
 
     ``payloads`` has one entry for ``enqueue``, one per job for ``enqueue_many``;
     ``unique_keys`` runs parallel to it (None: the task decides). ``options`` holds the
-    enqueue options the caller gave (``run_at``, ``priority``, ``queue``, ``max_attempts``,
-    ``lease``, ``backoff``, ``unique_mode``, ``unique_period``); the task's declaration fills in
-    the rest. ``connection`` is the caller's, in the caller's transaction.
+    enqueue options the caller gave, those of :class:`~sa_jobqueue.queue.JobOptions` that
+    are not None; the task's declaration fills in the rest. ``connection`` is the caller's, in
+    the caller's transaction (or the one ``enqueue`` began for an Engine).
     """
 
     task: Task

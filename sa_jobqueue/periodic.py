@@ -53,7 +53,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from sqlalchemy import Connection, Engine
 
-from ._enqueue import new_jobs, resolve_options
+from ._enqueue.jobs import new_jobs
+from ._enqueue.options import resolve_options
 from ._sql import clock
 from ._sql import periodic as periodic_sql
 from ._validation import TASK_NAME, encode_payload

@@ -64,7 +64,8 @@ class Dependency:
 @dataclass(frozen=True)
 class Call:
     """One job of a chain, a group or a chord: its task, its payload, and enqueue options
-    (``run_at``, ``priority``, ``queue``, ``max_attempts``, ``lease``, ``backoff``)::
+    (those of :class:`~sa_jobqueue.queue.JobOptions` but the unique ones: ``run_at``,
+    ``priority``, ``queue``, ``max_attempts``, ``lease``, ``backoff``)::
 
         queue.chain(session, [Call("fetch", {"url": url}), Call("parse"), Call("store")])
     """

@@ -17,15 +17,9 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Row
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    OperationalError,
-    SQLAlchemyError,
-)
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import SQLAlchemyError
 
+from .._binds import transient
 from .._deadlines import StopClock
 from .._error_text import error_json, one_line
 from .._sql import leases as leases_sql
@@ -68,14 +62,6 @@ T = TypeVar("T")
 #: leaves the job to its lease (seconds). Within the default 30 s lease, so the retry is done
 #: while the job is still this worker's; a try after a shorter lease ran out is fenced.
 RECORD_RETRY = 10.0
-
-
-def transient(exc: BaseException) -> bool:
-    """Whether a failed statement may well succeed if tried again soon: the connection was
-    lost or refused, a timeout or a pool exhausted; not an error in the statement itself."""
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
-    return isinstance(exc, (PoolTimeout, DisconnectionError))
 
 
 def retrying(write: Callable[[], T], what: str, clock: StopClock | None = None) -> T:

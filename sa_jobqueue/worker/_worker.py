@@ -15,6 +15,7 @@ from datetime import timedelta
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from .._binds import transient
 from .._deadlines import StopClock, guard_statements
 from .._error_text import one_line
 from .._pooler import TRANSACTION_POOLER_HINT, on_prepared_statement_clash
@@ -29,7 +30,7 @@ from ._heartbeat import Heartbeat
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
-from ._recorder import Recorder, Reports, retrying, transient
+from ._recorder import Recorder, Reports, retrying
 from ._runner import Runner
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 

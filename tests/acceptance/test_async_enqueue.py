@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued, JobQueue
-from sa_jobqueue._enqueue import COPY_FROM
+from sa_jobqueue._enqueue.inserting import COPY_FROM
 from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.models import jobs_table
 from tests.apps.application import AppBase, Invoice

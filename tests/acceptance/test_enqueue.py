@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobInfo, JobQueue, JobQueueError
-from sa_jobqueue._enqueue import COPY_FROM
+from sa_jobqueue._enqueue.inserting import COPY_FROM
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.errors import (
     InvalidNameError,
@@ -204,10 +204,11 @@ def test_enqueue_on_connection_commits_with_the_caller(engine: sa.Engine, queue:
 
 
 def test_enqueue_refuses_what_is_not_a_session(engine: sa.Engine, queue: JobQueue) -> None:
+    # An Engine is a producer's own transaction (tests/acceptance/test_standalone_enqueue.py).
     with pytest.raises(TypeError):
-        queue.enqueue(engine, "work_a", {"n": 1})  # type: ignore[arg-type]
+        queue.enqueue(engine.url, "work_a", {"n": 1})  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        queue.enqueue_many(engine, "work_a", [{"n": 1}])  # type: ignore[arg-type]
+        queue.enqueue_many(engine.url, "work_a", [{"n": 1}])  # type: ignore[arg-type]
     assert count(engine) == 0
 
 

@@ -21,8 +21,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import Backoff, JobQueue, _enqueue
+from sa_jobqueue import Backoff, JobQueue
 from sa_jobqueue._binds import _driver_text
+from sa_jobqueue._enqueue import inserting
 from sa_jobqueue._sql import enqueue as enqueue_sql
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.errors import PayloadError
@@ -82,7 +83,7 @@ def copy_from(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``copy_from(n)``: batches of ``n`` jobs or more go in by COPY for the rest of the test."""
 
     def set_threshold(n: int) -> None:
-        monkeypatch.setattr(_enqueue, "COPY_FROM", n)
+        monkeypatch.setattr(inserting, "COPY_FROM", n)
 
     return set_threshold
 
@@ -133,9 +134,9 @@ def test_a_small_batch_is_one_round_trip_and_a_large_one_three(
 ) -> None:
     own.execute(sa.text("SELECT 1"))
     with traced(pgconn_of(own)) as small:
-        queue.enqueue_many(own, "plain", [{"n": n} for n in range(_enqueue.COPY_FROM - 1)])
+        queue.enqueue_many(own, "plain", [{"n": n} for n in range(inserting.COPY_FROM - 1)])
     with traced(pgconn_of(own)) as large:
-        queue.enqueue_many(own, "plain", [{"n": n} for n in range(_enqueue.COPY_FROM)])
+        queue.enqueue_many(own, "plain", [{"n": n} for n in range(inserting.COPY_FROM)])
     assert small.round_trips == 1
     assert small.queries[0].startswith("INSERT")
     # The statement that draws the ids, then COPY: its start, then its data and end.
@@ -253,7 +254,7 @@ def test_a_nul_character_is_refused_before_any_sql(
 def test_a_large_batch_with_unique_keys_is_inserted_and_dedupes(
     conn: sa.Connection, queue: JobQueue
 ) -> None:
-    size = _enqueue.COPY_FROM * 2
+    size = inserting.COPY_FROM * 2
     held = queue.enqueue(conn, "keyed", {"k": 0})
     jobs = queue.enqueue_many(conn, "keyed", [{"k": n % (size // 2)} for n in range(size)])
     assert jobs[0] == held

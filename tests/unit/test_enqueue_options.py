@@ -11,7 +11,7 @@ import pytest
 
 from sa_jobqueue import Backoff, InvalidJobError, JobContext, JobQueue, Task
 from sa_jobqueue._durations import duration_text
-from sa_jobqueue._enqueue import EnqueueOptions, new_jobs, resolve_options
+from sa_jobqueue._enqueue import ResolvedOptions, new_jobs, resolve_options
 from sa_jobqueue.errors import (
     InvalidNameError,
     InvalidScheduleError,
@@ -43,7 +43,7 @@ KEYED = Task(name="keyed", handler=handler, unique_key=by_key)
 
 def test_without_overrides_the_tasks_declaration_is_taken() -> None:
     options = resolve_options(TASK)
-    assert options == EnqueueOptions(
+    assert options == ResolvedOptions(
         task=TASK, queue="mail", priority=5, max_attempts=3, lease=timedelta(seconds=45)
     )
     assert options.schedule == "now"
@@ -266,3 +266,28 @@ def test_durations_read_as_people_write_them() -> None:
         duration_text(timedelta(seconds=-5)),
     ]
     assert shown == ["0s", "500ms", "1.5s", "1m30s", "1d", "365000d", "-5s"]
+
+
+# -- the options, defined once -------------------------------------------------------------------
+
+
+def test_every_option_has_a_checker_and_a_resolved_field() -> None:
+    from dataclasses import fields
+
+    from sa_jobqueue._enqueue.options import CHECKS, JobOptions, ResolvedOptions
+
+    names = set(JobOptions.__optional_keys__)
+    assert set(CHECKS) == names
+    assert list(CHECKS) == list(JobOptions.__annotations__)  # checked in the documented order
+    assert {f.name for f in fields(ResolvedOptions)} - {"task"} == names
+
+
+def test_an_unknown_option_is_a_type_error_naming_it() -> None:
+    queue = JobQueue()
+    queue.task(name="send")(handler)
+    with pytest.raises(TypeError, match="'priorty'"):
+        queue.enqueue(None, "send", {}, priorty=1)  # type: ignore[arg-type, call-arg]
+    with pytest.raises(TypeError, match="'unique_key'"):
+        queue.enqueue_many(None, "send", [{}], unique_key="k")  # type: ignore[arg-type, call-arg]
+    with pytest.raises(TypeError, match="'nope'"):
+        resolve_options(TASK, nope=1)  # type: ignore[call-arg]

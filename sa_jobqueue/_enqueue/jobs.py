@@ -1,0 +1,118 @@
+"""The jobs of one enqueue: checked and encoded before any I/O (:class:`NewJobs`), and what the
+insert gives back for each (:class:`Enqueued`).
+
+Payloads are encoded in one place, :func:`encode_payloads`, which :func:`new_jobs` calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._validation import check_unique_key, encode_payload
+from ..errors import InvalidJobError
+from ..tasks import Task
+from .options import ResolvedOptions
+
+
+class Enqueued(int):
+    """A job's id, as ``enqueue`` returns it, with ``created``: whether this call added the job.
+
+    It is an ``int`` (it compares, hashes, formats and serialises as the plain id), so code that
+    takes the id as an int keeps working. ``created`` is False when the job's unique key was
+    already held by a job of its task: the id is then that job's, and nothing was added.
+    ``updated`` is True when, instead, this call gave that job (a queued one) its payload,
+    priority and due time: the replace and debounce unique modes. Neither: the key's job was
+    left as it was (skip mode, or a running or finished holder). Without a unique key,
+    ``created`` is always True.
+    """
+
+    created: bool
+    updated: bool
+
+    def __new__(cls, job_id: int, created: bool = True, updated: bool = False) -> Enqueued:
+        self = super().__new__(cls, job_id)
+        self.created = created
+        self.updated = updated
+        return self
+
+
+@dataclass(frozen=True)
+class NewJobs:
+    """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
+
+    ``payloads`` are JSON texts; ``keys`` runs parallel to them (None: no uniqueness for that
+    job), and ``unique`` says whether any of them is a key. ``trace_context`` is the
+    enqueuer's W3C trace context as JSON text, for every job, when the queue traces and a
+    trace is active (see :mod:`sa_jobqueue.observability.tracing`); else None.
+    """
+
+    options: ResolvedOptions
+    payloads: list[str]
+    keys: list[str | None]
+    trace_context: str | None = None
+    unique: bool = False
+
+    @property
+    def queue(self) -> str:
+        return self.options.queue
+
+    @property
+    def task(self) -> str:
+        return self.options.task.name
+
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """:meth:`ResolvedOptions.params` plus the trace context and the job's own backoff."""
+        params = self.options.params(prefix)
+        if self.trace_context is not None:
+            params[f"{prefix}trace_context"] = self.trace_context
+        if self.options.backoff is not None:
+            params[f"{prefix}backoff"] = json.dumps(self.options.backoff.to_json())
+        return params
+
+
+def encode_payloads(task: Task, payloads: Sequence[Any], *, max_bytes: int) -> list[str]:
+    """``task``'s ``payloads`` as the JSON texts stored with its jobs; PayloadError if one
+    cannot be. Every enqueue path (and each periodic tick) encodes its payloads here, and
+    only here."""
+    return [encode_payload(payload, max_bytes=max_bytes) for payload in payloads]
+
+
+def new_jobs(
+    options: ResolvedOptions,
+    payloads: Sequence[Any],
+    unique_keys: Sequence[str | None] | None,
+    *,
+    max_payload_bytes: int,
+    trace_context: Callable[[], str | None] | None = None,
+) -> NewJobs:
+    """Encode ``payloads`` and settle their keys; ``unique_keys`` runs parallel to them.
+
+    For a None key (or no ``unique_keys`` at all) the task's ``unique_key`` function, if it
+    declares one, gives the key; its errors propagate. ``trace_context`` is called last, once,
+    if given. No I/O.
+    """
+    task = options.task
+    encoded = encode_payloads(task, payloads, max_bytes=max_payload_bytes)
+    if unique_keys is not None and len(unique_keys) != len(payloads):
+        raise InvalidJobError(
+            f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
+        )
+    derive = task.unique_key
+    keys: list[str | None]
+    if derive is None and (unique_keys is None or all(key is None for key in unique_keys)):
+        keys = [None] * len(payloads)  # no uniqueness: nothing to check per job
+        unique = False
+    else:
+        given = [None] * len(payloads) if unique_keys is None else unique_keys
+        keys = [
+            check_unique_key(
+                key if key is not None or derive is None else derive(payload), task=task.name
+            )
+            for payload, key in zip(payloads, given, strict=True)
+        ]
+        unique = any(key is not None for key in keys)
+    trace = trace_context() if trace_context is not None else None
+    return NewJobs(options, encoded, keys, trace, unique)
