@@ -14,8 +14,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Unpack, overload
 
 from ._binds import SessionLike
-from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, Enqueuer, JobOptions
+from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, JobOptions
 from ._enqueue.calls import chain_of, chord_of, group_of
+from ._enqueue.enqueuer import Enqueuer
 from ._enqueue.transactions import arun_in, run_in
 from ._job_admin import JobAdmin
 from ._registry import TaskRegistry, handler_name

@@ -21,11 +21,15 @@ work it returns in a shell of :mod:`.transactions`. The steps, the first ones wi
    async.
 
 Bad input raises in steps 1 to 3, before any SQL, so the caller's transaction stays usable.
+
+The package exports what the rest of the package reads (:class:`Enqueued`, :func:`wake`, the
+option types) and not :class:`.enqueuer.Enqueuer`: that one stands on the task registry, which
+stands on :mod:`sa_jobqueue.periodic`, which enqueues through :mod:`.jobs` and :mod:`.options`,
+so importing it here would close a loop (``tests/unit/test_import_cycles.py``).
 """
 
 from __future__ import annotations
 
-from .enqueuer import Enqueuer
 from .jobs import Enqueued, NewJobs, encode_payloads, new_jobs
 from .options import (
     EnqueueManyOptions,
@@ -40,7 +44,6 @@ __all__ = [
     "EnqueueManyOptions",
     "EnqueueOptions",
     "Enqueued",
-    "Enqueuer",
     "JobOptions",
     "NewJobs",
     "ResolvedOptions",
