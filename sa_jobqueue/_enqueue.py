@@ -224,14 +224,23 @@ def new_jobs(
 
     For a None key (or no ``unique_keys`` at all) the task's ``unique_key`` function, if it
     declares one, gives the key; its errors propagate. ``trace_context`` is called last, once,
-    if given. No I/O.
+    if given. No I/O. A task with a typed payload checks each against its type first
+    (PayloadTypeError).
     """
-    encoded = [encode_payload(p, max_bytes=max_payload_bytes) for p in payloads]
+    task = options.task
+    codec = task.payload_codec
+    if codec is not None:
+        # Typed payloads: checked against the type and made JSON first; the unique_key
+        # function gets them as the handler will (a dataclass given as a dict, made one).
+        prepared = [codec.prepare(p) for p in payloads]
+        payloads = [typed for typed, _ in prepared]
+        encoded = [encode_payload(data, max_bytes=max_payload_bytes) for _, data in prepared]
+    else:
+        encoded = [encode_payload(p, max_bytes=max_payload_bytes) for p in payloads]
     if unique_keys is not None and len(unique_keys) != len(payloads):
         raise InvalidJobError(
             f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"
         )
-    task = options.task
     derive = task.unique_key
     keys: list[str | None]
     if derive is None and (unique_keys is None or all(key is None for key in unique_keys)):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 from ._durations import duration_text, value_text
+from ._payload_types import PayloadCodec, codec_for
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
@@ -168,6 +169,12 @@ class Task:
     (too few or too many required parameters, a required keyword-only one) is refused with
     TaskDefinitionError here, not at its first run. What the handler does with its arguments
     is not checked.
+
+    A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
+    Pydantic model takes a typed payload (:attr:`payload_type`): ``enqueue`` checks the payload
+    against the type (PayloadTypeError before any SQL) and stores it as JSON, and the worker
+    rebuilds a value of the type before the handler runs; ``unique_key`` gets that value too.
+    See the typed payloads how-to for the types it can store.
     """
 
     name: str
@@ -183,6 +190,9 @@ class Task:
     unique_period: timedelta | None = None
     debounce: timedelta | None = None
     keep_result: bool = False
+    #: How typed payloads are checked and rebuilt; None for a plain JSON payload. Made from
+    #: the handler's annotation (see :attr:`payload_type`).
+    payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_result, bool):
@@ -210,6 +220,13 @@ class Task:
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
+        object.__setattr__(self, "payload_codec", codec_for(self.name, self.handler))
+
+    @property
+    def payload_type(self) -> type | None:
+        """The dataclass, TypedDict or Pydantic model the handler's payload is annotated
+        with; None when the payload is plain JSON (any other annotation, or none)."""
+        return None if self.payload_codec is None else self.payload_codec.type
 
     def __call__(self, ctx: JobContext, payload: Any) -> object:
         return self.handler(ctx, payload)
