@@ -32,7 +32,7 @@ from .ops import admin
 from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
-from .tasks import Backoff, Handler, Task
+from .tasks import Backoff, Handler, JobContext, P, Task
 from .workflows import (
     Call,
     Dependency,
@@ -115,7 +115,7 @@ class JobQueue:
     # -- registry ---------------------------------------------------------------------------
 
     @overload
-    def task(self, fn: Handler) -> Task: ...
+    def task(self, fn: Callable[[JobContext, P], object]) -> Task[P]: ...
 
     @overload
     def task(
@@ -133,7 +133,7 @@ class JobQueue:
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
         keep_result: bool = False,
-    ) -> Callable[[Handler], Task]: ...
+    ) -> Callable[[Callable[[JobContext, P], object]], Task[P]]: ...
 
     def task(
         self,
@@ -166,6 +166,10 @@ class JobQueue:
         ``keep_result`` stores what the handler returns with the job's completion (see
         :meth:`get_result` and :meth:`wait_for_result`). Bad options raise
         TaskDefinitionError here.
+
+        A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
+        Pydantic model takes a typed payload (see :class:`Task`); the task is a ``Task[T]`` of
+        that type ``T``, so a type checker checks what :meth:`enqueue` is given for it.
         """
 
         def register(handler: Handler) -> Task:
@@ -204,7 +208,7 @@ class JobQueue:
         timezone: str = "UTC",
         payload: Mapping[str, Any] | None = None,
         name: str | None = None,
-    ) -> Callable[[Task | Handler], Task]:
+    ) -> Callable[[Task[P] | Callable[[JobContext, P], object]], Task[P]]:
         """Run a task on a cron schedule, e.g. ``@queue.periodic("*/5 * * * *")``.
 
         Stack it over ``@queue.task(...)``, or put it on a bare handler to register that with
@@ -215,7 +219,7 @@ class JobQueue:
         module for what happens to missed ticks, new schedules and daylight saving time.
         """
 
-        def register(target: Task | Handler) -> Task:
+        def register(target: Task[P] | Callable[[JobContext, P], object]) -> Task[P]:
             added = not isinstance(target, Task)
             task = target if isinstance(target, Task) else self.task(target)
             self._registry.add_schedule(

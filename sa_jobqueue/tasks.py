@@ -7,9 +7,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.orm import Session
+from typing_extensions import TypeVar
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -106,6 +107,10 @@ def check_backoff(backoff: object) -> Backoff | None:
 
 Handler = Callable[["JobContext", Any], object]
 
+#: A task's payload type: what its handler's second parameter is annotated with (Any when it
+#: is not annotated). The default lets a bare ``Task`` mean ``Task[Any]``.
+P = TypeVar("P", default=Any)
+
 
 class Retry(Exception):
     """Raised by a handler: run this job again ``after`` from now, without counting a failure.
@@ -140,7 +145,7 @@ class Discard(Exception):
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(Generic[P]):
     """A registered task: a handler and its defaults. Calling it calls the handler directly.
 
     ``timeout`` bounds one attempt: once it has run that long, the attempt is recorded as
@@ -178,7 +183,7 @@ class Task:
     """
 
     name: str
-    handler: Handler
+    handler: Callable[[JobContext, P], object]
     queue: str = "default"
     priority: int = 0
     max_attempts: int = 5
@@ -228,7 +233,7 @@ class Task:
         with; None when the payload is plain JSON (any other annotation, or none)."""
         return None if self.payload_codec is None else self.payload_codec.type
 
-    def __call__(self, ctx: JobContext, payload: Any) -> object:
+    def __call__(self, ctx: JobContext, payload: P) -> object:
         return self.handler(ctx, payload)
 
 
