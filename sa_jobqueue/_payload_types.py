@@ -87,7 +87,8 @@ def codec_for(task: str, handler: Callable[..., object]) -> PayloadCodec | None:
         parameters = list(inspect.signature(handler).parameters.values())
     except (TypeError, ValueError):
         return None
-    if len(parameters) < 2:
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(parameters) < 2 or parameters[1].kind not in positional:
         return None
     kind = parameters[1].annotation
     if isinstance(kind, str):

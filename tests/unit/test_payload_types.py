@@ -21,6 +21,8 @@ from sa_jobqueue.testing import run_task
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from sa_jobqueue.tasks import JobContext as CheckedContext  # no such name at run time
+
 
 class Colour(enum.Enum):
     RED = "red"
@@ -152,6 +154,12 @@ def test_annotations_that_make_no_codec_leave_the_payload_plain() -> None:
 def test_text_annotations_are_resolved_in_the_handlers_module() -> None:
     # This module has `from __future__ import annotations`: every annotation here is text.
     def handler(ctx: JobContext, payload: Annotated[Part, "meta"]) -> None: ...
+
+    assert task_of(handler).payload_type is Part
+
+
+def test_only_the_payload_annotation_needs_resolving() -> None:
+    def handler(ctx: CheckedContext, payload: Part) -> None: ...
 
     assert task_of(handler).payload_type is Part
 
