@@ -244,8 +244,8 @@ class JobQueue:
     def enqueue(
         self,
         session: SessionLike,
-        task: str | Task,
-        payload: Any = None,
+        task: str | Task[P],
+        payload: P | None = None,
         *,
         run_at: datetime | timedelta | None = None,
         priority: int | None = None,
@@ -305,8 +305,8 @@ class JobQueue:
     async def aenqueue(
         self,
         session: AsyncSessionLike,
-        task: str | Task,
-        payload: Any = None,
+        task: str | Task[P],
+        payload: P | None = None,
         *,
         run_at: datetime | timedelta | None = None,
         priority: int | None = None,
@@ -342,8 +342,8 @@ class JobQueue:
     def enqueue_many(
         self,
         session: SessionLike,
-        task: str | Task,
-        payloads: Iterable[Any],
+        task: str | Task[P],
+        payloads: Iterable[P],
         *,
         run_at: datetime | timedelta | None = None,
         priority: int | None = None,
@@ -394,8 +394,8 @@ class JobQueue:
     async def aenqueue_many(
         self,
         session: AsyncSessionLike,
-        task: str | Task,
-        payloads: Iterable[Any],
+        task: str | Task[P],
+        payloads: Iterable[P],
         *,
         run_at: datetime | timedelta | None = None,
         priority: int | None = None,
