@@ -6,6 +6,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
     JobQueueError
      ├── InvalidJobError (ValueError)        bad input to enqueue or a job operation; nothing sent
      │    ├── PayloadError                     the payload is not plain JSON, or is too large
+     │    │    └── PayloadTypeError             it does not fit the type the task's handler takes
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
      │    └── InvalidScheduleError             run_at is naive, or an option is out of range
      ├── InvalidLimitError (ValueError)      a queue's concurrency cap or rate is not valid
@@ -46,6 +47,16 @@ class InvalidJobError(JobQueueError, ValueError):
 
 class PayloadError(InvalidJobError):
     """The payload is not plain JSON (dict, list, str, int, float, bool, None) or is too large."""
+
+
+class PayloadTypeError(PayloadError):
+    """The payload does not fit the type the task's handler declares for it.
+
+    Raised by ``enqueue`` before any SQL (the caller's transaction stays usable). In a worker,
+    a stored payload that no longer fits (the type changed in a deploy since the job was
+    enqueued) fails the attempt with it, recorded as the job's ``last_error``, and the job is
+    retried under its task's policy like any failure.
+    """
 
 
 class InvalidNameError(InvalidJobError):

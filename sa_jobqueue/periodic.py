@@ -107,7 +107,9 @@ class Schedule:
     """A task's cron schedule, as ``@queue.periodic`` declares it (see the module docstring).
 
     ``payload`` is the job's payload without its ``"tick"``. Invalid options raise
-    TaskDefinitionError at declaration.
+    TaskDefinitionError at declaration, and so does a payload that, with its ``"tick"`` (ISO
+    8601 text), does not fit the type of a task with a typed payload (a dataclass or a
+    TypedDict takes it with a ``tick`` field of type ``datetime`` or ``str``).
     """
 
     name: str
@@ -150,7 +152,12 @@ class Schedule:
             )
         object.__setattr__(self, "payload", dict(self.payload))
         try:
-            encode_payload(self.job_payload(first))
+            payload: Any = self.job_payload(first)
+            codec = self.task.payload_codec
+            if codec is not None:
+                # A typed task: its jobs' payloads (this dict and the tick) must fit its type.
+                _, payload = codec.prepare(payload)
+            encode_payload(payload)
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"{where}: {exc}") from None
 

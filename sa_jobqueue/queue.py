@@ -26,7 +26,7 @@ from .middleware import Middleware
 from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
-from .tasks import Backoff, Handler, Task
+from .tasks import Backoff, Handler, JobContext, P, Task
 from .workflows import Call, Dependency, OnFailure
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class JobQueue(JobAdmin):
     # -- registry ---------------------------------------------------------------------------
 
     @overload
-    def task(self, fn: Handler) -> Task: ...
+    def task(self, fn: Callable[[JobContext, P], object]) -> Task[P]: ...
 
     @overload
     def task(
@@ -139,7 +139,7 @@ class JobQueue(JobAdmin):
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
         keep_result: bool = False,
-    ) -> Callable[[Handler], Task]: ...
+    ) -> Callable[[Callable[[JobContext, P], object]], Task[P]]: ...
 
     def task(
         self,
@@ -172,6 +172,10 @@ class JobQueue(JobAdmin):
         ``keep_result`` stores what the handler returns with the job's completion (see
         :meth:`get_result` and :meth:`wait_for_result`). Bad options raise
         TaskDefinitionError here.
+
+        A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
+        Pydantic model takes a typed payload (see :class:`Task`); the task is a ``Task[T]`` of
+        that type ``T``, so a type checker checks what :meth:`enqueue` is given for it.
         """
 
         def register(handler: Handler) -> Task:
@@ -210,7 +214,7 @@ class JobQueue(JobAdmin):
         timezone: str = "UTC",
         payload: Mapping[str, Any] | None = None,
         name: str | None = None,
-    ) -> Callable[[Task | Handler], Task]:
+    ) -> Callable[[Task[P] | Callable[[JobContext, P], object]], Task[P]]:
         """Run a task on a cron schedule, e.g. ``@queue.periodic("*/5 * * * *")``.
 
         Stack it over ``@queue.task(...)``, or put it on a bare handler to register that with
@@ -221,7 +225,7 @@ class JobQueue(JobAdmin):
         module for what happens to missed ticks, new schedules and daylight saving time.
         """
 
-        def register(target: Task | Handler) -> Task:
+        def register(target: Task[P] | Callable[[JobContext, P], object]) -> Task[P]:
             added = not isinstance(target, Task)
             task = target if isinstance(target, Task) else self.task(target)
             self._registry.add_schedule(
@@ -246,8 +250,8 @@ class JobQueue(JobAdmin):
     def enqueue(
         self,
         session: SessionLike | Engine,
-        task: str | Task,
-        payload: Any = None,
+        task: str | Task[P],
+        payload: P | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """Add one job in the caller's transaction and return its id (an :class:`Enqueued`).
@@ -272,8 +276,8 @@ class JobQueue(JobAdmin):
     async def aenqueue(
         self,
         session: AsyncSessionLike | AsyncEngine,
-        task: str | Task,
-        payload: Any = None,
+        task: str | Task[P],
+        payload: P | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """:meth:`enqueue` for an ``AsyncSession``, ``AsyncConnection`` or ``AsyncEngine``;
@@ -283,8 +287,8 @@ class JobQueue(JobAdmin):
     def enqueue_many(
         self,
         session: SessionLike | Engine,
-        task: str | Task,
-        payloads: Iterable[Any],
+        task: str | Task[P],
+        payloads: Iterable[P],
         **options: Unpack[EnqueueManyOptions],
     ) -> list[Enqueued]:
         """Add one job per payload, all of one task, in one go; return their ids in order.
@@ -303,8 +307,8 @@ class JobQueue(JobAdmin):
     async def aenqueue_many(
         self,
         session: AsyncSessionLike | AsyncEngine,
-        task: str | Task,
-        payloads: Iterable[Any],
+        task: str | Task[P],
+        payloads: Iterable[P],
         **options: Unpack[EnqueueManyOptions],
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` for an ``AsyncSession``, ``AsyncConnection`` or

@@ -7,14 +7,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.orm import Session
+from typing_extensions import TypeVar
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 from ._durations import duration_text, value_text
+from ._payload_types import PayloadCodec, codec_for
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
@@ -105,6 +107,10 @@ def check_backoff(backoff: object) -> Backoff | None:
 
 Handler = Callable[["JobContext", Any], object]
 
+#: A task's payload type: what its handler's second parameter is annotated with (Any when it
+#: is not annotated). The default lets a bare ``Task`` mean ``Task[Any]``.
+P = TypeVar("P", default=Any)
+
 
 class Retry(Exception):
     """Raised by a handler: run this job again ``after`` from now, without counting a failure.
@@ -139,7 +145,7 @@ class Discard(Exception):
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(Generic[P]):
     """A registered task: a handler and its defaults. Calling it calls the handler directly.
 
     ``timeout`` bounds one attempt: once it has run that long, the attempt is recorded as
@@ -168,10 +174,16 @@ class Task:
     (too few or too many required parameters, a required keyword-only one) is refused with
     TaskDefinitionError here, not at its first run. What the handler does with its arguments
     is not checked.
+
+    A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
+    Pydantic model takes a typed payload (:attr:`payload_type`): ``enqueue`` checks the payload
+    against the type (PayloadTypeError before any SQL) and stores it as JSON, and the worker
+    rebuilds a value of the type before the handler runs; ``unique_key`` gets that value too.
+    See the typed payloads how-to for the types it can store.
     """
 
     name: str
-    handler: Handler
+    handler: Callable[[JobContext, P], object]
     queue: str = "default"
     priority: int = 0
     max_attempts: int = 5
@@ -183,6 +195,9 @@ class Task:
     unique_period: timedelta | None = None
     debounce: timedelta | None = None
     keep_result: bool = False
+    #: How typed payloads are checked and rebuilt; None for a plain JSON payload. Made from
+    #: the handler's annotation (see :attr:`payload_type`).
+    payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_result, bool):
@@ -210,8 +225,15 @@ class Task:
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
+        object.__setattr__(self, "payload_codec", codec_for(self.name, self.handler))
 
-    def __call__(self, ctx: JobContext, payload: Any) -> object:
+    @property
+    def payload_type(self) -> type | None:
+        """The dataclass, TypedDict or Pydantic model the handler's payload is annotated
+        with; None when the payload is plain JSON (any other annotation, or none)."""
+        return None if self.payload_codec is None else self.payload_codec.type
+
+    def __call__(self, ctx: JobContext, payload: P) -> object:
         return self.handler(ctx, payload)
 
 

@@ -73,11 +73,23 @@ class NewJobs:
         return params
 
 
-def encode_payloads(task: Task, payloads: Sequence[Any], *, max_bytes: int) -> list[str]:
-    """``task``'s ``payloads`` as the JSON texts stored with its jobs; PayloadError if one
-    cannot be. Every enqueue path (and each periodic tick) encodes its payloads here, and
-    only here."""
-    return [encode_payload(payload, max_bytes=max_bytes) for payload in payloads]
+def encode_payloads(
+    task: Task, payloads: Sequence[Any], *, max_bytes: int
+) -> tuple[Sequence[Any], list[str]]:
+    """``task``'s ``payloads`` as its handler will get them, and as the JSON texts stored with
+    its jobs; PayloadError if one cannot be stored. Every enqueue path encodes its payloads
+    here, and only here.
+
+    A task with a typed payload (``task.payload_codec``) checks each against its type first
+    (PayloadTypeError) and makes it JSON; the payloads it gives back are then the typed values
+    (a dataclass given as a dict, made one), which its ``unique_key`` function receives.
+    """
+    codec = task.payload_codec
+    if codec is None:
+        return payloads, [encode_payload(payload, max_bytes=max_bytes) for payload in payloads]
+    prepared = [codec.prepare(payload) for payload in payloads]
+    encoded = [encode_payload(data, max_bytes=max_bytes) for _, data in prepared]
+    return [typed for typed, _ in prepared], encoded
 
 
 def new_jobs(
@@ -95,7 +107,7 @@ def new_jobs(
     if given. No I/O.
     """
     task = options.task
-    encoded = encode_payloads(task, payloads, max_bytes=max_payload_bytes)
+    payloads, encoded = encode_payloads(task, payloads, max_bytes=max_payload_bytes)
     if unique_keys is not None and len(unique_keys) != len(payloads):
         raise InvalidJobError(
             f"unique_keys has {len(unique_keys)} entries for {len(payloads)} payloads"

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import inspect
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
 
 from .._binds import SessionLike
+from .._payload_types import PayloadCodec
 from .._registry import TaskRegistry
 from .._sql import testing as testing_sql
 from .._sql.clock import database_now
@@ -28,7 +29,7 @@ from .._validation import check_queue_name
 from ..errors import InvalidJobError, JobQueueError
 from ..models import CANCELLED, DEAD, QUEUED, SUCCEEDED
 from ..queue import JobInfo, JobQueue
-from ..tasks import Handler, JobContext
+from ..tasks import Handler, JobContext, Task
 from ..worker import Worker
 from ._reading import JOB_FIELDS
 
@@ -151,10 +152,7 @@ class _Drainer:
         # same tasks with counting handlers, and no periodic schedules, so that a drain never
         # enqueues a tick and stays deterministic.
         self.queue = copy.copy(queue)
-        self.queue._registry = TaskRegistry(
-            dataclasses.replace(task, handler=self._counted(task.handler))
-            for task in queue.tasks.values()
-        )
+        self.queue._registry = TaskRegistry(self._counted_task(t) for t in queue.tasks.values())
 
     @property
     def limit_reached(self) -> bool:
@@ -183,6 +181,16 @@ class _Drainer:
             if self.limit_reached and self._worker is not None:
                 self._worker.stop()  # claims no more; this attempt still finishes
 
+    def _counted_task(self, task: Task) -> Task:
+        codec = task.payload_codec
+        if codec is None:
+            return dataclasses.replace(task, handler=self._counted(task.handler))
+        # A typed payload is rebuilt before the handler runs, and may not fit any more, so the
+        # handler never runs: such an attempt counts from the rebuild instead.
+        counted = dataclasses.replace(task)
+        object.__setattr__(counted, "payload_codec", _CountedCodec(codec, self._started))
+        return counted
+
     def _counted(self, handler: Handler) -> Handler:
         started = self._started
         if inspect.iscoroutinefunction(handler):
@@ -200,6 +208,20 @@ class _Drainer:
             return handler(ctx, payload)
 
         return counted
+
+
+class _CountedCodec(PayloadCodec):
+    """A typed task's codec in a drain: it counts each attempt as it starts."""
+
+    __slots__ = ("_started",)
+
+    def __init__(self, codec: PayloadCodec, started: Callable[[], None]) -> None:
+        super().__init__(codec.task, codec.type, codec.root)
+        self._started = started
+
+    def rebuild(self, data: Any) -> Any:
+        self._started()
+        return super().rebuild(data)
 
 
 def _refuse_uncommitted(bind: Engine | SessionLike) -> tuple[Engine, Session | None]:

@@ -35,8 +35,10 @@ def run_task(
 
     For a task known by name, pass ``queue.get_task(name)``. The payload goes through the same
     JSON encoding as ``enqueue`` (PayloadError if enqueue would refuse it), and the handler
-    gets it decoded afresh, as from a worker. An ``async def`` handler runs on a new event loop
-    (``asyncio.run``), so call this from a synchronous test. The handler's exceptions propagate.
+    gets it decoded afresh, as from a worker: a typed payload (a dataclass, TypedDict or
+    Pydantic model) is checked against its type (PayloadTypeError) and rebuilt from its JSON.
+    An ``async def`` handler runs on a new event loop (``asyncio.run``), so call this from a
+    synchronous test. The handler's exceptions propagate.
 
     ``ctx.session`` writes into the transaction of ``session`` (yours), within a savepoint, as
     in production: ``ctx.session.commit()`` only flushes, and if the handler raises its writes
@@ -54,7 +56,12 @@ def run_task(
     limit = task.max_attempts if max_attempts is None else max_attempts
     if not 1 <= attempt <= limit:
         raise InvalidJobError(f"attempt must be from 1 to max_attempts ({limit}), not {attempt}")
+    codec = task.payload_codec
+    if codec is not None:
+        _, payload = codec.prepare(payload)  # PayloadTypeError, as enqueue would raise
     decoded = json.loads(encode_payload(payload, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES))
+    if codec is not None:
+        decoded = codec.rebuild(decoded)  # what a worker would rebuild from the stored JSON
     ctx = JobContext(
         job_id=job_id,
         task=task.name,

@@ -195,6 +195,10 @@ class Runner:
         started = time.monotonic()
         try:
             with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                if task.payload_codec is not None:
+                    # A typed payload: one that no longer fits its type fails this attempt,
+                    # which is retried under the task's policy like any failure.
+                    payload = task.payload_codec.rebuild(payload)
                 value = self._handler(task)(ctx, payload)
                 if ctx.session_used:
                     ctx.session.flush()
@@ -360,6 +364,8 @@ class Runner:
                     with (
                         self._observe.running(run) if run is not None else contextlib.nullcontext()
                     ):
+                        if task.payload_codec is not None:
+                            payload = task.payload_codec.rebuild(payload)  # as for a sync one
                         value = await supervised(self._ahandler(task)(ctx, payload), ctx)
                         if ctx.async_session_used:
                             await ctx.async_session.flush()

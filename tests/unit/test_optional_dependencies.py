@@ -100,3 +100,29 @@ def test_the_web_command_without_its_extra_is_one_line() -> None:
     assert result.stderr.strip().splitlines() == [
         "sa-jobqueue: sa-jobqueue web needs starlette: pip install 'sa_jobqueue[web]'"
     ]
+
+
+def test_typed_payloads_of_dataclasses_and_typed_dicts_need_no_pydantic() -> None:
+    result = python(
+        "import sys\n"
+        "sys.modules['pydantic'] = None  # as if not installed\n"
+        "from dataclasses import dataclass\n"
+        "from typing import TypedDict\n"
+        "from sa_jobqueue import JobContext, JobQueue\n"
+        "from sa_jobqueue.testing import run_task\n"
+        "@dataclass\n"
+        "class Order:\n"
+        "    order_id: int\n"
+        "class Mail(TypedDict):\n"
+        "    to: str\n"
+        "queue = JobQueue()\n"
+        "@queue.task\n"
+        "def ship(ctx: JobContext, payload: Order) -> int:\n"
+        "    return payload.order_id\n"
+        "@queue.task\n"
+        "def mail(ctx: JobContext, payload: Mail) -> str:\n"
+        "    return payload['to']\n"
+        "print(run_task(ship, Order(7)), run_task(mail, {'to': 'a'}))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "7 a"
