@@ -31,6 +31,12 @@ UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
 BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "claim": claiming.claim,
     "claim_after": claiming.claim_after,
+    # The limited claim's four variants: with or without a limit per key, alone or completing
+    # the jobs that freed their slots in the same statement (the worker's HandOff).
+    "claim_limited": partial(claiming.claim_limited, keyed=False),
+    "claim_limited_keyed": partial(claiming.claim_limited, keyed=True),
+    "claim_limited_completing": partial(claiming.claim_limited, keyed=False, completing=True),
+    "claim_limited_keyed_completing": partial(claiming.claim_limited, keyed=True, completing=True),
     "complete": transitions.complete,
     "complete_many": transitions.complete_many,
     "fail": transitions.fail,
