@@ -14,7 +14,7 @@ from typing import Any, Final
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
-from .._sql import claiming
+from .._sql import claim_limits, claiming
 from .._sql import queues as queues_sql
 from .._sql.fence import held_many
 from ..database import HeldConnection
@@ -59,7 +59,7 @@ def runnable(job: Claimed) -> bool:
 def limited_jobs(rows: list[Any]) -> list[Claimed]:
     """The jobs a limited claim's rows carry (after the claim's own columns), each holding a
     slot; none when the claim took none (its one row then has no job)."""
-    at = claiming.LIMITED_COLUMNS
+    at = claim_limits.LIMITED_COLUMNS
     return [replace(Claimed.of(row[at:]), holds_slot=True) for row in rows if row[at] is not None]
 
 
@@ -167,14 +167,14 @@ class LaneClaimer:
         """Claim up to ``limit`` jobs of a queue with a limit; the jobs, and whether a limit
         (rather than an empty queue) may have cut the claim short.
 
-        One statement (see ``claiming.claim_limited``). With the rate window used up, nothing
+        One statement (see ``claim_limits.claim_limited``). With the rate window used up, nothing
         is claimed and the queue is not asked again until the next window opens, at the time
         the database gave.
         """
         assert self._limited is not None
         keyed = self._limited.keyed(queue)
         params = {"from_queue": queue, "limit": limit, "worker": self._worker}
-        statement = claiming.claim_limited(keyed=keyed)
+        statement = claim_limits.claim_limited(keyed=keyed)
         rows = self._conn.rows(statement, params)
         first = rows[0]
         room, wait, key_wait = first.room, first.wait, first.key_wait
@@ -262,7 +262,7 @@ class LaneClaimer:
 
 class HandOff:
     """Completes jobs that hold slots of a limited queue and claims their successors, in one
-    statement (``claiming.claim_limited(completing=True)``) on the completer's connection.
+    statement (``claim_limits.claim_limited(completing=True)``) on the completer's connection.
 
     Without it, a slot freed by a completion waits for the completion's commit, then for the
     claim loop to wake and claim: two round trips, and a thread hand-over each way, between
@@ -305,7 +305,7 @@ class HandOff:
             **held_many(batch),
             "results": results,
         }
-        statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)
+        statement = claim_limits.claim_limited(keyed=self._limited.keyed(queue), completing=True)
         rows = conn.rows(statement, params)
         for job in limited_jobs(rows):
             if runnable(job):

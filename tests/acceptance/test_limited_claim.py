@@ -1,6 +1,6 @@
 """The limited claim across committed transactions and concurrent sessions, in this process.
 
-The claims are the worker's own (``LaneClaimer._claim_limited``: ``claiming.claim_limited``,
+The claims are the worker's own (``LaneClaimer._claim_limited``: ``claim_limits.claim_limited``,
 one statement), each claimer on a connection of its own; jobs finish through the worker's
 completion statement. No worker runs: the tests decide when jobs end. Real workers with
 limits are in tests/acceptance/test_queue_limits_workers.py.
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from sa_jobqueue._sql import claiming, leases
-from sa_jobqueue._sql.claiming import LIMITED_COLUMNS
+from sa_jobqueue._sql import claim_limits, leases
+from sa_jobqueue._sql.claim_limits import LIMITED_COLUMNS
 from sa_jobqueue._sql.fence import held_many
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
@@ -225,7 +225,7 @@ class Hammer:
                 "job_ids": [job_id for job_id, _ in batch],
                 "attempt_list": [attempt for _, attempt in batch],
             }
-            statement = claiming.claim_limited(keyed=False, completing=True)
+            statement = claim_limits.claim_limited(keyed=False, completing=True)
             result = on.rows(statement, params)
             with self.lock:
                 taken = [row.id for row in result if row.id is not None]

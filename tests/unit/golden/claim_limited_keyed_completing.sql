@@ -1,4 +1,4 @@
--- sa_jobqueue._sql.claiming.claim_limited(keyed=True, completing=True), compiled for PostgreSQL (psycopg)
+-- sa_jobqueue._sql.claim_limits.claim_limited(keyed=True, completing=True), compiled for PostgreSQL (psycopg)
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 WITH state AS
 (SELECT anon_1.is_paused AS is_paused, anon_1.cap AS cap, anon_1.key_cap AS key_cap, anon_1.key_name AS key_name, anon_1.tracked AS tracked, anon_1.rate_left AS rate_left, anon_1.rate_wait AS rate_wait, anon_1.window_start AS window_start, anon_1.window_used AS window_used, anon_1.live_ids AS live_ids
