@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 
 from ..models import RUNNING, jobs_table, key_starts_table, queues_table
-from .claiming import due_in_queue, rate_window
+from .claiming import due_in_queue, in_claim_order, picked_columns, rate_window
 
 #: How many of a key-capped queue's due jobs one claim looks at, in claim order, for jobs whose
 #: key has room: jobs further back wait until the ones in front start (or their keys free up).
@@ -85,9 +85,9 @@ def _head(key: ColumnElement[str], skip: ColumnElement[bool] | None) -> CTE:
     key-starts call all read it.
     """
     return (
-        select(j.id, j.priority, j.visible_at, j.task, key.label("k"))
+        select(*picked_columns(), j.task, key.label("k"))
         .where(*due_in_queue(skip))
-        .order_by(j.priority, j.visible_at, j.id)
+        .order_by(*in_claim_order(j))
         .limit(KEY_SCAN)
         .cte("head")
         .prefix_with("MATERIALIZED")
@@ -101,7 +101,7 @@ def _ranked(head: CTE) -> Subquery:
     of an earlier one that did not fit."""
     rank = func.row_number().over(
         partition_by=(head.c.task, head.c.k),
-        order_by=(head.c.priority, head.c.visible_at, head.c.id),
+        order_by=in_claim_order(head.c),
     )
     return select(head, rank.label("rank")).where(head.c.k.is_not(None)).subquery("ranked")
 
@@ -186,9 +186,9 @@ def pick_keyed(
     # The eligible jobs are locked here, in claim order, as the plain claim locks its rows: a
     # job another claim took since the head was read is skipped, not waited for.
     picked = (
-        select(j.id, j.priority, j.visible_at)
+        select(*picked_columns())
         .where(j.id.in_(eligible), *due_in_queue(skip))
-        .order_by(j.priority, j.visible_at, j.id)
+        .order_by(*in_claim_order(j))
         .limit(room)
         .with_for_update(skip_locked=True)
         .cte("picked")

@@ -59,9 +59,6 @@ from .dependencies import settle
 
 #: The SQL function (revision sajq_0009) a limited claim starts with; see :func:`claim_limited`.
 LOCK_FUNCTION: Final = "sa_jobqueue_lock_queue"
-#: The columns of a limited claim's row before those of the job it claimed (see
-#: :func:`claim_limited`).
-LIMITED_COLUMNS: Final = 7
 
 #: How long after a cap is set each limited claim of the queue recounts its running jobs from
 #: the jobs table rather than trusting the recorded holders: longer than any claim takes, so a
@@ -256,8 +253,9 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     for the claim that follows: one statement, and one durable commit, for a job's end and its
     successor's start (see the worker's ``HandOff``). The jobs it completed come back as the
     array ``completed`` on every row, and ``settled_batch`` is what settling their dependents
-    returned (both NULL without ``completing``). A claimed job's columns follow, from
-    :data:`LIMITED_COLUMNS` on.
+    returned (both NULL without ``completing``). A claimed job's columns follow, labelled as
+    ``claiming.claim`` labels them: read them by label (``id`` is NULL in the row of a claim
+    that took none).
     """
     state = _locked_state()
     holding = _complete_first(state) if completing else _holders(state)

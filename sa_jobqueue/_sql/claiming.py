@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import (
     CTE,
-    BigInteger,
+    BindParameter,
     ColumnElement,
-    DateTime,
     Integer,
-    SmallInteger,
     Text,
     Update,
     and_,
@@ -35,8 +33,9 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.sql.base import ReadOnlyColumnCollection
 
-from ..models import CANCELLED, DEAD, RUNNING, claimable, jobs_table, queues_table
+from ..models import CANCELLED, CLAIM_ORDER, DEAD, RUNNING, claimable, jobs_table, queues_table
 from .dependencies import settled_here
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
@@ -108,6 +107,36 @@ def claim_after() -> Update:
     return _claim(after=True)
 
 
+def in_claim_order(columns: ReadOnlyColumnCollection[str, Any]) -> list[ColumnElement[Any]]:
+    """The columns of ``columns`` (the jobs table's, or a CTE's that selected them) that
+    :data:`~sa_jobqueue.models.CLAIM_ORDER` names, in its order: for an ORDER BY, or a row
+    comparison with a claim position."""
+    return [columns[name] for name in CLAIM_ORDER]
+
+
+def _after(name: str) -> str:
+    return "after_" + name
+
+
+def position_binds() -> list[BindParameter[Any]]:
+    """The claim position :func:`claim_after` starts past: a parameter ``:after_<column>`` for
+    each column of the claim order, typed as the column is."""
+    return [bindparam(_after(name), type_=j[name].type) for name in CLAIM_ORDER]
+
+
+def position_params(position: tuple[Any, ...]) -> dict[str, Any]:
+    """The parameters of :func:`claim_after` for ``position``: a row's values of the claim
+    order's columns, in that order."""
+    return {_after(name): value for name, value in zip(CLAIM_ORDER, position, strict=True)}
+
+
+def picked_columns() -> list[ColumnElement[Any]]:
+    """What a picked row carries: its ``id``, then the rest of its claim position (the claim
+    returns the position as it was before the claim, when the UPDATE has changed
+    ``visible_at``)."""
+    return [j.id, *(column for column in in_claim_order(j) if column is not j.id)]
+
+
 def due_in_queue(skip: ColumnElement[bool] | None = None) -> list[ColumnElement[bool]]:
     """The conditions of a job of ``:from_queue`` the claim may take now: claimable (queued, or
     running on a lease) and due (``visible_at`` passed), and not one ``skip`` names.
@@ -140,12 +169,7 @@ def pick_due(
     # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
     # run exactly once. One queue per claim keeps the scan in index order (an ``= ANY(array)``
     # on the leading column would return rows unordered and force a sort of the backlog).
-    position = tuple_(j.priority, j.visible_at, j.id)
-    past = position > tuple_(
-        bindparam("after_priority", type_=SmallInteger),
-        bindparam("after_visible_at", type_=DateTime(timezone=True)),
-        bindparam("after_id", type_=BigInteger),
-    )
+    past = tuple_(*in_claim_order(j)) > tuple_(*position_binds())
     # Compares the bound queue name, not the job's column: uncorrelated, so the planner runs
     # it once per claim, before the scan (a One-Time Filter over an InitPlan), as one probe of
     # the queues table's primary key. A queue without a row, or one with no setting, costs
@@ -160,13 +184,13 @@ def pick_due(
         ),
     )
     return (
-        select(j.id, j.priority, j.visible_at)
+        select(*picked_columns())
         .where(
             *due_in_queue(skip),
             *([~held_back] if unlimited_only else []),
             *([past] if after else []),
         )
-        .order_by(j.priority, j.visible_at, j.id)
+        .order_by(*in_claim_order(j))
         .limit(limit)
         .with_for_update(skip_locked=True)
         .cte("picked")

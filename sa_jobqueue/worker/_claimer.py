@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Final
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,8 +43,8 @@ LIMITS_EVERY: Final = 1.0
 #: long, so the burst leaves those jobs to the next run.
 BURST_WINDOW_WAIT: Final = 10.0
 
-#: Where in a queue's claim order the next claim starts: (priority, visible_at, id).
-Position = tuple[int, datetime, int]
+#: Where in a queue's claim order the next claim starts: a job's ``Claimed.position()``.
+Position = tuple[Any, ...]
 
 
 def runnable(job: Claimed) -> bool:
@@ -57,10 +57,10 @@ def runnable(job: Claimed) -> bool:
 
 
 def limited_jobs(rows: list[Any]) -> list[Claimed]:
-    """The jobs a limited claim's rows carry (after the claim's own columns), each holding a
+    """The jobs a limited claim's rows carry (besides the claim's own columns), each holding a
     slot; none when the claim took none (its one row then has no job)."""
-    at = claim_limits.LIMITED_COLUMNS
-    return [replace(Claimed.of(row[at:]), holds_slot=True) for row in rows if row[at] is not None]
+    jobs = Claimed.of_rows([row for row in rows if row.id is not None])
+    return [replace(job, holds_slot=True) for job in jobs]
 
 
 class LimitedQueues:
@@ -148,19 +148,16 @@ class LaneClaimer:
         now = time.monotonic()
         position = self._positions.pop(queue, None)
         if position is not None and now - self._head_at.get(queue, now) < HEAD_EVERY:
-            priority, visible_at, last_id = position
-            params.update(after_priority=priority, after_visible_at=visible_at, after_id=last_id)
+            params.update(claiming.position_params(position))
             rows = self._conn.rows(claiming.claim_after(), params)
             head = False
         else:
             rows = self._conn.rows(claiming.claim(), params)
             self._head_at[queue] = now
             head = True
-        jobs = [Claimed.of(row) for row in rows]  # the columns claim() returns, in order
+        jobs = Claimed.of_rows(rows)
         if len(jobs) == limit:
-            self._positions[queue] = max(
-                (job.priority, job.due_at, job.id) for job in jobs if job.due_at is not None
-            )
+            self._positions[queue] = max(job.position() for job in jobs)
         return jobs, head
 
     def _claim_limited(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:

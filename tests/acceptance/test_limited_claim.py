@@ -20,7 +20,6 @@ import pytest
 import sqlalchemy as sa
 
 from sa_jobqueue._sql import claim_limits, leases
-from sa_jobqueue._sql.claim_limits import LIMITED_COLUMNS
 from sa_jobqueue._sql.fence import held_many
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
@@ -152,7 +151,6 @@ class Hammer:
     def check(self, conn: sa.Connection, rows: list[Any]) -> None:
         """In the claim's transaction, after its statement, with the queue's row locked: the
         jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
-        jobs = [row[LIMITED_COLUMNS:] for row in rows if row[LIMITED_COLUMNS] is not None]
         running = set(
             conn.execute(
                 sa.select(j.id).where(
@@ -161,7 +159,7 @@ class Hammer:
             ).scalars()
         )
         holders = set(conn.execute(sa.select(q.holders).where(q.queue == QUEUE)).scalar_one())
-        claimed = {job[0] for job in jobs}
+        claimed = {row.id for row in rows if row.id is not None}
         if len(running) > CAP:
             self.violations.append(f"{len(running)} run after a claim: {sorted(running)}")
         if not running <= holders or not claimed <= running:
