@@ -6,7 +6,7 @@ import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
@@ -243,6 +243,15 @@ class JobContext:
     starts from a clean slate, and an attempt that lost its lease has its writes rolled back).
     Do not commit it yourself. Work done outside it (HTTP calls, e-mails, other connections)
     may happen more than once: execution is at-least-once.
+
+    The job's row, as the claim returned it (no query of its own): ``job_id``, ``task``,
+    ``queue``, ``attempt`` (this attempt's number, from 1) and ``max_attempts``; ``created_at``,
+    when the job was enqueued (a timezone-aware datetime, by the database clock: what a
+    handler compares with ``func.now()`` to know how old the job is, not with the worker's
+    clock, which may differ); and ``priority``, the job's priority (lower runs first), for
+    the follow-up jobs a handler enqueues. Nothing here is read again during the attempt: a
+    change to the row meanwhile (``JobQueue.cancel``) shows as ``cancel_requested``, not here.
+    A context made by hand (a test) has ``created_at`` now, unless given.
     """
 
     __slots__ = (
@@ -254,8 +263,10 @@ class JobContext:
         "_shutdown",
         "_stop",
         "attempt",
+        "created_at",
         "job_id",
         "max_attempts",
+        "priority",
         "queue",
         "task",
     )
@@ -270,12 +281,16 @@ class JobContext:
         max_attempts: int,
         session: Session | Callable[[], Session],
         async_session: AsyncSession | Callable[[], AsyncSession] | None = None,
+        created_at: datetime | None = None,
+        priority: int = 0,
     ) -> None:
         self.job_id = job_id
         self.task = task
         self.queue = queue
         self.attempt = attempt
         self.max_attempts = max_attempts
+        self.created_at = datetime.now(UTC) if created_at is None else created_at
+        self.priority = priority
         # The worker passes a factory: a handler that never looks at its session costs none.
         self._session: Session | None = None
         self._session_factory: Callable[[], Session] | None = None

@@ -248,6 +248,8 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
             j.lease,
             j.trace_context,
             j.backoff,
+            # For the handler's context (``JobContext.created_at``): read here, not queried.
+            j.created_at,
             j.priority if few else picked.c.priority,
             null().label("visible_at") if few else picked.c.visible_at,
             # A lost last attempt ends here (dead, or cancelled): what waits for it is settled.

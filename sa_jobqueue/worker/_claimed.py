@@ -52,6 +52,8 @@ class Claimed:
     #: The limited claim, always from the head, returns no ``visible_at`` (None).
     priority: int = 0
     visible_at: datetime | None = None
+    #: When the job was enqueued (database clock; None only in a Claimed made by hand).
+    created_at: datetime | None = None
     #: Claimed from a queue with a cap: its completion frees a slot, so it is sent at once.
     #: Not a column: the limited claim's caller sets it.
     holds_slot: bool = False

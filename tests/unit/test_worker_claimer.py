@@ -22,6 +22,7 @@ class ClaimRow(NamedTuple):
     the claim's, with one it does not read first, so a read by position would fail."""
 
     settled: int
+    created_at: datetime
     visible_at: datetime  # the claim position: priority, visible_at (before the claim), id
     priority: int
     backoff: None
@@ -63,6 +64,7 @@ class FakeConnection:
             rows.append(
                 ClaimRow(
                     settled=0,
+                    created_at=DUE,
                     visible_at=DUE,
                     priority=0,
                     backoff=None,

@@ -33,7 +33,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%
 ELSE sa_jobqueue_jobs.last_error END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked))) AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
-RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
 ELSE %(param_11)s::INTEGER END AS settled),
 noted AS
@@ -56,7 +56,7 @@ WHEN state.tracked THEN coalesce(sa_jobqueue_queues.recount_until, now() + %(now
 ELSE NULL END AS anon_5
 FROM state)
 WHERE sa_jobqueue_queues.queue = %(from_queue)s::VARCHAR)
-SELECT room.room, room.wait, room.limited, room.keyed, NULL AS key_wait, NULL AS completed, NULL AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.priority, claimed.visible_at, claimed.settled
+SELECT room.room, room.wait, room.limited, room.keyed, NULL AS key_wait, NULL AS completed, NULL AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
 FROM room LEFT OUTER JOIN claimed ON true
 ;
 -- parameters the caller supplies: from_queue, limit, worker

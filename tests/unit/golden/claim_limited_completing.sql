@@ -43,7 +43,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%
 ELSE sa_jobqueue_jobs.last_error END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked)))
-RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
 ELSE %(param_13)s::INTEGER END AS settled),
 noted AS
@@ -75,7 +75,7 @@ FROM done
 WHERE done.status IN ('succeeded', 'dead', 'cancelled'))) THEN sa_jobqueue_settle(array((SELECT done.id
 FROM done)), array((SELECT done.status
 FROM done)))
-ELSE %(param_14)s::INTEGER END AS anon_6) AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.priority, claimed.visible_at, claimed.settled
+ELSE %(param_14)s::INTEGER END AS anon_6) AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
 FROM room LEFT OUTER JOIN claimed ON true
 ;
 -- parameters the caller supplies: attempt_list, from_queue, job_ids, limit, worker

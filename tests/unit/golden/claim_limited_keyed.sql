@@ -77,7 +77,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%
 ELSE sa_jobqueue_jobs.last_error END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked))) AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
-RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
 ELSE %(param_12)s::INTEGER END AS settled),
 noted AS
@@ -123,7 +123,7 @@ WHERE NOT checked.rate_fits))) THEN EXTRACT(epoch
 FROM ((SELECT key_rate."window"
 FROM key_rate) + (SELECT key_rate.period
 FROM key_rate)) - clock_timestamp())
-ELSE NULL END AS key_wait, NULL AS completed, NULL AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.priority, claimed.visible_at, claimed.settled
+ELSE NULL END AS key_wait, NULL AS completed, NULL AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
 FROM room LEFT OUTER JOIN claimed ON true
 ;
 -- parameters the caller supplies: from_queue, limit, worker
