@@ -141,9 +141,9 @@ def due_in_queue(skip: ColumnElement[bool] | None = None) -> list[ColumnElement[
     """The conditions of a job of ``:from_queue`` the claim may take now: claimable (queued, or
     running on a lease) and due (``visible_at`` passed), and not one ``skip`` names.
 
-    ``claimable()`` repeats the claim index's predicate word for word, and the queue is an
-    equality on the index's leading column: the scan is of that index, in claim order, even in
-    a generic (prepared) plan, which could not prove a differently worded predicate implies it.
+    ``claimable()`` repeats the claim index's partial predicate word for word, so the planner
+    can use that index even for a generic (prepared) plan; the queue is an equality on its
+    leading column, so the scan returns the queue's rows in claim order, with no sort.
     """
     due = [claimable(), j.queue == bindparam("from_queue", type_=Text), j.visible_at <= func.now()]
     if skip is not None:
@@ -169,6 +169,8 @@ def pick_due(
     # subquery more than once and lock (and update) more rows than LIMIT; the fence makes it
     # run exactly once. One queue per claim keeps the scan in index order (an ``= ANY(array)``
     # on the leading column would return rows unordered and force a sort of the backlog).
+    # A row comparison over the claim index's columns after ``queue``: an index condition, so
+    # the scan starts at the position rather than stepping over the entries before it.
     past = tuple_(*in_claim_order(j)) > tuple_(*position_binds())
     # Compares the bound queue name, not the job's column: uncorrelated, so the planner runs
     # it once per claim, before the scan (a One-Time Filter over an InitPlan), as one probe of
