@@ -244,14 +244,14 @@ class JobContext:
     Do not commit it yourself. Work done outside it (HTTP calls, e-mails, other connections)
     may happen more than once: execution is at-least-once.
 
-    The job's row, as the claim returned it (no query of its own): ``job_id``, ``task``,
-    ``queue``, ``attempt`` (this attempt's number, from 1) and ``max_attempts``; ``created_at``,
-    when the job was enqueued (a timezone-aware datetime, by the database clock: what a
-    handler compares with ``func.now()`` to know how old the job is, not with the worker's
-    clock, which may differ); and ``priority``, the job's priority (lower runs first), for
-    the follow-up jobs a handler enqueues. Nothing here is read again during the attempt: a
-    change to the row meanwhile (``JobQueue.cancel``) shows as ``cancel_requested``, not here.
-    A context made by hand (a test) has ``created_at`` now, unless given.
+    From the job's row, as the claim returned it (no query of their own): ``job_id``, ``task``,
+    ``queue``, ``attempt`` (this attempt's number, from 1), ``max_attempts``, ``created_at``
+    (when the job was enqueued: a timezone-aware datetime by the database's clock; compare it
+    with the database's ``now()``, not the worker's clock, to know the job's age) and
+    ``priority`` (lower runs first; give it to the jobs the handler enqueues to keep a flow's
+    priority). They are not read again during the attempt: a change to the row meanwhile
+    shows only as ``cancel_requested``. A context made by hand (in a test) has ``created_at``
+    now unless given, and ``priority`` 0.
     """
 
     __slots__ = (
