@@ -72,6 +72,15 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True)}
 
 
+#: The order a queue's jobs are claimed in, by these columns of the jobs table: the lowest
+#: ``priority`` first, then the earliest due (``visible_at``), then the lowest ``id`` (enqueue
+#: order), which makes the order total: a claim position (``claim_after``) needs every row to
+#: be before or after it. The claim index's columns after ``queue``, every claim's ORDER BY and
+#: the worker's claim position are all this tuple; change it here and they change together
+#: (the index through a new migration: the test comparing migrations with the models fails).
+CLAIM_ORDER: Final = ("priority", "visible_at", "id")
+
+
 def _status_in(statuses: tuple[str, ...]) -> str:
     return "status IN (" + ", ".join(f"'{s}'" for s in statuses) + ")"
 
@@ -132,9 +141,7 @@ class Job(Base):
         Index(
             "sa_jobqueue_jobs_claim_idx",
             "queue",
-            "priority",
-            "visible_at",
-            "id",
+            *CLAIM_ORDER,
             postgresql_where=text(_status_in((QUEUED, RUNNING))),
         ),
         # Pruning finds finished rows past their retention without reading the table.

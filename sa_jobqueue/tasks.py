@@ -6,7 +6,7 @@ import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.orm import Session
@@ -265,6 +265,15 @@ class JobContext:
     starts from a clean slate, and an attempt that lost its lease has its writes rolled back).
     Do not commit it yourself. Work done outside it (HTTP calls, e-mails, other connections)
     may happen more than once: execution is at-least-once.
+
+    From the job's row, as the claim returned it (no query of their own): ``job_id``, ``task``,
+    ``queue``, ``attempt`` (this attempt's number, from 1), ``max_attempts``, ``created_at``
+    (when the job was enqueued: a timezone-aware datetime by the database's clock; compare it
+    with the database's ``now()``, not the worker's clock, to know the job's age) and
+    ``priority`` (lower runs first; give it to the jobs the handler enqueues to keep a flow's
+    priority). They are not read again during the attempt: a change to the row meanwhile
+    shows only as ``cancel_requested``. A context made by hand (in a test) has ``created_at``
+    now unless given, and ``priority`` 0.
     """
 
     __slots__ = (
@@ -276,8 +285,10 @@ class JobContext:
         "_shutdown",
         "_stop",
         "attempt",
+        "created_at",
         "job_id",
         "max_attempts",
+        "priority",
         "queue",
         "task",
     )
@@ -292,12 +303,16 @@ class JobContext:
         max_attempts: int,
         session: Session | Callable[[], Session],
         async_session: AsyncSession | Callable[[], AsyncSession] | None = None,
+        created_at: datetime | None = None,
+        priority: int = 0,
     ) -> None:
         self.job_id = job_id
         self.task = task
         self.queue = queue
         self.attempt = attempt
         self.max_attempts = max_attempts
+        self.created_at = datetime.now(UTC) if created_at is None else created_at
+        self.priority = priority
         # The worker passes a factory: a handler that never looks at its session costs none.
         self._session: Session | None = None
         self._session_factory: Callable[[], Session] | None = None

@@ -49,8 +49,9 @@ def run_task(
     ``ctx.session`` fails with a message saying to pass one.
 
     ``ctx.job_id``, ``ctx.attempt`` and ``ctx.max_attempts`` (default: the task's) are what you
-    pass; ``ctx.queue`` is the task's queue; ``stop_requested`` and ``cancel_requested`` stay
-    False. The task's timeout is not enforced. No job row is read or written.
+    pass; ``ctx.queue`` and ``ctx.priority`` are the task's; ``ctx.created_at`` is now (this
+    machine's clock); ``stop_requested`` and ``cancel_requested`` stay False. The task's
+    timeout is not enforced. No job row is read or written.
     """
     __tracebackhide__ = True
     limit = task.max_attempts if max_attempts is None else max_attempts
@@ -68,6 +69,7 @@ def run_task(
         queue=task.queue,
         attempt=attempt,
         max_attempts=limit,
+        priority=task.priority,
         session=functools.partial(_handler_session, session, task.name),
     )
     try:

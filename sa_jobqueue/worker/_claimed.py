@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Final
 
+from ..models import CLAIM_ORDER
 from ..observability import JobRun
 from ..tasks import Backoff, Task
 
@@ -25,13 +28,14 @@ FALLBACK_BACKOFF: Final = Backoff()
 #: or its ``max_attempts`` run out: with the default 5 attempts, about 7.5 minutes.
 UNKNOWN_TASK_BACKOFF: Final = Backoff(base=timedelta(seconds=30), cap=timedelta(minutes=10))
 
-#: The columns of a claimed row that make a :class:`Claimed`, in order.
-CLAIM_COLUMNS: Final = 12
-
 
 @dataclass(frozen=True)
 class Claimed:
-    """One claimed attempt: the columns ``claim()`` returns, in order."""
+    """One claimed attempt: the columns of the claim's row named as its fields.
+
+    Read by label (:meth:`of`, :meth:`of_rows`): a claim's row has more columns than these
+    (the limited claim's own, what settling the jobs it ended returned), in any order.
+    """
 
     id: int
     queue: str
@@ -45,22 +49,57 @@ class Claimed:
     backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
     #: With ``id``, the job's claim position: its priority and ``visible_at`` as they were
     #: before the claim (where the lane's next claim can start; see ``claiming.claim_after``).
+    #: The limited claim, always from the head, returns no ``visible_at`` (None).
     priority: int = 0
-    due_at: datetime | None = None
+    visible_at: datetime | None = None
+    #: When the job was enqueued (database clock; None only in a Claimed made by hand).
+    created_at: datetime | None = None
     #: Claimed from a queue with a cap: its completion frees a slot, so it is sent at once.
+    #: Not a column: the limited claim's caller sets it.
     holds_slot: bool = False
 
     @classmethod
-    def of(cls, row: Sequence[Any]) -> Claimed:
-        """The attempt a claim's row names: its first :data:`CLAIM_COLUMNS` columns (a claim
-        returns more after them, such as what settling the jobs it ended returned)."""
-        return cls(*row[:CLAIM_COLUMNS])
+    def of(cls, row: Any) -> Claimed:
+        """The attempt a claim's row names (a SQLAlchemy ``Row``, or any named tuple), its
+        columns read by label."""
+        return cls(*_reader(row._fields)(row))
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[Any]) -> list[Claimed]:
+        """:meth:`of` for each of one result's rows, its labels looked up once for all."""
+        if not rows:
+            return []
+        read = _reader(rows[0]._fields)
+        return [cls(*read(row)) for row in rows]
+
+    def position(self) -> tuple[Any, ...]:
+        """The job's place in its queue's claim order, as before the claim: its values of the
+        columns :data:`~sa_jobqueue.models.CLAIM_ORDER` names, in that order."""
+        return tuple(getattr(self, name) for name in CLAIM_ORDER)
 
     def run(self) -> JobRun:
         """What observers are told about this attempt."""
         return JobRun(
             self.id, self.task, self.queue, self.attempts, self.max_attempts, self.trace_context
         )
+
+
+#: The fields of a :class:`Claimed` a claim's row gives, each a column of that label.
+ROW_FIELDS: Final = tuple(field.name for field in fields(Claimed) if field.name != "holds_slot")
+
+
+@cache
+def _reader(labels: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """Takes :data:`ROW_FIELDS` out of a row whose columns are ``labels``, in that order.
+
+    The labels are looked up once per shape of row (a statement has one), not once per row:
+    reading a SQLAlchemy ``Row`` by attribute costs several times its reading by index, and
+    the claim is the worker's hot path.
+    """
+    missing = [name for name in ROW_FIELDS if name not in labels]
+    if missing:
+        raise KeyError(f"a claim's row has no column {', '.join(missing)}: {labels}")
+    return operator.itemgetter(*(labels.index(name) for name in ROW_FIELDS))
 
 
 def policy(job: Claimed, task: Task) -> Backoff:

@@ -8,13 +8,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Final
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
-from .._sql import claiming
+from .._sql import claim_limits, claiming
 from .._sql import queues as queues_sql
 from .._sql.fence import held_many
 from ..database import HeldConnection
@@ -43,8 +43,8 @@ LIMITS_EVERY: Final = 1.0
 #: long, so the burst leaves those jobs to the next run.
 BURST_WINDOW_WAIT: Final = 10.0
 
-#: Where in a queue's claim order the next claim starts: (priority, visible_at, id).
-Position = tuple[int, datetime, int]
+#: Where in a queue's claim order the next claim starts: a job's ``Claimed.position()``.
+Position = tuple[Any, ...]
 
 
 def runnable(job: Claimed) -> bool:
@@ -57,10 +57,10 @@ def runnable(job: Claimed) -> bool:
 
 
 def limited_jobs(rows: list[Any]) -> list[Claimed]:
-    """The jobs a limited claim's rows carry (after the claim's own columns), each holding a
+    """The jobs a limited claim's rows carry (besides the claim's own columns), each holding a
     slot; none when the claim took none (its one row then has no job)."""
-    at = claiming.LIMITED_COLUMNS
-    return [replace(Claimed.of(row[at:]), holds_slot=True) for row in rows if row[at] is not None]
+    jobs = Claimed.of_rows([row for row in rows if row.id is not None])
+    return [replace(job, holds_slot=True) for job in jobs]
 
 
 class LimitedQueues:
@@ -148,33 +148,30 @@ class LaneClaimer:
         now = time.monotonic()
         position = self._positions.pop(queue, None)
         if position is not None and now - self._head_at.get(queue, now) < HEAD_EVERY:
-            priority, visible_at, last_id = position
-            params.update(after_priority=priority, after_visible_at=visible_at, after_id=last_id)
+            params.update(claiming.position_params(position))
             rows = self._conn.rows(claiming.claim_after(), params)
             head = False
         else:
             rows = self._conn.rows(claiming.claim(), params)
             self._head_at[queue] = now
             head = True
-        jobs = [Claimed.of(row) for row in rows]  # the columns claim() returns, in order
+        jobs = Claimed.of_rows(rows)
         if len(jobs) == limit:
-            self._positions[queue] = max(
-                (job.priority, job.due_at, job.id) for job in jobs if job.due_at is not None
-            )
+            self._positions[queue] = max(job.position() for job in jobs)
         return jobs, head
 
     def _claim_limited(self, queue: str, limit: int) -> tuple[list[Claimed], bool]:
         """Claim up to ``limit`` jobs of a queue with a limit; the jobs, and whether a limit
         (rather than an empty queue) may have cut the claim short.
 
-        One statement (see ``claiming.claim_limited``). With the rate window used up, nothing
+        One statement (see ``claim_limits.claim_limited``). With the rate window used up, nothing
         is claimed and the queue is not asked again until the next window opens, at the time
         the database gave.
         """
         assert self._limited is not None
         keyed = self._limited.keyed(queue)
         params = {"from_queue": queue, "limit": limit, "worker": self._worker}
-        statement = claiming.claim_limited(keyed=keyed)
+        statement = claim_limits.claim_limited(keyed=keyed)
         rows = self._conn.rows(statement, params)
         first = rows[0]
         room, wait, key_wait = first.room, first.wait, first.key_wait
@@ -262,7 +259,7 @@ class LaneClaimer:
 
 class HandOff:
     """Completes jobs that hold slots of a limited queue and claims their successors, in one
-    statement (``claiming.claim_limited(completing=True)``) on the completer's connection.
+    statement (``claim_limits.claim_limited(completing=True)``) on the completer's connection.
 
     Without it, a slot freed by a completion waits for the completion's commit, then for the
     claim loop to wake and claim: two round trips, and a thread hand-over each way, between
@@ -305,7 +302,7 @@ class HandOff:
             **held_many(batch),
             "results": results,
         }
-        statement = claiming.claim_limited(keyed=self._limited.keyed(queue), completing=True)
+        statement = claim_limits.claim_limited(keyed=self._limited.keyed(queue), completing=True)
         rows = conn.rows(statement, params)
         for job in limited_jobs(rows):
             if runnable(job):

@@ -179,6 +179,8 @@ class Runner:
             queue=job.queue,
             attempt=job.attempts,
             max_attempts=job.max_attempts,
+            created_at=job.created_at,
+            priority=job.priority,
             session=(
                 functools.partial(self._groups.session, here, until)
                 if grouped

@@ -1,6 +1,6 @@
 """The limited claim across committed transactions and concurrent sessions, in this process.
 
-The claims are the worker's own (``LaneClaimer._claim_limited``: ``claiming.claim_limited``,
+The claims are the worker's own (``LaneClaimer._claim_limited``: ``claim_limits.claim_limited``,
 one statement), each claimer on a connection of its own; jobs finish through the worker's
 completion statement. No worker runs: the tests decide when jobs end. Real workers with
 limits are in tests/acceptance/test_queue_limits_workers.py.
@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from sa_jobqueue._sql import claiming, leases
-from sa_jobqueue._sql.claiming import LIMITED_COLUMNS
+from sa_jobqueue._sql import claim_limits, leases
 from sa_jobqueue._sql.fence import held_many
 from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.models import RUNNING, jobs_table, key_starts_table, queues_table
@@ -152,7 +151,6 @@ class Hammer:
     def check(self, conn: sa.Connection, rows: list[Any]) -> None:
         """In the claim's transaction, after its statement, with the queue's row locked: the
         jobs holding slots are at most the cap, all recorded as holders, this claim's too."""
-        jobs = [row[LIMITED_COLUMNS:] for row in rows if row[LIMITED_COLUMNS] is not None]
         running = set(
             conn.execute(
                 sa.select(j.id).where(
@@ -161,7 +159,7 @@ class Hammer:
             ).scalars()
         )
         holders = set(conn.execute(sa.select(q.holders).where(q.queue == QUEUE)).scalar_one())
-        claimed = {job[0] for job in jobs}
+        claimed = {row.id for row in rows if row.id is not None}
         if len(running) > CAP:
             self.violations.append(f"{len(running)} run after a claim: {sorted(running)}")
         if not running <= holders or not claimed <= running:
@@ -225,7 +223,7 @@ class Hammer:
                 "job_ids": [job_id for job_id, _ in batch],
                 "attempt_list": [attempt for _, attempt in batch],
             }
-            statement = claiming.claim_limited(keyed=False, completing=True)
+            statement = claim_limits.claim_limited(keyed=False, completing=True)
             result = on.rows(statement, params)
             with self.lock:
                 taken = [row.id for row in result if row.id is not None]

@@ -1,6 +1,6 @@
 """The worker's limited claim, driven from a test: the real ``LaneClaimer._claim_limited``.
 
-A worker runs the limited claim (``claiming.claim_limited``, one statement) on its autocommit
+A worker runs the limited claim (``claim_limits.claim_limited``, one statement) on its autocommit
 ``HeldConnection``. A test passes the claimer either a real ``HeldConnection`` (it commits, as
 the worker's does), or :class:`InCaller`, which runs it in the caller's own transaction (the
 rolled-back tests of tests/integration), or :class:`Checked`, which runs it in a transaction

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from sa_jobqueue._sql import claiming
+from sa_jobqueue._sql import claim_limits, claiming
 from sa_jobqueue.errors import InvalidLimitError
 from sa_jobqueue.models import jobs_table, queues_table
 from sa_jobqueue.ops import (
@@ -479,7 +479,7 @@ def _limited_plan(conn: sa.Connection, claimer: LaneClaimer, *, recorded: bool) 
     if recorded:
         holders_recorded(conn, "plain")
     params = {"from_queue": "plain", "limit": 2, "worker": "w"}
-    plan = _plan(conn, claiming.claim_limited(keyed=False), params)
+    plan = _plan(conn, claim_limits.claim_limited(keyed=False), params)
     assert live(conn, "plain") == 5, json.dumps(plan, indent=1)
     return plan
 

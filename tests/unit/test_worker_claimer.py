@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -15,6 +15,26 @@ from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._claimer import ClaimLoop, LaneClaimer
 from sa_jobqueue.worker._lanes import Lane
 from sa_jobqueue.worker._leases import LeaseTable
+
+
+class ClaimRow(NamedTuple):
+    """A claim's row as the worker reads it: by label. The columns are in another order than
+    the claim's, with one it does not read first, so a read by position would fail."""
+
+    settled: int
+    created_at: datetime
+    visible_at: datetime  # the claim position: priority, visible_at (before the claim), id
+    priority: int
+    backoff: None
+    trace_context: None
+    lease: timedelta
+    max_attempts: int
+    attempts: int
+    status: str
+    payload: str
+    task: str
+    queue: str
+    id: int
 
 
 class FakeConnection:
@@ -28,7 +48,7 @@ class FakeConnection:
         self.started_past: list[tuple[Any, ...] | None] = []
         self.next_id = 1
 
-    def rows(self, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def rows(self, statement: Any, params: dict[str, Any]) -> list[ClaimRow]:
         queue, limit = params["from_queue"], params["limit"]
         self.asked.append((queue, limit))
         if statement is claiming.claim_after():
@@ -42,19 +62,21 @@ class FakeConnection:
         rows = []
         for _ in range(n):
             rows.append(
-                (
-                    self.next_id,
-                    queue,
-                    "t",
-                    "null",
-                    self.status,
-                    1,
-                    5,
-                    timedelta(seconds=30),
-                    None,
-                    None,
-                    0,  # the claim position: priority, visible_at (before the claim)
-                    DUE,
+                ClaimRow(
+                    settled=0,
+                    created_at=DUE,
+                    visible_at=DUE,
+                    priority=0,
+                    backoff=None,
+                    trace_context=None,
+                    lease=timedelta(seconds=30),
+                    max_attempts=5,
+                    attempts=1,
+                    status=self.status,
+                    payload="null",
+                    task="t",
+                    queue=queue,
+                    id=self.next_id,
                 )
             )
             self.next_id += 1

@@ -22,7 +22,7 @@ WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%
 ELSE sa_jobqueue_jobs.last_error END
 FROM picked
 WHERE sa_jobqueue_jobs.id = picked.id AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
-RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, picked.priority, picked.visible_at, CASE
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, picked.priority, picked.visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
 ELSE %(param_8)s::INTEGER END AS settled
 ;

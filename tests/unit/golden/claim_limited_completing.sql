@@ -1,0 +1,106 @@
+-- sa_jobqueue._sql.claim_limits.claim_limited(keyed=False, completing=True), compiled for PostgreSQL (psycopg)
+-- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
+WITH state AS
+(SELECT anon_1.is_paused AS is_paused, anon_1.cap AS cap, anon_1.key_cap AS key_cap, anon_1.key_name AS key_name, anon_1.tracked AS tracked, anon_1.rate_left AS rate_left, anon_1.rate_wait AS rate_wait, anon_1.window_start AS window_start, anon_1.window_used AS window_used, anon_1.live_ids AS live_ids
+FROM sa_jobqueue_lock_queue(%(from_queue)s::VARCHAR) AS anon_1),
+done AS
+(UPDATE sa_jobqueue_jobs
+SET status=%(param_9)s::VARCHAR, visible_at=statement_timestamp(), finished_at=statement_timestamp(), worker=sa_jobqueue_jobs.worker, result=(CAST(%(results)s::VARCHAR AS JSONB) -> CAST(sa_jobqueue_jobs.id AS TEXT))
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_4)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) AND sa_jobqueue_jobs.cancel_requested IS false
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.status, CASE
+WHEN (sa_jobqueue_jobs.result IS NOT NULL) THEN pg_notify(%(param_10)s::VARCHAR, CAST(sa_jobqueue_jobs.id AS TEXT))
+ELSE NULL END AS notified),
+room AS
+(SELECT coalesce(CASE
+WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_11)s::INTEGER
+ELSE greatest(least(%(limit)s::INTEGER, coalesce(state.cap - cardinality(CAST(array((SELECT unnest(state.live_ids) AS id
+FROM state EXCEPT
+SELECT done.id
+FROM done)) AS BIGINT[])), %(limit)s::INTEGER), coalesce(state.rate_left, %(limit)s::INTEGER)), %(greatest_1)s::INTEGER) END, %(coalesce_1)s::INTEGER) AS room, CASE
+WHEN state.is_paused THEN NULL
+ELSE state.rate_wait END AS wait, state.is_paused IS NOT NULL AS limited, state.key_name IS NOT NULL AS keyed
+FROM (SELECT %(param_12)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
+picked AS MATERIALIZED
+(SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
+FROM sa_jobqueue_jobs
+WHERE status IN ('queued', 'running') AND sa_jobqueue_jobs.queue = %(from_queue)s::VARCHAR AND sa_jobqueue_jobs.visible_at <= now() AND NOT (sa_jobqueue_jobs.id = any(array((SELECT done.id
+FROM done))))
+ORDER BY sa_jobqueue_jobs.priority, sa_jobqueue_jobs.visible_at, sa_jobqueue_jobs.id
+LIMIT (SELECT room.room
+FROM room) FOR UPDATE SKIP LOCKED),
+claimed AS
+(UPDATE sa_jobqueue_jobs
+SET status=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested) THEN %(param_2)s::VARCHAR
+WHEN (sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN %(param_3)s::VARCHAR
+ELSE %(param_4)s::VARCHAR END, attempts=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.attempts
+ELSE sa_jobqueue_jobs.attempts + %(attempts_1)s::INTEGER END, visible_at=(now() + sa_jobqueue_jobs.lease), started_at=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.started_at
+ELSE now() END, finished_at=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)
+ELSE sa_jobqueue_jobs.last_error END
+WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
+FROM picked)))
+RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
+WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
+ELSE %(param_13)s::INTEGER END AS settled),
+noted AS
+(UPDATE sa_jobqueue_queues
+SET rate_window=(SELECT state.window_start
+FROM state), rate_count=(SELECT CASE
+WHEN (state.rate_left IS NULL) THEN %(param_1)s::INTEGER
+ELSE state.window_used + (SELECT count(*) AS count_1
+FROM (SELECT claimed.id AS id
+FROM claimed
+WHERE claimed.status = %(status_5)s::VARCHAR) AS anon_3) END AS anon_2
+FROM state), holders=(SELECT CASE
+WHEN state.tracked THEN array_cat(CAST(array((SELECT unnest(state.live_ids) AS id
+FROM state EXCEPT
+SELECT done.id
+FROM done)) AS BIGINT[]), array((SELECT claimed.id
+FROM claimed
+WHERE claimed.status = %(status_5)s::VARCHAR)))
+ELSE NULL END AS anon_4
+FROM state), recount_until=(SELECT CASE
+WHEN state.tracked THEN coalesce(sa_jobqueue_queues.recount_until, now() + %(now_1)s)
+ELSE NULL END AS anon_5
+FROM state)
+WHERE sa_jobqueue_queues.queue = %(from_queue)s::VARCHAR)
+SELECT room.room, room.wait, room.limited, room.keyed, NULL AS key_wait, array((SELECT done.id
+FROM done)) AS completed, (SELECT CASE
+WHEN (EXISTS (SELECT *
+FROM done
+WHERE done.status IN ('succeeded', 'dead', 'cancelled'))) THEN sa_jobqueue_settle(array((SELECT done.id
+FROM done)), array((SELECT done.status
+FROM done)))
+ELSE %(param_14)s::INTEGER END AS anon_6) AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
+FROM room LEFT OUTER JOIN claimed ON true
+;
+-- parameters the caller supplies: attempt_list, from_queue, job_ids, limit, worker
+-- constants the statement binds:
+--   attempts_1 = 1
+--   coalesce_1 = 0
+--   greatest_1 = 0
+--   now_1 = datetime.timedelta(seconds=2)
+--   param_1 = 0
+--   param_10 = 'sa_jobqueue_results'
+--   param_11 = 0
+--   param_12 = 1
+--   param_13 = 0
+--   param_14 = 0
+--   param_2 = 'cancelled'
+--   param_3 = 'dead'
+--   param_4 = 'running'
+--   param_5 = 'type'
+--   param_6 = 'LeaseExpired'
+--   param_7 = 'message'
+--   param_8 = 'lease expired (worker lost)'
+--   param_9 = 'succeeded'
+--   results = '{}'
+--   status_1 = 'running'
+--   status_2 = 'running'
+--   status_3 = 'running'
+--   status_4 = 'running'
+--   status_5 = 'running'
