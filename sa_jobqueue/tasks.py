@@ -179,7 +179,8 @@ class Task(Generic[P]):
     Pydantic model takes a typed payload (:attr:`payload_type`): ``enqueue`` checks the payload
     against the type (PayloadTypeError before any SQL) and stores it as JSON, and the worker
     rebuilds a value of the type before the handler runs; ``unique_key`` gets that value too.
-    See the typed payloads how-to for the types it can store.
+    Pydantic does this (the ``pydantic`` extra): without it, such a handler is refused here with
+    TaskDefinitionError. See the typed payloads how-to for the types and the strictness rule.
     """
 
     name: str

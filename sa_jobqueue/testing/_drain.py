@@ -216,7 +216,7 @@ class _CountedCodec(PayloadCodec):
     __slots__ = ("_started",)
 
     def __init__(self, codec: PayloadCodec, started: Callable[[], None]) -> None:
-        super().__init__(codec.task, codec.type, codec.root)
+        super().__init__(codec.task, codec.type, codec.adapter)
         self._started = started
 
     def rebuild(self, data: Any) -> Any:
