@@ -7,6 +7,7 @@ one ``now()``. Each statement is read through an index (the how-to page lists th
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -89,16 +90,34 @@ class Overview:
     """The overview page: queues, workers and the health findings."""
 
     as_of: datetime
+    #: The queues of this page of the overview: up to :data:`QUEUES_SHOWN`, by name.
     queues: list[QueueRow]
     workers: list[WorkerInfo]
     #: Rows in the worker registry, live or not.
     registered_workers: int
     findings: list[Finding]
+    #: How many queues there are to show, on all pages together.
+    total_queues: int = 0
+    #: This page's queues come after this name (None: the first page).
+    queues_after: str | None = None
+    #: The next page's queues come after this name (None: this page is the last one).
+    next_queues: str | None = None
 
 
-def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
+#: The most queues one page of the overview shows. An application with a queue per customer
+#: has thousands: the page's figures for all of them are read in a few statements, but each
+#: row is a chart and two forms, and 10,000 of them took three seconds to render.
+QUEUES_SHOWN: Final = 100
+
+
+def read_overview(
+    conn: Connection, thresholds: Thresholds, queues_after: str | None = None
+) -> Overview:
     """Each queue's backlog (waiting, queued, due, running), dead jobs, last hour, paused state
-    and limits (per key too), the live workers, and ``check``."""
+    and limits (per key too), the live workers, and ``check``.
+
+    Queues are shown :data:`QUEUES_SHOWN` at a time, by name, from past ``queues_after``.
+    """
     as_of = now(conn)
     rows: dict[str, dict[str, Any]] = {}
     for name, queued, due, running, oldest in conn.execute(live_per_queue()):
@@ -107,12 +126,9 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
         rows.setdefault(name, {})["dead"] = dead
     for name, waiting in conn.execute(dashboard_sql.waiting_per_queue()):
         rows.setdefault(name, {})["waiting"] = waiting
-    minutes: dict[str, dict[str, list[int]]] = {}
     window = {"window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
-    for name, status, minute, n in conn.execute(dashboard_sql.finished_per_minute(), window):
-        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
-        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
-            series[status][CHART_MINUTES - 1 - minute] += n
+    finished = conn.execute(dashboard_sql.finished_per_minute(), window).all()
+    for name, *_ in finished:
         rows.setdefault(name, {})
     for name, paused_at in conn.execute(paused_queues()):
         rows.setdefault(name, {})["paused_at"] = paused_at
@@ -126,19 +142,41 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
             key_rate=None if key_count is None else str(RateLimit(key_count, key_period)),
             key_field=key_field,
         )
+    names = sorted(rows)
+    start = 0 if queues_after is None else bisect_right(names, queues_after)
+    shown = names[start : start + QUEUES_SHOWN]
+    minutes: dict[str, dict[str, list[int]]] = {}
+    wanted = set(shown)
+    for name, status, minute, n in finished:
+        if name not in wanted:
+            continue
+        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
+        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
+            series[status][CHART_MINUTES - 1 - minute] += n
     queues = [
         QueueRow(
             name=name,
-            **values,
+            **rows[name],
             finished={s: sum(v) for s, v in minutes.get(name, {}).items()},
             per_minute=minutes.get(name, {}),
         )
-        for name, values in sorted(rows.items())
+        for name in shown
     ]
+    more = start + QUEUES_SHOWN < len(names)
     stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
     workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
     registered, _ = conn.execute(worker_freshness(), stale).one()
-    return Overview(as_of, queues, workers, registered, check(conn, thresholds))
+    findings = check(conn, thresholds)
+    return Overview(
+        as_of,
+        queues,
+        workers,
+        registered,
+        findings,
+        total_queues=len(names),
+        queues_after=queues_after,
+        next_queues=shown[-1] if more and shown else None,
+    )
 
 
 # -- the jobs list ---------------------------------------------------------------------------
@@ -177,6 +215,11 @@ class JobPage:
 #: page. 50,000 rows (about 1,900 of the 8 kB table pages: 27 rows a page at 70% fill) take
 #: some 25 ms from memory here and a few hundred from disk; 200,000 took 100 ms and seconds.
 SCAN_WINDOW: Final = 50_000
+#: Seconds by which a job's ``created_at`` may come before that of a job with a lower id: the
+#: time its enqueuing transaction had run when it inserted the row. "Created over 1d ago"
+#: searches the ids below those of the jobs created this much after the day's edge, and so
+#: passes over a job only if its transaction ran longer than this before enqueuing it.
+CREATED_SKEW: Final = 60.0
 
 
 def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
@@ -207,15 +250,21 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
     windowed = wanted.within is None
     if windowed:
         lowest, highest = conn.execute(dashboard_sql.id_range()).one()
-        if lowest is None or highest is None:
+        if lowest is not None and highest is not None and wanted.older_than is not None:
+            # Jobs created over ``older_than`` ago hold the lowest ids: the ids searched end
+            # where the jobs created since begin, however far down that is.
+            since = {"older_than": params["older_than"], "skew": CREATED_SKEW}
+            boundary = conn.execute(dashboard_sql.first_created_after(), since).scalar_one()
+            highest = highest if boundary is None else min(highest, boundary - 1)
+        if lowest is None or highest is None or highest < lowest:
             return JobPage(as_of, wanted, [], None, None)
         if newest_first:
-            start = highest + 1 if position is None else position
+            start = highest + 1 if position is None else min(position, highest + 1)
             edge = start - SCAN_WINDOW
             reaches_end = edge <= lowest
         else:
             start = lowest - 1 if position is None else position
-            edge = start + SCAN_WINDOW
+            edge = min(start + SCAN_WINDOW, highest)
             reaches_end = edge >= highest
         params["window_edge"] = edge
         position = start
