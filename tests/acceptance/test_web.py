@@ -210,6 +210,18 @@ def test_purge_counts_first_then_deletes(
     assert left == {jobs[k] for k in ("queued", "scheduled", "running", "dead2")}
 
 
+def test_the_age_fields_show_an_example_not_a_seeming_default(client: TestClient) -> None:
+    for path, example in [
+        ("/purge", "an age, required: for example 7d, 12h or 30m"),
+        ("/jobs", "for example 2h or 1d; empty: any age"),
+    ]:
+        html = client.get(path).text
+        assert "placeholder" not in html, path
+        assert example in html, path
+        (form,) = [f for f in forms(html, "get") if f.action == path]
+        assert form.fields["older_than"] == ""  # nothing is filled in for you
+
+
 def test_pause_and_resume_a_queue_from_the_overview(
     engine: sa.Engine, client: TestClient, read_only_client: TestClient, jobs: dict[str, int]
 ) -> None:
