@@ -67,6 +67,7 @@ FROM generate_series(1, :backlog) AS n
 #: The pages visited: {mid} is a job id in the middle of the history, {dead} a dead job's id.
 PAGES = [
     "/",
+    "/?queues_after=queue_5000",
     "/jobs",
     "/jobs?after={mid}",
     "/jobs?before={mid}",
@@ -77,6 +78,7 @@ PAGES = [
     "/jobs?status=queued&status=running&order=oldest",
     "/jobs?status=queued&queue=reports",
     "/jobs?queue=emails",
+    "/jobs?queue=queue_1234",
     "/jobs?status=succeeded&task=app.task_3",
     "/jobs?task=app.no_such_task",
     "/jobs?older_than=2h",
@@ -174,6 +176,7 @@ def reads_jobs(statement: str) -> bool:
 
 PAGE_NAMES = {
     "/": "Overview",
+    "/?queues_after=queue_5000": "Overview, the queues after queue_5000",
     "/periodic": "Periodic schedules",
     "/jobs/{dead}": "A job",
     "/jobs/{dead}/payload.json": "A job's payload",
