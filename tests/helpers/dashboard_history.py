@@ -295,8 +295,10 @@ python -m tests.helpers.dashboard_history \\
 
 PostgreSQL {version.split()[0]}, on two CPU cores shared with other work (load average
 {load[0]:.1f} when the timings began, {load[1]:.1f} when they ended). Every read of the
-jobs table goes through an index (a test, `tests/acceptance/test_web_plans.py`, explains each one on
-a smaller history and fails on a scan of the table).
+jobs table goes through an index and looks at a bounded part of it: a test,
+`tests/acceptance/test_web_plans.py`, runs each one under `EXPLAIN ANALYZE` on a smaller
+history and fails on a scan of the table, or on a statement that looks at more rows than a
+window of ids or one click's batch.
 
 ## Page timings
 
