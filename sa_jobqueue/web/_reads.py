@@ -7,7 +7,6 @@ one ``now()``. Each statement is read through an index (the how-to page lists th
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,10 +15,10 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from .._sql import dashboard as dashboard_sql
+from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
-from .._sql.queues import all_limits, paused_queues
-from .._sql.stats import live_per_queue, live_workers
+from .._sql.stats import live_workers
 from ..models import FINISHED_STATUSES
 from ..ops.admin import JobSummary
 from ..ops.filters import check_age
@@ -119,22 +118,29 @@ def read_overview(
     Queues are shown :data:`QUEUES_SHOWN` at a time, by name, from past ``queues_after``.
     """
     as_of = now(conn)
-    rows: dict[str, dict[str, Any]] = {}
-    for name, queued, due, running, oldest in conn.execute(live_per_queue()):
-        rows[name] = {"queued": queued, "due": due, "running": running, "oldest_due": oldest}
-    for name, dead in conn.execute(dashboard_sql.dead_per_queue()):
-        rows.setdefault(name, {})["dead"] = dead
-    for name, waiting in conn.execute(dashboard_sql.waiting_per_queue()):
-        rows.setdefault(name, {})["waiting"] = waiting
-    window = {"window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
-    finished = conn.execute(dashboard_sql.finished_per_minute(), window).all()
-    for name, *_ in finished:
-        rows.setdefault(name, {})
-    for name, paused_at in conn.execute(paused_queues()):
-        rows.setdefault(name, {})["paused_at"] = paused_at
-    for limits in conn.execute(all_limits()):
+    window = float(CHART_MINUTES * dashboard_sql.MINUTE)
+    wanted = {"after": queues_after or "", "shown": QUEUES_SHOWN + 1, "window": window}
+    total, names = conn.execute(overview_sql.queue_page(), wanted).one()
+    # One name more than the page shows: whether it comes says if there is a page beyond.
+    shown: list[str] = names[:QUEUES_SHOWN]
+    page = {"names": shown, "window": window}
+    rows: dict[str, dict[str, Any]] = {name: {} for name in shown}
+    for name, queued, due, running, oldest in conn.execute(overview_sql.live_on_page(), page):
+        rows[name].update(queued=queued, due=due, running=running, oldest_due=oldest)
+    for name, dead in conn.execute(overview_sql.dead_on_page(), page):
+        rows[name]["dead"] = dead
+    for name, waiting in conn.execute(overview_sql.waiting_on_page(), page):
+        rows[name]["waiting"] = waiting
+    minutes: dict[str, dict[str, list[int]]] = {}
+    for name, status, minute, n in conn.execute(overview_sql.finished_on_page(), page):
+        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
+        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
+            series[status][CHART_MINUTES - 1 - minute] += n
+    for name, paused_at in conn.execute(overview_sql.paused_on_page(), page):
+        rows[name]["paused_at"] = paused_at
+    for limits in conn.execute(overview_sql.limits_on_page(), page):
         name, cap, count, period, used, key_cap, key_field, key_count, key_period = limits
-        rows.setdefault(name, {}).update(
+        rows[name].update(
             concurrency=cap,
             rate=None if count is None else str(RateLimit(count, period)),
             rate_used=used,
@@ -142,17 +148,6 @@ def read_overview(
             key_rate=None if key_count is None else str(RateLimit(key_count, key_period)),
             key_field=key_field,
         )
-    names = sorted(rows)
-    start = 0 if queues_after is None else bisect_right(names, queues_after)
-    shown = names[start : start + QUEUES_SHOWN]
-    minutes: dict[str, dict[str, list[int]]] = {}
-    wanted = set(shown)
-    for name, status, minute, n in finished:
-        if name not in wanted:
-            continue
-        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
-        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
-            series[status][CHART_MINUTES - 1 - minute] += n
     queues = [
         QueueRow(
             name=name,
@@ -162,7 +157,6 @@ def read_overview(
         )
         for name in shown
     ]
-    more = start + QUEUES_SHOWN < len(names)
     stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
     workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
     registered, _ = conn.execute(worker_freshness(), stale).one()
@@ -173,9 +167,9 @@ def read_overview(
         workers,
         registered,
         findings,
-        total_queues=len(names),
+        total_queues=total,
         queues_after=queues_after,
-        next_queues=shown[-1] if more and shown else None,
+        next_queues=shown[-1] if len(names) > QUEUES_SHOWN else None,
     )
 
 
