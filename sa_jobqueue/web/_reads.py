@@ -104,8 +104,8 @@ class Overview:
 
 
 #: The most queues one page of the overview shows. An application with a queue per customer
-#: has thousands: the page's figures for all of them are read in a few statements, but each
-#: row is a chart and two forms, and 10,000 of them took three seconds to render.
+#: has thousands: each row is a chart and two forms (10,000 of them took three seconds to
+#: render), and the page reads the figures of its own queues alone (see ``_sql.overview``).
 QUEUES_SHOWN: Final = 100
 
 
