@@ -26,9 +26,8 @@ from tests.helpers.pages import LOCAL
 #: planner walk the primary key for a short page of the oldest queued jobs (10 here).
 HISTORY = 40_000
 BACKLOG = 2_000
-#: The window of ids a page reads, as small beside this history as 50,000 ids are beside a
-#: million jobs... and then some: a window over the whole table would rightly be read end to
-#: end.
+#: The window of ids a page reads: a tenth of this history (50,000 is a twentieth of a
+#: million). A window over the whole table would rightly be read end to end.
 WINDOW = 4_000
 #: The most rows of the jobs table one statement may look at: a window, or a purge's count of
 #: one click's batch (MAX_BATCH + 1), patched to the same scale. A walk of the primary key
