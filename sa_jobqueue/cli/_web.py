@@ -27,6 +27,8 @@ BASIC_AUTH_ENV: Final = "SA_JOBQUEUE_WEB_BASIC_AUTH"
 WEB_SETTINGS: Final = {"statement_timeout": "30s", "lock_timeout": "5s"}
 #: Connections the server may hold: pages run in a thread pool, one connection each.
 POOL_SIZE: Final = 4
+#: The first segments of the dashboard's own paths, which --root-path may not start with.
+OWN_SEGMENTS: Final = ("jobs", "queues", "periodic", "purge", "static")
 
 
 def add_parser(
@@ -95,7 +97,9 @@ def add_parser(
         "--root-path",
         default="",
         metavar="PATH",
-        help="the path prefix a reverse proxy serves the dashboard under (/jobs)",
+        help="serve the dashboard under this path prefix (/dashboard), as a reverse proxy"
+        " serves it: the proxy may pass the prefix on or remove it, the dashboard answers"
+        " either way and its links carry the prefix",
     )
 
 
@@ -106,7 +110,7 @@ def run_web(args: argparse.Namespace) -> int:
 
         from ..web import create_app
         from ..web._app import LOCAL_HOSTS
-        from ..web._serve import CredentialsGate, basic_credentials, listen, serve
+        from ..web._serve import CredentialsGate, basic_credentials, listen, prefix, serve
     except ImportError as exc:
         raise JobQueueError(
             f"sa-jobqueue web needs {exc.name}: pip install 'sa_jobqueue[web]'"
@@ -115,6 +119,10 @@ def run_web(args: argparse.Namespace) -> int:
         basic = basic_credentials(args.basic_auth) if args.basic_auth else None
     except ValueError as exc:
         raise JobQueueError(f"--basic-auth / ${BASIC_AUTH_ENV}: {exc}") from None
+    try:
+        root = prefix(args.root_path, OWN_SEGMENTS)
+    except ValueError as exc:
+        raise JobQueueError(f"--root-path: {exc}") from None
     queue = load_app(args.app) if args.app else None
     engine = _web_engine(args)
     try:
@@ -139,7 +147,7 @@ def run_web(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(
-            f"sa-jobqueue web: http://{shown}:{port}{args.root_path}/"
+            f"sa-jobqueue web: http://{shown}:{port}{root}/"
             f" ({'actions on' if args.allow_actions else 'read-only'}"
             f"{', credentials required' if guarded is not app else ''}); Ctrl-C stops it",
             file=sys.stderr,
@@ -159,7 +167,7 @@ def run_web(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        serve(guarded, sock, log_level=args.log_level or "WARNING", root_path=args.root_path)
+        serve(guarded, sock, log_level=args.log_level or "WARNING", root_path=root)
     finally:
         engine.dispose()
     return 0

@@ -108,7 +108,11 @@ class Dashboard:
     # -- the pages ---------------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        data = await self._read(_reads.read_overview, self.thresholds)
+        try:
+            after = queue_name(request.query_params.get("queues_after", ""))
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
+        data = await self._read(_reads.read_overview, self.thresholds, after)
         return self._page(request, "overview.html", data.as_of, overview=data)
 
     async def jobs(self, request: Request) -> Response:

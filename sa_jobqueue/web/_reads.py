@@ -15,10 +15,10 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from .._sql import dashboard as dashboard_sql
+from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
-from .._sql.queues import all_limits, paused_queues
-from .._sql.stats import live_per_queue, live_workers
+from .._sql.stats import live_workers
 from ..models import FINISHED_STATUSES
 from ..ops.admin import JobSummary
 from ..ops.filters import check_age
@@ -89,36 +89,58 @@ class Overview:
     """The overview page: queues, workers and the health findings."""
 
     as_of: datetime
+    #: The queues of this page of the overview: up to :data:`QUEUES_SHOWN`, by name.
     queues: list[QueueRow]
     workers: list[WorkerInfo]
     #: Rows in the worker registry, live or not.
     registered_workers: int
     findings: list[Finding]
+    #: How many queues there are to show, on all pages together.
+    total_queues: int = 0
+    #: This page's queues come after this name (None: the first page).
+    queues_after: str | None = None
+    #: The next page's queues come after this name (None: this page is the last one).
+    next_queues: str | None = None
 
 
-def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
+#: The most queues one page of the overview shows. An application with a queue per customer
+#: has thousands: each row is a chart and two forms (10,000 of them took three seconds to
+#: render), and the page reads the figures of its own queues alone (see ``_sql.overview``).
+QUEUES_SHOWN: Final = 100
+
+
+def read_overview(
+    conn: Connection, thresholds: Thresholds, queues_after: str | None = None
+) -> Overview:
     """Each queue's backlog (waiting, queued, due, running), dead jobs, last hour, paused state
-    and limits (per key too), the live workers, and ``check``."""
+    and limits (per key too), the live workers, and ``check``.
+
+    Queues are shown :data:`QUEUES_SHOWN` at a time, by name, from past ``queues_after``.
+    """
     as_of = now(conn)
-    rows: dict[str, dict[str, Any]] = {}
-    for name, queued, due, running, oldest in conn.execute(live_per_queue()):
-        rows[name] = {"queued": queued, "due": due, "running": running, "oldest_due": oldest}
-    for name, dead in conn.execute(dashboard_sql.dead_per_queue()):
-        rows.setdefault(name, {})["dead"] = dead
-    for name, waiting in conn.execute(dashboard_sql.waiting_per_queue()):
-        rows.setdefault(name, {})["waiting"] = waiting
+    window = float(CHART_MINUTES * dashboard_sql.MINUTE)
+    wanted = {"after": queues_after or "", "shown": QUEUES_SHOWN + 1, "window": window}
+    total, names = conn.execute(overview_sql.queue_page(), wanted).one()
+    # One name more than the page shows: whether it comes says if there is a page beyond.
+    shown: list[str] = names[:QUEUES_SHOWN]
+    page = {"names": shown, "window": window}
+    rows: dict[str, dict[str, Any]] = {name: {} for name in shown}
+    for name, queued, due, running, oldest in conn.execute(overview_sql.live_on_page(), page):
+        rows[name].update(queued=queued, due=due, running=running, oldest_due=oldest)
+    for name, dead in conn.execute(overview_sql.dead_on_page(), page):
+        rows[name]["dead"] = dead
+    for name, waiting in conn.execute(overview_sql.waiting_on_page(), page):
+        rows[name]["waiting"] = waiting
     minutes: dict[str, dict[str, list[int]]] = {}
-    window = {"window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
-    for name, status, minute, n in conn.execute(dashboard_sql.finished_per_minute(), window):
+    for name, status, minute, n in conn.execute(overview_sql.finished_on_page(), page):
         series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
         if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
             series[status][CHART_MINUTES - 1 - minute] += n
-        rows.setdefault(name, {})
-    for name, paused_at in conn.execute(paused_queues()):
-        rows.setdefault(name, {})["paused_at"] = paused_at
-    for limits in conn.execute(all_limits()):
+    for name, paused_at in conn.execute(overview_sql.paused_on_page(), page):
+        rows[name]["paused_at"] = paused_at
+    for limits in conn.execute(overview_sql.limits_on_page(), page):
         name, cap, count, period, used, key_cap, key_field, key_count, key_period = limits
-        rows.setdefault(name, {}).update(
+        rows[name].update(
             concurrency=cap,
             rate=None if count is None else str(RateLimit(count, period)),
             rate_used=used,
@@ -129,16 +151,26 @@ def read_overview(conn: Connection, thresholds: Thresholds) -> Overview:
     queues = [
         QueueRow(
             name=name,
-            **values,
+            **rows[name],
             finished={s: sum(v) for s, v in minutes.get(name, {}).items()},
             per_minute=minutes.get(name, {}),
         )
-        for name, values in sorted(rows.items())
+        for name in shown
     ]
     stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
     workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
     registered, _ = conn.execute(worker_freshness(), stale).one()
-    return Overview(as_of, queues, workers, registered, check(conn, thresholds))
+    findings = check(conn, thresholds)
+    return Overview(
+        as_of,
+        queues,
+        workers,
+        registered,
+        findings,
+        total_queues=total,
+        queues_after=queues_after,
+        next_queues=shown[-1] if len(names) > QUEUES_SHOWN else None,
+    )
 
 
 # -- the jobs list ---------------------------------------------------------------------------
@@ -177,6 +209,11 @@ class JobPage:
 #: page. 50,000 rows (about 1,900 of the 8 kB table pages: 27 rows a page at 70% fill) take
 #: some 25 ms from memory here and a few hundred from disk; 200,000 took 100 ms and seconds.
 SCAN_WINDOW: Final = 50_000
+#: Seconds by which a job's ``created_at`` may come before that of a job with a lower id: the
+#: time its enqueuing transaction had run when it inserted the row. "Created over 1d ago"
+#: searches the ids below those of the jobs created this much after the day's edge, and so
+#: passes over a job only if its transaction ran longer than this before enqueuing it.
+CREATED_SKEW: Final = 60.0
 
 
 def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
@@ -207,15 +244,21 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
     windowed = wanted.within is None
     if windowed:
         lowest, highest = conn.execute(dashboard_sql.id_range()).one()
-        if lowest is None or highest is None:
+        if lowest is not None and highest is not None and wanted.older_than is not None:
+            # Jobs created over ``older_than`` ago hold the lowest ids: the ids searched end
+            # where the jobs created since begin, however far down that is.
+            since = {"older_than": params["older_than"], "skew": CREATED_SKEW}
+            boundary = conn.execute(dashboard_sql.first_created_after(), since).scalar_one()
+            highest = highest if boundary is None else min(highest, boundary - 1)
+        if lowest is None or highest is None or highest < lowest:
             return JobPage(as_of, wanted, [], None, None)
         if newest_first:
-            start = highest + 1 if position is None else position
+            start = highest + 1 if position is None else min(position, highest + 1)
             edge = start - SCAN_WINDOW
             reaches_end = edge <= lowest
         else:
             start = lowest - 1 if position is None else position
-            edge = start + SCAN_WINDOW
+            edge = min(start + SCAN_WINDOW, highest)
             reaches_end = edge >= highest
         params["window_edge"] = edge
         position = start

@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 from urllib.parse import urlencode
@@ -116,6 +116,57 @@ class CredentialsGate:
         return response
 
 
+class UnderPrefix:
+    """ASGI middleware: ``app`` served under ``prefix`` (``/dashboard``), whoever removed it.
+
+    A request under the prefix (opened directly, or through a proxy that passes the path on
+    as it came) is served as it is; any other path is taken as one a proxy removed the prefix
+    from (uvicorn's ``--root-path`` convention) and served as if under it. Either way the app
+    sees ``root_path`` set to the prefix, so its links carry it. A prefix whose first segment
+    is one of the app's own (``/jobs``) would make the two readings collide; :func:`prefix`
+    refuses it.
+    """
+
+    def __init__(self, app: ASGIApp, prefix: str) -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path: str = scope["path"]
+            raw: bytes | None = scope.get("raw_path")
+            if path != self.prefix and not path.startswith(self.prefix + "/"):
+                path = self.prefix + path
+                raw = None if raw is None else self.prefix.encode() + raw
+            scope = {
+                **scope,
+                "root_path": scope.get("root_path", "") + self.prefix,
+                "path": path,
+                "raw_path": raw,
+            }
+        await self.app(scope, receive, send)
+
+
+def prefix(text: str, taken: Iterable[str]) -> str:
+    """``text`` as a path prefix: ``/a/b``, or "" for none; ValueError saying what is wrong.
+
+    ``taken`` are the first segments of the app's own paths, which a prefix may not start
+    with (see :class:`UnderPrefix`).
+    """
+    cleaned = text.strip().rstrip("/")
+    if not cleaned:
+        return ""
+    if not cleaned.startswith("/") or "//" in cleaned or any(c in cleaned for c in "?#% "):
+        raise ValueError(f"{text!r} is not a path prefix like /dashboard")
+    first = cleaned.split("/")[1]
+    if first in taken:
+        raise ValueError(
+            f"{text!r} starts like the dashboard's own /{first} pages, which would make its"
+            " addresses ambiguous: choose another, /dashboard for example"
+        )
+    return cleaned
+
+
 def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
@@ -143,13 +194,15 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(app: ASGIApp, sock: socket.socket, *, log_level: str, root_path: str = "") -> None:
-    """Serve ``app`` on ``sock`` with uvicorn until SIGTERM or SIGINT, then return."""
+    """Serve ``app`` on ``sock`` with uvicorn until SIGTERM or SIGINT, then return.
+
+    With ``root_path`` (checked by :func:`prefix`), under it: see :class:`UnderPrefix`.
+    """
     import uvicorn
 
     config = uvicorn.Config(
-        app,
+        UnderPrefix(app, root_path) if root_path else app,
         log_level=log_level.lower(),
-        root_path=root_path,
         proxy_headers=False,
         server_header=False,
         lifespan="off",

@@ -36,7 +36,7 @@ from sa_jobqueue.ops import (
     set_queue_key_rate,
     set_queue_rate,
 )
-from sa_jobqueue.web import create_app
+from sa_jobqueue.web import _reads, create_app
 from sa_jobqueue.web._tokens import CSRF_FIELD
 from tests.helpers.databases import admin_engine, unique_name, url_string
 from tests.helpers.job_states import add_dead, add_job, add_worker
@@ -208,6 +208,33 @@ def test_purge_counts_first_then_deletes(
     with engine.connect() as conn:
         left = set(conn.execute(select(j.id)).scalars())
     assert left == {jobs[k] for k in ("queued", "scheduled", "running", "dead2")}
+
+
+def test_the_age_fields_show_an_example_not_a_seeming_default(client: TestClient) -> None:
+    for path, example in [
+        ("/purge", "an age, required: for example 7d, 12h or 30m"),
+        ("/jobs", "for example 2h or 1d; empty: any age"),
+    ]:
+        html = client.get(path).text
+        assert "placeholder" not in html, path
+        assert example in html, path
+        (form,) = [f for f in forms(html, "get") if f.action == path]
+        assert form.fields["older_than"] == ""  # nothing is filled in for you
+
+
+def test_the_overview_links_to_its_next_page_of_queues(
+    read_only_client: TestClient, jobs: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reads, "QUEUES_SHOWN", 1)
+    first = read_only_client.get("/").text
+    assert "2 queues, 1 on this page (emails to emails)" in first
+    (more,) = [link for link in links(first) if "queues_after=" in link]
+    second = read_only_client.get(more).text
+    assert 'href="/jobs?queue=reports"' in second
+    assert 'href="/jobs?queue=emails"' not in second
+    assert not [link for link in links(second) if "queues_after=" in link]
+    refused = read_only_client.get("/", params={"queues_after": "q" * 65})
+    assert refused.status_code == 400
 
 
 def test_pause_and_resume_a_queue_from_the_overview(

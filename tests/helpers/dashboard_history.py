@@ -33,7 +33,10 @@ _FINISHED = sa.text(
     """
 INSERT INTO sa_jobqueue_jobs (queue, task, payload, status, attempts, visible_at, created_at,
                               started_at, finished_at, last_error)
-SELECT (ARRAY['default', 'emails', 'reports'])[1 + mod(n, 3)], 'app.task_' || mod(n, 10),
+-- The three queues the pages name, then queue_3, queue_4 and so on.
+SELECT (CASE WHEN mod(n, :queues) < 3
+       THEN (ARRAY['default', 'emails', 'reports'])[1 + mod(n, :queues)]
+       ELSE 'queue_' || mod(n, :queues) END), 'app.task_' || mod(n, 10),
        jsonb_build_object('n', n, 'note', 'a payload of a few dozen bytes'),
        CASE WHEN mod(n, 100) < 96 THEN 'succeeded'
             WHEN mod(n, 100) < 99 THEN 'dead' ELSE 'cancelled' END,
@@ -48,7 +51,10 @@ FROM generate_series(1, :finished) AS n,
 _BACKLOG = sa.text(
     """
 INSERT INTO sa_jobqueue_jobs (queue, task, payload, status, attempts, started_at, visible_at)
-SELECT (ARRAY['default', 'emails', 'reports'])[1 + mod(n, 3)], 'app.task_' || mod(n, 10),
+-- The three queues the pages name, then queue_3, queue_4 and so on.
+SELECT (CASE WHEN mod(n, :queues) < 3
+       THEN (ARRAY['default', 'emails', 'reports'])[1 + mod(n, :queues)]
+       ELSE 'queue_' || mod(n, :queues) END), 'app.task_' || mod(n, 10),
        jsonb_build_object('n', n),
        CASE WHEN mod(n, 20) = 0 THEN 'running' ELSE 'queued' END,
        CASE WHEN mod(n, 20) = 0 THEN 1 ELSE 0 END,
@@ -61,6 +67,7 @@ FROM generate_series(1, :backlog) AS n
 #: The pages visited: {mid} is a job id in the middle of the history, {dead} a dead job's id.
 PAGES = [
     "/",
+    "/?queues_after=queue_5000",
     "/jobs",
     "/jobs?after={mid}",
     "/jobs?before={mid}",
@@ -71,9 +78,22 @@ PAGES = [
     "/jobs?status=queued&status=running&order=oldest",
     "/jobs?status=queued&queue=reports",
     "/jobs?queue=emails",
+    "/jobs?queue=queue_1234",
     "/jobs?status=succeeded&task=app.task_3",
     "/jobs?task=app.no_such_task",
     "/jobs?older_than=2h",
+    "/jobs?older_than=1d",
+    "/jobs?older_than=1d&order=oldest",
+    "/jobs?order=oldest",
+    "/jobs?queue=emails&order=oldest",
+    "/jobs?status=succeeded&order=oldest",
+    "/jobs?status=queued&order=oldest",
+    "/jobs?status=queued&order=oldest&limit=10",
+    "/jobs?status=running&order=oldest",
+    "/jobs?status=queued&queue=reports&order=oldest",
+    "/jobs?status=dead&queue=emails&order=oldest",
+    "/jobs?status=cancelled",
+    "/jobs?status=waiting",
     "/jobs/{dead}",
     "/jobs/{dead}/payload.json",
     "/periodic",
@@ -84,12 +104,20 @@ PAGES = [
 
 
 def fill(
-    engine: sa.Engine, finished: int, backlog: int = 200, spacing: float = 1.0
+    engine: sa.Engine,
+    finished: int,
+    backlog: int = 200,
+    spacing: float = 1.0,
+    queues: int = 3,
 ) -> dict[str, int]:
-    """Write the history and the backlog, then VACUUM ANALYZE; the ids :data:`PAGES` need."""
+    """Write the history and the backlog, then VACUUM ANALYZE; the ids :data:`PAGES` need.
+
+    ``spacing`` seconds apart, the history spans ``finished * spacing`` seconds up to now;
+    its jobs (and the backlog's) go round ``queues`` queues.
+    """
     with engine.begin() as conn:
-        conn.execute(_FINISHED, {"finished": finished, "spacing": spacing})
-        conn.execute(_BACKLOG, {"backlog": backlog})
+        conn.execute(_FINISHED, {"finished": finished, "spacing": spacing, "queues": queues})
+        conn.execute(_BACKLOG, {"backlog": backlog, "queues": queues})
         jobs = sa.table(JOBS, sa.column("id"), sa.column("status"))
         dead = conn.execute(
             sa.select(sa.func.max(jobs.c.id)).where(jobs.c.status == "dead")
@@ -148,13 +176,16 @@ def reads_jobs(statement: str) -> bool:
 
 PAGE_NAMES = {
     "/": "Overview",
+    "/?queues_after=queue_5000": "Overview, the queues after queue_5000",
     "/periodic": "Periodic schedules",
     "/jobs/{dead}": "A job",
     "/jobs/{dead}/payload.json": "A job's payload",
 }
 
 
-def _measure(url: URL, finished: int, rounds: int) -> None:
+def _measure(
+    url: URL, finished: int, rounds: int, *, backlog: int, queues: int, spacing: float
+) -> None:
     from starlette.testclient import TestClient
 
     from sa_jobqueue.database import create_engine
@@ -163,12 +194,12 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
     from tests.helpers.databases import drop_database, recreate_database
     from tests.helpers.pages import LOCAL
 
-    name = "sajq_dashboard_timings"
+    name = f"sajq_dashboard_timings_{queues}"
     engine = create_engine(recreate_database(url, name))
     try:
         upgrade(engine)
         started = time.perf_counter()
-        ids = fill(engine, finished, spacing=0.6)
+        ids = fill(engine, finished, backlog, spacing, queues)
         filled = time.perf_counter() - started
         with engine.connect() as conn:
             version = conn.execute(sa.text("SHOW server_version")).scalar_one()
@@ -204,7 +235,9 @@ def _measure(url: URL, finished: int, rounds: int) -> None:
                     f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms"
                     f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
                 )
-        _page(version, size, counts, filled, rounds, rows, (load, os.getloadavg()[0]))
+        spread = finished * spacing / 86_400
+        shape = (version, size, counts, queues, spread, filled)
+        _page(shape, rounds, rows, (load, os.getloadavg()[0]))
         with engine.connect() as conn:
             # As the pages run them: page_settings() asks for no parallel workers.
             conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
@@ -235,14 +268,12 @@ def _wrapped(statement: str) -> str:
 
 
 def _page(
-    version: str,
-    size: str,
-    counts: dict[str, int],
-    filled: float,
+    shape: tuple[str, str, dict[str, int], int, float, float],
     rounds: int,
     rows: list[str],
     load: tuple[float, float],
 ) -> None:
+    version, size, counts, queues, spread, filled = shape
     done = ("succeeded", "dead", "cancelled")
     finished = sum(counts.get(s, 0) for s in done)
     described = ", ".join(f"{counts.get(s, 0):,} {s}" for s in done)
@@ -250,8 +281,9 @@ def _page(
     print(f"""# Dashboard queries and their plans
 
 What each page of the [dashboard](../how-to/dashboard.md) sends to PostgreSQL, and how the
-server runs it on a jobs table of {finished:,} finished jobs ({described})
-and {live:,} queued or running, {size} with its indexes, written in {filled:.0f} s by
+server runs it on a jobs table of {finished:,} finished jobs ({described}),
+created over {spread:.1f} days, and {live:,} queued or running, in {queues:,} queues and ten
+tasks, {size} with its indexes, written in {filled:.0f} s by
 `INSERT ... SELECT generate_series` into a scratch database that the command creates and
 drops:
 
@@ -263,8 +295,10 @@ python -m tests.helpers.dashboard_history \\
 
 PostgreSQL {version.split()[0]}, on two CPU cores shared with other work (load average
 {load[0]:.1f} when the timings began, {load[1]:.1f} when they ended). Every read of the
-jobs table goes through an index (a test, `tests/acceptance/test_web_plans.py`, explains each one on
-a smaller history and fails on a scan of the table).
+jobs table goes through an index and looks at a bounded part of it: a test,
+`tests/acceptance/test_web_plans.py`, runs each one under `EXPLAIN ANALYZE` on a smaller
+history and fails on a scan of the table, or on a statement that looks at more rows than a
+window of ids or one click's batch.
 
 ## Page timings
 
@@ -289,11 +323,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--database-url", required=True, help="a server to create a database on")
     parser.add_argument("--rows", type=int, default=1_000_000, help="finished jobs (1,000,000)")
+    parser.add_argument("--backlog", type=int, default=20_000, help="queued/running (20,000)")
+    parser.add_argument("--queues", type=int, default=3, help="queues the jobs go round (3)")
+    parser.add_argument(
+        "--spacing", type=float, default=0.7, help="seconds between finished jobs (0.7)"
+    )
     parser.add_argument("--rounds", type=int, default=20, help="requests timed per page (20)")
     args = parser.parse_args()
     from sa_jobqueue.database import normalise_url
 
-    _measure(normalise_url(args.database_url), args.rows, args.rounds)
+    _measure(
+        normalise_url(args.database_url),
+        args.rows,
+        args.rounds,
+        backlog=args.backlog,
+        queues=args.queues,
+        spacing=args.spacing,
+    )
 
 
 if __name__ == "__main__":

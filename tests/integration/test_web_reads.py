@@ -81,6 +81,25 @@ def test_overview_counts_each_queue_and_charts_its_last_hour(conn: sa.Connection
     assert [f.check for f in overview.findings][:3] == ["schema", "workers", "backlog"]
 
 
+def test_the_overview_shows_a_page_of_queues_by_name(
+    conn: sa.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reads, "QUEUES_SHOWN", 2)
+    for name in ("pq-d", "pq-a", "pq-c", "pq-b", "pq-e"):
+        add_job(conn, queue=name)
+    add_job(conn, queue="pq-c", status="succeeded", attempts=1, finished_ago=30)
+
+    first = read_overview(conn, Thresholds(), "pq-")
+    assert [q.name for q in first.queues] == ["pq-a", "pq-b"]
+    assert first.next_queues == "pq-b"
+    second = read_overview(conn, Thresholds(), first.next_queues)
+    assert [q.name for q in second.queues] == ["pq-c", "pq-d"]
+    assert second.queues[0].finished == {"succeeded": 1, "dead": 0, "cancelled": 0}
+    assert second.total_queues == first.total_queues >= 5
+    last = read_overview(conn, Thresholds(), "pq-d")
+    assert [q.name for q in last.queues][:1] == ["pq-e"]
+
+
 # -- the jobs list -------------------------------------------------------------------------------
 
 
@@ -161,6 +180,52 @@ def test_a_rare_filter_searches_a_window_of_ids_per_page(
     assert ([j.id for j in oldest.jobs], oldest.next_after) == ([ids[1]], ids[1])
     # A filter that a partial index serves (queued jobs: the claim index) reads no window.
     assert read_jobs(conn, JobFilter(queue="win", statuses=("queued",), limit=20)).searched is None
+
+
+def test_created_over_a_day_ago_finds_jobs_however_far_below_the_newest(
+    conn: sa.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four ids a page here, as 50,000 at a million jobs: the old jobs lie far below the
+    # newest ids, where a window read from the top never reached (the page said "No jobs").
+    monkeypatch.setattr(_reads, "SCAN_WINDOW", 4)
+    day = 86_400
+    old = [add_job(conn, queue="aged", task="t", created_ago=2 * day + n) for n in (3, 2, 1)]
+    for _ in range(12):
+        add_job(conn, queue="aged", task="t")  # created now, with higher ids
+
+    newest = read_jobs(conn, JobFilter(task="t", queue="aged", older_than=timedelta(days=1)))
+    assert [j.id for j in newest.jobs] == old[::-1]
+    oldest = read_jobs(
+        conn, JobFilter(queue="aged", older_than=timedelta(days=1), order="oldest", limit=2)
+    )
+    assert [j.id for j in oldest.jobs] == old[:2]
+    rest = read_jobs(
+        conn,
+        JobFilter(queue="aged", older_than=timedelta(days=1), order="oldest", after=old[1]),
+    )
+    # Past the last job created before the boundary, there is no page to look on for.
+    assert ([j.id for j in rest.jobs], rest.next_after, rest.searched) == ([old[2]], None, None)
+    none = read_jobs(conn, JobFilter(queue="aged", older_than=timedelta(days=3)))
+    assert (none.jobs, none.next_after, none.searched) == ([], None, None)
+
+
+def test_oldest_live_jobs_come_first_behind_any_history(conn: sa.Connection) -> None:
+    history = [add_job(conn, queue="hist", status="succeeded", attempts=1) for _ in range(5)]
+    live = [add_job(conn, queue="hist") for _ in range(3)]
+    running = add_job(conn, queue="hist", status="running", attempts=1, started_ago=1)
+
+    both = ("queued", "running")
+    page = read_jobs(conn, JobFilter(queue="hist", statuses=both, order="oldest", limit=2))
+    assert ([j.id for j in page.jobs], page.next_after) == (live[:2], live[1])
+    rest = read_jobs(
+        conn, JobFilter(queue="hist", statuses=both, order="oldest", limit=2, after=live[1])
+    )
+    assert ([j.id for j in rest.jobs], rest.next_after) == ([live[2], running], None)
+    back = read_jobs(conn, JobFilter(queue="hist", statuses=both, order="oldest", before=live[2]))
+    assert [j.id for j in back.jobs] == live[:2]
+    newest = read_jobs(conn, JobFilter(queue="hist", statuses=("queued",), limit=2))
+    assert [j.id for j in newest.jobs] == live[:0:-1]
+    assert history[-1] < live[0]
 
 
 # -- one job ---------------------------------------------------------------------------------------
