@@ -95,7 +95,7 @@ class Runner:
             else:
                 pending.add_done_callback(functools.partial(self._finished_async, ticket))
             return
-        lane.ready.put(ticket)
+        lane.put(ticket)
 
     def _finished(self, ticket: Ticket) -> None:
         if self._leases.let_go(ticket):
@@ -110,7 +110,7 @@ class Runner:
         while True:
             try:
                 # With a group open, do not sit on its row locks waiting for work.
-                ticket = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
+                ticket = lane.next_ticket(timeout=GROUP_IDLE if here.group else None)
             except Empty:
                 self._groups.commit(here)
                 continue
@@ -124,7 +124,7 @@ class Runner:
                 self._execute(ticket.job, here)
                 # Commit before the job counts as finished: a burst ends once nothing runs,
                 # and what the group's jobs wrote (jobs they enqueued) must be in by then.
-                if here.group is not None and (here.group.due or lane.ready.empty()):
+                if here.group is not None and (here.group.due or lane.buffer_empty):
                     self._groups.commit(here)
             finally:
                 self._finished(ticket)
@@ -349,10 +349,8 @@ class Runner:
         Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
         one job's database round trip never stalls the other handlers on the loop.
         """
-        if lane.async_slots is None:
-            lane.async_slots = asyncio.Semaphore(lane.concurrency)
         try:
-            async with lane.async_slots:
+            async with lane.async_slots():
                 if self._stopping.is_set():
                     # Shutting down before it could start: back to the queue uncounted, as
                     # a buffered sync job is.

@@ -147,7 +147,7 @@ def run(
         claimed(ids)
     for job in sorted((Claimed.of(row) for row in rows), key=lambda j: ids.index(j.id)):
         runner.submit(lane, job)
-    lane.ready.put(None)
+    lane.finish_threads()  # one thread: it ends once it has run them all
     runner.thread(lane)  # runs them all, then ends
     recorder.close()
     assert lane.held == 0
