@@ -86,8 +86,9 @@ class Completer:
         # Completions added and not yet written (or failed): see :meth:`pending`.
         self._in_flight = 0
         self._on_flushed = on_flushed
-        self._thread = threading.Thread(target=self._loop, name="sa_jobqueue-completer")
-        self._thread.daemon = True
+        self._thread = threading.Thread(
+            target=self._loop, name="sa_jobqueue-completer", daemon=True
+        )
         self._thread.start()
 
     def add(self, job_id: int, attempt: int) -> None:

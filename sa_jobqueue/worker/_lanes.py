@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._claimed import Claimed
     from ._leases import Ticket
+
+#: Takes a claimed attempt into a lane: to the event loop, or into the lane's buffer.
+Submit = Callable[["Lane", "Claimed"], None]
 
 #: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
 #: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
@@ -189,3 +194,29 @@ class Lane:
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self.concurrency)
         return self._async_slots
+
+
+class Intake:
+    """Where claimed jobs go to run: the runner's ``submit``, attached by the runner itself.
+
+    The one forward reference among the worker's collaborators, and why it cannot be undone
+    by building them in another order: the runner writes each outcome through the recorder,
+    and the recorder's batched completions claim the next jobs of a limited queue
+    (``HandOff``), which the runner must then run. So the hand-off, built before the recorder
+    and the runner, takes this port in its constructor, and the runner attaches to it in its
+    own. Nothing is claimed before both exist; a job submitted earlier is a bug, and raises.
+    """
+
+    def __init__(self) -> None:
+        self._submit: Submit | None = None
+
+    def attach(self, submit: Submit) -> None:
+        """The runner is built: from now on, jobs go to ``submit`` (once only)."""
+        if self._submit is not None:
+            raise RuntimeError("a runner is attached to this intake already")
+        self._submit = submit
+
+    def __call__(self, lane: Lane, job: Claimed) -> None:
+        if self._submit is None:
+            raise RuntimeError(f"job {job.id} claimed before a runner was attached")
+        self._submit(lane, job)

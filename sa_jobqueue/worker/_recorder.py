@@ -30,7 +30,6 @@ from ..models import CANCELLED, DEAD
 from ..observability import JobRun, Observers
 from ..tasks import Backoff, Retry, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
-from ._claimer import HandOff
 from ._completer import Completer, retry_with_backoff
 from ._sessions import HandlerSession, deadline
 from ._settlement import (
@@ -48,6 +47,8 @@ from ._settlement import (
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+
+    from ._claimer import HandOff
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -155,12 +156,16 @@ class Recorder:
     """Writes verdicts, each with its fenced statement, on the worker's own connections.
 
     Owns the :class:`Completer` that batches completions; :meth:`close` flushes it.
+    ``handoff``, if given, claims the successors of batched completions that held slots of a
+    limited queue, in the batch's own statement.
     """
 
     def __init__(
         self,
         single: Engine,
         reports: Reports,
+        *,
+        handoff: HandOff | None = None,
         on_flushed: Callable[[], None] | None = None,
         clock: StopClock | None = None,
     ) -> None:
@@ -168,8 +173,8 @@ class Recorder:
         self._clock = clock
         self.reports = reports
         self._batch_conn = HeldConnection(single)  # the completer thread's alone
-        #: Set by the worker: completes jobs holding slots and claims their successors at once.
-        self.handoff: HandOff | None = None
+        # Completes jobs holding slots and claims their successors at once.
+        self._handoff = handoff
         #: The results waiting for their attempts' completions.
         self.results = HeldResults()
         # The queue of each slot-holding attempt whose completion waits for its batch.
@@ -266,10 +271,10 @@ class Recorder:
             with self._slots_lock:
                 freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
         results = self.results.take_many(batch)
-        if freed and self.handoff is not None:
+        if freed and self._handoff is not None:
             queue, n = freed.most_common(1)[0]
             try:
-                return self.handoff.complete(self._batch_conn, batch, results, queue, n)
+                return self._handoff.complete(self._batch_conn, batch, results, queue, n)
             except SQLAlchemyError as exc:  # completed below, without the claim
                 log.warning("completing and claiming in one failed: %s", one_line(exc))
         rows = self._batch_conn.rows(

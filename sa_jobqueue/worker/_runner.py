@@ -32,7 +32,7 @@ from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, supervised
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
-from ._lanes import Lane
+from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
@@ -66,6 +66,7 @@ class Runner:
         loop: EventLoopThread | None,
         stopping: threading.Event,
         wake: threading.Event,
+        intake: Intake,
     ) -> None:
         self._queue = queue
         self._engine = engine
@@ -81,6 +82,7 @@ class Runner:
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
+        intake.attach(self.submit)  # the port the recorder's hand-off submits through
 
     def submit(self, lane: Lane, job: Claimed) -> None:
         """Take a claimed attempt: to the event loop, or into the lane's buffer for a thread."""

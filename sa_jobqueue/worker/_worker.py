@@ -27,7 +27,7 @@ from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._event_loop import EventLoopThread
 from ._groups import Groups
 from ._heartbeat import Heartbeat
-from ._lanes import Lane
+from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
 from ._recorder import Recorder, Reports, retrying
@@ -191,11 +191,18 @@ class Worker:
         )
         self._leases = LeaseTable(burst=burst)
 
+        # Each collaborator gets what it needs in its constructor. The one cycle (the runner
+        # records through the recorder, whose hand-off claims jobs for the runner) goes
+        # through ``intake``, which the runner attaches to as it is built (see Intake).
+        intake = Intake()
+        limits = LimitedQueues(self._claimer)
+        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
         # In a burst, a written completion may make more work due (a job that waited for it):
         # the claim loop looks again once the completions are written, rather than stop.
         recorder = Recorder(
             self._single,
             Reports(self._observe),
+            handoff=HandOff(self.name, limits, lanes, intake, self._stopping),
             on_flushed=self._wake.set if burst else None,
             clock=self._clock,
         )
@@ -211,10 +218,8 @@ class Worker:
             loop=loop,
             stopping=self._stopping,
             wake=self._wake,
+            intake=intake,
         )
-        limits = LimitedQueues(self._claimer)
-        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
-        recorder.handoff = HandOff(self.name, limits, lanes, runner.submit, self._stopping)
         claims = ClaimLoop(
             [
                 LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit, limits)

@@ -16,7 +16,7 @@ from sa_jobqueue.observability import Observers
 from sa_jobqueue.ops.admin import cancel_job
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups
-from sa_jobqueue.worker._lanes import Lane
+from sa_jobqueue.worker._lanes import Intake, Lane
 from sa_jobqueue.worker._leases import LeaseTable
 from sa_jobqueue.worker._recorder import Recorder, Reports
 from sa_jobqueue.worker._runner import Runner
@@ -137,6 +137,7 @@ def run(
         loop=None,
         stopping=stopping,
         wake=wake,
+        intake=Intake(),
     )
     lane = Lane(["default"], 1, len(tasks))
     with db.begin() as conn:
