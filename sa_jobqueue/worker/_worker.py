@@ -30,7 +30,9 @@ from ._heartbeat import Heartbeat
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
-from ._recorder import Recorder, Reports, retrying
+from ._recorder import Recorder
+from ._reports import Reports
+from ._retries import retrying
 from ._runner import Runner
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
