@@ -36,7 +36,7 @@ from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
-from ._settlement import ABANDON, Complete, UnstorableResult, settle
+from ._settlement import ABANDON, Complete, UnstorableResult, settle, shutting_down
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -95,16 +95,13 @@ class Runner:
             if pending is None:
                 self._finished(ticket)
             else:
-                pending.add_done_callback(functools.partial(self._finished_async, ticket))
+                pending.add_done_callback(lambda _: self._finished(ticket))
             return
         lane.put(ticket)
 
     def _finished(self, ticket: Ticket) -> None:
         if self._leases.let_go(ticket):
             self._wake.set()
-
-    def _finished_async(self, ticket: Ticket, _: Future[None]) -> None:
-        self._finished(ticket)
 
     def thread(self, lane: Lane) -> None:
         """A job thread: run a lane's claimed jobs one after another until told to finish."""
@@ -409,8 +406,3 @@ class Runner:
         finally:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
-
-
-def shutting_down(ctx: JobContext) -> bool:
-    """Whether the worker's shutdown, and nothing else, asked this attempt to stop."""
-    return ctx._shutdown and not ctx._stop
