@@ -36,8 +36,10 @@ class Lane:
     it. Who calls which: the lease table, under its lock, counts jobs in and out
     (:meth:`claimed`, :meth:`finished`, :meth:`round_ended`); the lane's claimer starts each
     round (:meth:`round_starts`); the runner moves jobs through the buffer (:meth:`put`,
-    :meth:`next_ticket`) and the worker ends its threads (:meth:`finish_threads`). Reads from other
-    threads are snapshots: a count read without the lease table's lock may be one off.
+    :meth:`next_ticket`), and the worker ends its threads (:meth:`finish_threads`). What it
+    does not promise: a read from another thread is a snapshot (a count read without the
+    lease table's lock may be one off), and the settings (``queues``, ``concurrency``,
+    ``kinds``) are not to be changed once it is built.
     """
 
     def __init__(

@@ -3,8 +3,8 @@
 One lock guards everything a job's way through the worker changes on more than one thread:
 the held attempts (what the heartbeat renews and times out), the tickets of claimed jobs (what
 shutdown waits for), each lane's count of held jobs (changed by the lane's own methods, called
-here), and the open groups. Each method is one
-short critical section, as each step of a job's way is; none does I/O.
+here under the lock), and the open groups. Each method is one short critical section, as each
+step of a job's way is; none does I/O.
 
 What it does not know: whether the database still agrees. An attempt held here may have lost
 its lease already; the heartbeat finds out at its next renewal, and the fence in every
