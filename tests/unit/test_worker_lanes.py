@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from queue import Empty
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from sa_jobqueue.worker import _lanes
-from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR, Lane
+from sa_jobqueue.worker._claimed import Claimed
+from sa_jobqueue.worker._lanes import PREFETCH_MAX_FACTOR, Intake, Lane
 from sa_jobqueue.worker._leases import Ticket
 
 
@@ -99,3 +101,16 @@ def test_the_buffer_hands_jobs_to_threads_then_tells_each_thread_to_finish() -> 
     assert lane.buffer_empty
     with pytest.raises(Empty):
         lane.next_ticket(timeout=0.01)
+
+
+def test_the_intake_passes_jobs_to_the_runner_attached_once() -> None:
+    intake, lane = Intake(), Lane(["a"], 1, 0)
+    job = cast(Claimed, SimpleNamespace(id=7))
+    with pytest.raises(RuntimeError, match="before a runner was attached"):
+        intake(lane, job)
+    taken: list[tuple[Lane, Claimed]] = []
+    intake.attach(lambda lane, job: taken.append((lane, job)))
+    intake(lane, job)
+    assert taken == [(lane, job)]
+    with pytest.raises(RuntimeError, match="already"):
+        intake.attach(lambda lane, job: None)
