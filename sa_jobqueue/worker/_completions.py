@@ -25,13 +25,16 @@ from .._deadlines import StopClock
 from .._error_text import one_line
 from .._sql import transitions
 from .._sql.fence import held_many
+from .._validation import encode_payload
 from ..database import HeldConnection
+from ..errors import PayloadError
+from ..tasks import Task
 from ._claimed import Claimed
 from ._completer import Completer
 from ._reports import Reports
 from ._retries import RECORD_RETRY
 from ._sessions import HandlerSession, deadline
-from ._settlement import Outcome
+from ._settlement import Outcome, UnstorableResult
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -50,8 +53,20 @@ class HeldResults:
     def __init__(self) -> None:
         self._held: dict[_Key, str] = {}
 
-    def hold(self, job: Claimed, text: str) -> None:
-        self._held[(job.id, job.attempts)] = text
+    def keep(self, job: Claimed, task: Task, value: object, max_bytes: int) -> None:
+        """A task that keeps results: hold what its handler returned, as JSON, for the
+        completion to store. A value payloads could not carry raises UnstorableResult (a
+        PayloadError; the job goes to dead at once, as no attempt could store it)."""
+        if task.keep_result:
+            try:
+                text = encode_payload(value, max_bytes=max_bytes)
+            except PayloadError as exc:
+                # Every message of encode_payload starts with "payload": here it is the result.
+                why = str(exc).removeprefix("payload")
+                raise UnstorableResult(
+                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
+                ) from None
+            self._held[(job.id, job.attempts)] = text
 
     def take(self, job_id: int, attempt: int) -> str | None:
         """The attempt's result, if it has one; forgotten here."""

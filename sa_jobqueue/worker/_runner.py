@@ -23,7 +23,6 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
 from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
 from ..observability import JobRun
@@ -36,7 +35,7 @@ from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
-from ._settlement import ABANDON, Complete, UnstorableResult, settle, shutting_down
+from ._settlement import ABANDON, Complete, settle, shutting_down
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -203,7 +202,7 @@ class Runner:
                 value = self._handler(task)(ctx, payload)
                 if ctx.session_used:
                     ctx.session.flush()
-            self._keep(job, task, value)
+            self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
         except Exception as exc:
             failure = exc
         self._ran(job, run, time.monotonic() - started)
@@ -222,21 +221,6 @@ class Runner:
         """:meth:`_handler` for an ``async def`` handler."""
         handler = cast(ProceedArun, task.handler)
         return arun_chain(self._queue.middleware, handler) if self._queue.middleware else handler
-
-    def _keep(self, job: Claimed, task: Task, value: object) -> None:
-        """A task that keeps results: hold what its handler returned, as JSON, for the
-        completion to store. A value payloads could not carry raises UnstorableResult (a
-        PayloadError; the job goes to dead at once, as no attempt could store it)."""
-        if task.keep_result:
-            try:
-                text = encode_payload(value, max_bytes=self._queue.max_payload_bytes)
-            except PayloadError as exc:
-                # Every message of encode_payload starts with "payload": here it is the result.
-                why = str(exc).removeprefix("payload")
-                raise UnstorableResult(
-                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
-                ) from None
-            self._recorder.results.hold(job, text)
 
     def _starting(self, job: Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
         """Just before a handler starts: arm its timeout, give the heartbeat its context."""
@@ -368,7 +352,7 @@ class Runner:
                         value = await supervised(self._ahandler(task)(ctx, payload), ctx)
                         if ctx.async_session_used:
                             await ctx.async_session.flush()
-                    self._keep(job, task, value)
+                    self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
                 except Exception as exc:
                     failure = exc
                 self._ran(job, run, time.monotonic() - started)
