@@ -9,17 +9,26 @@ one lane per queue with a concurrency each)::
         └────── NOTIFY from enqueue, or the jittered poll as the safety net
 
 :class:`Worker` only builds and wires the parts, each a class of its own that takes what it
-needs in its constructor (none inherits another). Their modules are internal, not a stable
-API:
+needs in its constructor (none inherits another, and nothing is wired in after construction).
+The one cycle, the runner recording through the recorder whose hand-off claims jobs for the
+runner, goes through a port (``_lanes.Intake``) the runner attaches to as it is built. Their
+modules are internal, not a stable API:
 
-- ``_claimer``: a ``LaneClaimer`` per lane, and the claim loop that paces them;
+- ``_lanes``: a ``Lane`` (queues sharing job threads and a claim buffer), the one owner of its
+  counts, buffer and adaptive size, changed only through its methods named for events
+  (claimed, finished, a claim round starting or ending);
+- ``_claimer``: a ``LaneClaimer`` per lane, the claim loop that paces them, and the
+  ``HandOff`` that claims a freed slot's next job in the completion's own statement;
 - ``_runner``: runs a claimed attempt on a job thread or the event loop (``_event_loop``), in
   the handler's session (``_sessions``) or its thread's group transaction (``_groups``);
 - ``_settlement``: the one pure function from how a handler ended to a verdict, and the
   outcome names observers see;
-- ``_recorder``: the one place each verdict is written, fenced, with the batched completions
-  of ``_completer``;
-- ``_leases``: the lease table, the one place that knows which attempts are still held;
+- ``_recorder``: the one place each verdict is written, fenced; successes through
+  ``_completions`` (with the handler's writes, a group's commit, or batched by
+  ``_completer``); ``_reports`` tells the observers, ``_retries`` tries statements again
+  through transient errors;
+- ``_leases``: the lease table, the one place that knows which attempts are still held (and
+  the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
 - ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN.
 

@@ -198,22 +198,15 @@ class LaneClaimer:
         all because the slots ran out first.
         """
         lane = self.lane
-        if lane.saturated and lane.held > lane.low_water:
+        if lane.above_low_water:
             # Work is waiting, but the buffer is still more than half full: a claim now would
             # bring only the few slots freed since the last one (for jobs that write, about 6
             # a claim instead of half the buffer). The lease table wakes the loop at low water.
             return True
-        # Only a round that starts once the buffer has run low says how fast jobs drain it; a
-        # NOTIFY or a poll that arrives while the buffer is still full says nothing.
-        if lane.held <= lane.low_water:
-            lane.adapt()
-            lane.filled_at = 0.0
-        n = len(lane.queues)
-        start, lane.rotation = lane.rotation, (lane.rotation + 1) % n
         more = False
         capped = False  # a queue at its cap: only a finished job can let more start
-        for queue in (lane.queues[(start + i) % n] for i in range(n)):
-            free = lane.capacity - lane.held
+        for queue in lane.round_starts():
+            free = lane.free
             if free <= 0:
                 more = True
                 break
@@ -223,7 +216,7 @@ class LaneClaimer:
                 # No buffer for a limited queue: a claimed job holds a slot of the cap (and
                 # its start counts against the rate) from the claim, so claim for idle
                 # threads only. A job that ends wakes the loop to claim again.
-                idle = lane.concurrency * lane.kinds - lane.held
+                idle = lane.idle
                 if idle <= 0:
                     capped = True
                     continue
@@ -238,13 +231,11 @@ class LaneClaimer:
                 if runnable(job):
                     self._submit(lane, job)
         self.capped = capped
-        if more and not lane.filled_at:
-            lane.filled_at = time.monotonic()
         # Tell the lease table whether a freed slot is worth waking the claim loop for. At a
         # queue's cap, one of this lane's own jobs ending frees a slot of the cap, so it wakes
         # the loop too; the round still says "nothing more" (no claiming again at once, no
         # spinning at the cap). A lane holding none of the queue's jobs waits for its poll.
-        self._leases.saturate(lane, more or capped)
+        self._leases.round_ended(lane, more, capped)
         return more
 
     def next_window(self) -> float | None:

@@ -19,14 +19,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from .._deadlines import StopClock
 from .._error_text import one_line
+from ._retries import retry_with_backoff
 
 log = logging.getLogger("sa_jobqueue.worker")
-
-T = TypeVar("T")
 
 #: Completions flushed at most this long after the first of a batch arrived (seconds). Short
 #: next to any lease, long next to a statement's round trip.
@@ -35,10 +33,6 @@ MAX_DELAY = 0.005
 BATCH_SIZE = 1_000
 #: Completions waiting at most; a handler thread blocks beyond it (backpressure).
 MAX_PENDING = 10_000
-#: A batch whose statement failed is tried again after this long (seconds), the wait doubling
-#: up to RETRY_CAP: a brief outage (a restart, "too many clients") costs no job a second run.
-RETRY_FIRST = 0.05
-RETRY_CAP = 1.0
 
 
 #: Completes a batch of ``(job id, attempt)`` pairs (fenced); the job ids that matched.
@@ -86,8 +80,9 @@ class Completer:
         # Completions added and not yet written (or failed): see :meth:`pending`.
         self._in_flight = 0
         self._on_flushed = on_flushed
-        self._thread = threading.Thread(target=self._loop, name="sa_jobqueue-completer")
-        self._thread.daemon = True
+        self._thread = threading.Thread(
+            target=self._loop, name="sa_jobqueue-completer", daemon=True
+        )
         self._thread.start()
 
     def add(self, job_id: int, attempt: int) -> None:
@@ -221,36 +216,3 @@ class Completer:
         finally:
             if not self._flowing.is_set():
                 self._flowing.set()
-
-
-def retry_with_backoff(
-    write: Callable[[], T],
-    window: float,
-    retryable: Callable[[Exception], bool],
-    on_first_failure: Callable[[Exception], None],
-    clock: StopClock | None = None,
-) -> T:
-    """Run ``write`` (safe to repeat), again after a retryable error with a backoff from
-    RETRY_FIRST doubling to RETRY_CAP, for up to ``window`` seconds (and no later than a
-    stopping worker must be gone, by ``clock``); then raise.
-
-    The window opens at the first failure, which may itself have taken a whole statement
-    deadline (a connection gone silent): counted from the start, it could leave no retry.
-    ``on_first_failure`` is told of that failure once, if it is retryable.
-    """
-    give_up: float | None = None
-    delay = RETRY_FIRST
-    while True:
-        try:
-            return write()
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            if give_up is None:
-                give_up = time.monotonic() + window
-                on_first_failure(exc)
-            until = give_up if clock is None else min(give_up, clock.until)
-            if time.monotonic() + delay > until:
-                raise
-        time.sleep(delay)  # backoff between tries, not synchronisation
-        delay = min(delay * 2, RETRY_CAP)

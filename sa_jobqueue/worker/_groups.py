@@ -179,7 +179,7 @@ class Groups:
             if jobs:
                 self._recorder.unrecorded(jobs, exc)
             return
-        if here.lane.ready.empty():
+        if here.lane.buffer_empty:
             drop_connection(here)  # else keep it for the next group: work is waiting
         self._leases.forget(jobs)
         if len(done) == len(jobs):

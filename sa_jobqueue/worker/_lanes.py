@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._claimed import Claimed
     from ._leases import Ticket
+
+#: Takes a claimed attempt into a lane: to the event loop, or into the lane's buffer.
+Submit = Callable[["Lane", "Claimed"], None]
 
 #: The adaptive claim buffer (no explicit prefetch) grows while a full buffer drains faster
 #: than PREFETCH_FAST seconds, shrinks while it takes longer than PREFETCH_SLOW, and stays
@@ -23,48 +28,197 @@ class Lane:
 
     A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
     queue: each then claims into its own threads and buffer, and a busy queue cannot take the
-    threads of another. ``held`` and ``saturated`` change only under the lease table's lock.
+    threads of another. ``kinds`` is 2 when async handlers run on the event loop beside sync
+    ones on threads: each kind gets the room of a whole lane, so one kind cannot fill the
+    other's slots.
+
+    The lane's state changes only through its methods, each named for the event that changes
+    it. Who calls which: the lease table, under its lock, counts jobs in and out
+    (:meth:`claimed`, :meth:`finished`, :meth:`round_ended`); the lane's claimer starts each
+    round (:meth:`round_starts`); the runner moves jobs through the buffer (:meth:`put`,
+    :meth:`next_ticket`), and the worker ends its threads (:meth:`finish_threads`). What it
+    does not promise: a read from another thread is a snapshot (a count read without the
+    lease table's lock may be one off), and the settings (``queues``, ``concurrency``,
+    ``kinds``) are not to be changed once it is built.
     """
 
-    def __init__(self, queues: list[str], concurrency: int, prefetch: int | None) -> None:
+    def __init__(
+        self, queues: list[str], concurrency: int, prefetch: int | None, kinds: int = 1
+    ) -> None:
         self.queues = queues
         self.concurrency = concurrency
+        self.kinds = kinds
         # Jobs claimed ahead of free threads, so that one claim brings a batch. Left unset,
         # the buffer adapts: it doubles while jobs drain it within PREFETCH_FAST (short jobs:
         # fewer, larger claims) and halves while they take longer than PREFETCH_SLOW (long
         # jobs: do not sit on work another worker could start).
         self.adaptive = prefetch is None
-        self.prefetch = concurrency if prefetch is None else prefetch
+        self._prefetch = concurrency if prefetch is None else prefetch
         self.max_prefetch = PREFETCH_MAX_FACTOR * concurrency
-        self.filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
-        self.saturated = False  # the last claim left work behind
-        self.rotation = 0
-        self.held = 0  # claimed and not finished
-        # 2 when async handlers run on the event loop beside sync ones on threads: each kind
-        # gets the room of a whole lane, so one kind cannot fill the other's slots.
-        self.kinds = 1
+        self._filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
+        self._saturated = False  # the last claim left work behind
+        self._rotation = 0
+        self._held = 0  # claimed and not finished
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
-        self.ready: SimpleQueue[Ticket | None] = SimpleQueue()
+        self._ready: SimpleQueue[Ticket | None] = SimpleQueue()
         # How many of the lane's async handlers run at once (made on the event loop).
-        self.async_slots: asyncio.Semaphore | None = None
+        self._async_slots: asyncio.Semaphore | None = None
+
+    # -- what it holds ------------------------------------------------------------------------
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs claimed ahead of free threads, at most (an adaptive buffer's current size)."""
+        return self._prefetch
+
+    @property
+    def held(self) -> int:
+        """Jobs claimed and not finished: running, or waiting in the buffer."""
+        return self._held
+
+    @property
+    def saturated(self) -> bool:
+        """Whether the last claim round left work behind (or found a queue at its cap)."""
+        return self._saturated
 
     @property
     def capacity(self) -> int:
         """Jobs the lane holds at most: running, plus claimed and waiting for a thread."""
-        return (self.concurrency + self.prefetch) * self.kinds
+        return (self.concurrency + self._prefetch) * self.kinds
 
     @property
     def low_water(self) -> int:
         """Jobs held when the next claim goes out: the buffer is half empty, so the claim's
         round trip overlaps with the other half running, and each claim brings a batch."""
-        return self.capacity - self.prefetch * self.kinds // 2
+        return self.capacity - self._prefetch * self.kinds // 2
 
-    def adapt(self) -> None:
+    @property
+    def free(self) -> int:
+        """Slots a claim may fill now: threads and buffer (negative if the buffer shrank)."""
+        return self.capacity - self._held
+
+    @property
+    def idle(self) -> int:
+        """Threads with no job, claimed or running (a limited queue claims for these only)."""
+        return self.concurrency * self.kinds - self._held
+
+    @property
+    def above_low_water(self) -> bool:
+        """Work was left behind, but the buffer is still more than half full: a claim now
+        would bring only the few slots freed since the last one."""
+        return self._saturated and self._held > self.low_water
+
+    @property
+    def ran_low(self) -> bool:
+        """Work was left behind and the lane is down to its low water mark: its next claim
+        brings a batch."""
+        return self._saturated and self._held <= self.low_water
+
+    # -- the claim round (the claim loop's thread) --------------------------------------------
+
+    def round_starts(self) -> list[str]:
+        """A claim round starts: the lane's queues in the order to ask them.
+
+        Each round starts one queue further on, so that no queue always goes first. Only a
+        round that starts once the buffer has run low says how fast jobs drain it (a NOTIFY
+        or a poll that arrives while the buffer is still full says nothing): then an adaptive
+        buffer is resized, and timed afresh from the next claim that fills it.
+        """
+        if self._held <= self.low_water:
+            self._adapt()
+            self._filled_at = 0.0
+        n = len(self.queues)
+        start, self._rotation = self._rotation, (self._rotation + 1) % n
+        return [self.queues[(start + i) % n] for i in range(n)]
+
+    def _adapt(self) -> None:
         """Resize an adaptive buffer from how fast the last full one drained."""
-        if not self.adaptive or not self.filled_at:
+        if not self.adaptive or not self._filled_at:
             return
-        drained_in = time.monotonic() - self.filled_at
+        drained_in = time.monotonic() - self._filled_at
         if drained_in < PREFETCH_FAST:
-            self.prefetch = min(max(self.prefetch * 2, 1), self.max_prefetch)
+            self._prefetch = min(max(self._prefetch * 2, 1), self.max_prefetch)
         elif drained_in > PREFETCH_SLOW:
-            self.prefetch = max(self.prefetch // 2, 1)
+            self._prefetch = max(self._prefetch // 2, 1)
+
+    # -- counted in and out (the lease table's lock held) -------------------------------------
+
+    def claimed(self) -> None:
+        """A job was claimed into the lane."""
+        self._held += 1
+
+    def finished(self, *, wake_always: bool) -> bool:
+        """A job is done with its slot (or never got one); whether to wake the claim loop.
+
+        A freed slot only matters if the last claim left work behind, and then once the
+        buffer has run low, so the next claim brings a batch; ``wake_always`` (a burst, which
+        must notice when the last job is done) wakes at every one. A wake answers the work
+        left behind: until the next round says otherwise, the lane is not saturated.
+        """
+        self._held -= 1
+        wake = wake_always or self.ran_low
+        if wake:
+            self._saturated = False
+        return wake
+
+    def round_ended(self, more: bool, capped: bool) -> None:
+        """A claim round ended: ``more`` if it left work behind, ``capped`` if a queue was at
+        its cap. Either way a freed slot is worth waking the claim loop for; only ``more``
+        starts the clock on how fast the full buffer drains."""
+        if more and not self._filled_at:
+            self._filled_at = time.monotonic()
+        self._saturated = more or capped
+
+    # -- the buffer between the claim and the job threads -------------------------------------
+
+    def put(self, ticket: Ticket) -> None:
+        """A claimed job waits in the buffer for one of the lane's threads."""
+        self._ready.put(ticket)
+
+    def next_ticket(self, timeout: float | None = None) -> Ticket | None:
+        """The next job for a thread (None: the thread is to finish), waiting up to
+        ``timeout`` seconds (None: for ever); raises ``queue.Empty`` if none came."""
+        return self._ready.get(timeout=timeout)
+
+    @property
+    def buffer_empty(self) -> bool:
+        """Whether no claimed job waits for a thread (a snapshot)."""
+        return self._ready.empty()
+
+    def finish_threads(self) -> None:
+        """Tell each of the lane's threads to finish once the jobs ahead of it are taken."""
+        for _ in range(self.concurrency):
+            self._ready.put(None)
+
+    def async_slots(self) -> asyncio.Semaphore:
+        """Up to the lane's concurrency of its async handlers at once (call on the event loop,
+        which the semaphore is made on)."""
+        if self._async_slots is None:
+            self._async_slots = asyncio.Semaphore(self.concurrency)
+        return self._async_slots
+
+
+class Intake:
+    """Where claimed jobs go to run: the runner's ``submit``, attached by the runner itself.
+
+    The one forward reference among the worker's collaborators, and why it cannot be undone
+    by building them in another order: the runner writes each outcome through the recorder,
+    and the recorder's batched completions claim the next jobs of a limited queue
+    (``HandOff``), which the runner must then run. So the hand-off, built before the recorder
+    and the runner, takes this port in its constructor, and the runner attaches to it in its
+    own. Nothing is claimed before both exist; a job submitted earlier is a bug, and raises.
+    """
+
+    def __init__(self) -> None:
+        self._submit: Submit | None = None
+
+    def attach(self, submit: Submit) -> None:
+        """The runner is built: from now on, jobs go to ``submit`` (once only)."""
+        if self._submit is not None:
+            raise RuntimeError("a runner is attached to this intake already")
+        self._submit = submit
+
+    def __call__(self, lane: Lane, job: Claimed) -> None:
+        if self._submit is None:
+            raise RuntimeError(f"job {job.id} claimed before a runner was attached")
+        self._submit(lane, job)

@@ -2,8 +2,9 @@
 
 One lock guards everything a job's way through the worker changes on more than one thread:
 the held attempts (what the heartbeat renews and times out), the tickets of claimed jobs (what
-shutdown waits for), each lane's count of held jobs, and the open groups. Each method is one
-short critical section, as each step of a job's way is; none does I/O.
+shutdown waits for), each lane's count of held jobs (changed by the lane's own methods, called
+here under the lock), and the open groups. Each method is one short critical section, as each
+step of a job's way is; none does I/O.
 
 What it does not know: whether the database still agrees. An attempt held here may have lost
 its lease already; the heartbeat finds out at its next renewal, and the fence in every
@@ -71,11 +72,11 @@ class Held:
 class LeaseTable:
     """The claimed attempts of one worker, from claim to settlement, under one lock.
 
-    ``burst`` is set before the worker starts: then every finished job wakes the claim loop,
-    which must notice when the last one is done.
+    With ``burst``, every finished job wakes the claim loop, which must notice when the last
+    one is done.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, burst: bool = False) -> None:
         self._lock = threading.Lock()
         self._all_done = threading.Condition(self._lock)  # no ticket left
         self._held: dict[int, Held] = {}
@@ -83,8 +84,13 @@ class LeaseTable:
         # as a snapshot.
         self.tickets: dict[Ticket, None] = {}
         self.groups_open = 0  # groups whose commit is still to come (a burst waits for them)
-        self.burst = False
+        self._burst = burst
         self._shutting_down = False
+
+    @property
+    def burst(self) -> bool:
+        """Whether the worker runs a burst: every finished job and group wakes the claim loop."""
+        return self._burst
 
     def _current(self, job_id: int, attempt: int) -> Held | None:
         """The held attempt, if it is this one (call with the lock held).
@@ -103,7 +109,7 @@ class LeaseTable:
         renew_at = time.monotonic() + job.lease.total_seconds() / 3
         ticket = Ticket(job, lane)
         with self._lock:
-            lane.held += 1
+            lane.claimed()
             self._held[job.id] = Held(job.attempts, job.lease, renew_at)
             self.tickets[ticket] = None
         return ticket
@@ -151,19 +157,13 @@ class LeaseTable:
         if ticket.stage is not Stage.CANCELLED:
             ticket.stage = Stage.DONE
         self.tickets.pop(ticket, None)
-        lane.held -= 1
+        wake = lane.finished(wake_always=self._burst)
         # A job whose completion waits for its group's commit keeps its lease renewed.
         held = self._current(job.id, job.attempts)
         if held is not None and not held.grouped:
             del self._held[job.id]
         if not self.tickets:
             self._all_done.notify_all()
-        # A freed slot only matters if the last claim left work behind, and then once the
-        # buffer of claimed jobs has run dry, so the next claim brings a batch. In burst mode
-        # the loop also needs to notice when the last job is done.
-        wake = self.burst or (lane.saturated and lane.held <= lane.low_water)
-        if wake:
-            lane.saturated = False
         return wake
 
     def forget(self, jobs: list[Claimed]) -> None:
@@ -175,10 +175,11 @@ class LeaseTable:
 
     # -- the claim loop's view --------------------------------------------------------------
 
-    def saturate(self, lane: Lane, more: bool) -> None:
-        """Note whether the lane's last claim left work behind (a freed slot then wakes)."""
+    def round_ended(self, lane: Lane, more: bool, capped: bool) -> None:
+        """A claim round for the lane ended (see :meth:`Lane.round_ended`): whether it left
+        work behind, or found a queue at its cap (a freed slot then wakes the loop)."""
         with self._lock:
-            lane.saturated = more
+            lane.round_ended(more, capped)
 
     def busy(self, lanes: list[Lane]) -> tuple[int, bool]:
         """Jobs and groups still running, and whether a lane with work waiting has run low.
@@ -187,7 +188,7 @@ class LeaseTable:
         """
         with self._lock:
             running = len(self.tickets) + self.groups_open
-            room = any(lane.saturated and lane.held <= lane.low_water for lane in lanes)
+            room = any(lane.ran_low for lane in lanes)
         return running, room
 
     def shut_down(self) -> None:

@@ -2,37 +2,33 @@
 
 Each :data:`~sa_jobqueue.worker._settlement.Verdict` has its statement here, and every
 statement is fenced on ``(job id, attempt)``: a stale attempt's write matches no row and
-changes nothing. A success is written in the handler's own transaction when the handler
-wrote through its session (its writes and the completion commit together), in a batch with
-other jobs' when it did not, or with its group's commit.
+changes nothing. Successes are written by :class:`~sa_jobqueue.worker._completions.Completions`
+(with the handler's writes, with its group's commit, or in a batch), which the recorder owns;
+everything else here, each outcome in a statement of its own, tried again through transient
+errors (see :mod:`~sa_jobqueue.worker._retries`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterable
-from itertools import repeat
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Row
+from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._binds import transient
 from .._deadlines import StopClock
 from .._error_text import error_json, one_line
 from .._sql import leases as leases_sql
 from .._sql import transitions
 from .._sql.fence import held_many
-from ..database import HeldConnection
 from ..models import CANCELLED, DEAD
-from ..observability import JobRun, Observers
 from ..tasks import Backoff, Retry, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
-from ._claimer import HandOff
-from ._completer import Completer, retry_with_backoff
-from ._sessions import HandlerSession, deadline
+from ._completions import Completions, HeldResults
+from ._reports import Reports
+from ._retries import retrying
+from ._sessions import HandlerSession
 from ._settlement import (
     ABANDON,
     Abandon,
@@ -49,154 +45,57 @@ from ._settlement import (
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from ._claimer import HandOff
+
 log = logging.getLogger("sa_jobqueue.worker")
 
 #: Why a job stopped part-way by its worker's shutdown went back to the queue.
 SHUTDOWN_RELEASE = "stopped part-way by the worker's shutdown"
 
-_Key = tuple[int, int]  # (job id, attempt)
-T = TypeVar("T")
-
-#: How long an outcome whose statement failed on a transient error (a lost connection, a
-#: refused one: "too many clients", a restart) is tried again before the worker gives up and
-#: leaves the job to its lease (seconds). Within the default 30 s lease, so the retry is done
-#: while the job is still this worker's; a try after a shorter lease ran out is fenced.
-RECORD_RETRY = 10.0
-
-
-def retrying(write: Callable[[], T], what: str, clock: StopClock | None = None) -> T:
-    """Run ``write`` (one fenced statement, safe to repeat), again with backoff on a transient
-    error for up to RECORD_RETRY seconds (less once a stopping worker must be gone, by
-    ``clock``); then raise. It runs on the job's thread, which keeps its slot meanwhile: a
-    worker that cannot write its outcomes claims no more jobs."""
-
-    def first_failure(exc: Exception) -> None:
-        log.warning("%s: %s; retrying for up to %g s", what, one_line(exc), RECORD_RETRY)
-
-    return retry_with_backoff(write, RECORD_RETRY, transient, first_failure, clock)
-
-
-class Reports:
-    """Tells the observers each attempt's outcome once, with its handler's run time.
-
-    An attempt waits here from its handler's return until its outcome is recorded (a batched
-    completion, a group's commit). A timeout the heartbeat records may come first: then the
-    attempt was reported with it, and the handler's later return reports nothing.
-    """
-
-    def __init__(self, observe: Observers) -> None:
-        self.observe = observe
-        self._lock = threading.Lock()  # between a handler's return and its timeout
-        self._settling: dict[_Key, tuple[JobRun, float | None]] = {}
-        self._timed_out: set[_Key] = set()
-
-    def ran(self, job: Claimed, run: JobRun, elapsed: float | None) -> None:
-        """The handler returned or raised after ``elapsed`` seconds (None: it never ran)."""
-        key = (job.id, job.attempts)
-        with self._lock:
-            if key in self._timed_out:
-                self._timed_out.discard(key)  # its outcome was reported with its timeout
-            else:
-                self._settling[key] = (run, elapsed)
-
-    def report(
-        self, job_id: int, attempt: int, outcome: Outcome, error: BaseException | None = None
-    ) -> None:
-        """Tell the observers an attempt's outcome (once: later reports find nothing)."""
-        if self.observe:
-            entry = self._settling.pop((job_id, attempt), None)
-            if entry is not None:
-                self.observe.finished(entry[0], outcome.value, entry[1], error)
-
-    def timed_out(
-        self, run: JobRun, outcome: Outcome, timeout: float, error: BaseException
-    ) -> None:
-        """The heartbeat recorded the attempt's timeout: report it now, with the timeout."""
-        key = (run.id, run.attempt)
-        with self._lock:  # the handler may have returned meanwhile (see ran)
-            if self._settling.pop(key, None) is None:
-                self._timed_out.add(key)
-        self.observe.finished(run, outcome.value, timeout, error)
-
-    def completed(self, done: list[_Key]) -> None:
-        """Batched completions recorded."""
-        for job_id, attempt in done:
-            self.report(job_id, attempt, Outcome.SUCCEEDED)
-
-    def unrecorded(self, lost: list[_Key]) -> None:
-        """Batched completions that could not be recorded."""
-        for job_id, attempt in lost:
-            self.report(job_id, attempt, Outcome.LOST)
-
-
-class HeldResults:
-    """What handlers of tasks that keep results returned (JSON text), per attempt, until the
-    attempt's completion statement takes it; dropped when the attempt ends otherwise."""
-
-    def __init__(self) -> None:
-        self._held: dict[_Key, str] = {}
-
-    def hold(self, job: Claimed, text: str) -> None:
-        self._held[(job.id, job.attempts)] = text
-
-    def take(self, job_id: int, attempt: int) -> str | None:
-        """The attempt's result, if it has one; forgotten here."""
-        return self._held.pop((job_id, attempt), None) if self._held else None
-
-    def take_many(self, batch: Iterable[_Key]) -> str:
-        """The batch's results as one JSON object from job id to result (``{}``: none)."""
-        if not self._held:
-            return "{}"
-        found = ((job_id, self._held.pop((job_id, attempt), None)) for job_id, attempt in batch)
-        return "{" + ",".join(f'"{job_id}":{text}' for job_id, text in found if text) + "}"
-
 
 class Recorder:
     """Writes verdicts, each with its fenced statement, on the worker's own connections.
 
-    Owns the :class:`Completer` that batches completions; :meth:`close` flushes it.
+    Owns the :class:`Completions`, built with it: ``handoff`` (claims the successors of
+    batched completions that held slots of a limited queue), ``on_flushed`` (told after each
+    batch) and ``clock`` (hurries retries once the worker stops) go there too. :meth:`close`
+    flushes the batched completions.
     """
 
     def __init__(
         self,
         single: Engine,
         reports: Reports,
+        *,
+        handoff: HandOff | None = None,
         on_flushed: Callable[[], None] | None = None,
         clock: StopClock | None = None,
     ) -> None:
         self._single = single
         self._clock = clock
         self.reports = reports
-        self._batch_conn = HeldConnection(single)  # the completer thread's alone
-        #: Set by the worker: completes jobs holding slots and claims their successors at once.
-        self.handoff: HandOff | None = None
-        #: The results waiting for their attempts' completions.
-        self.results = HeldResults()
-        # The queue of each slot-holding attempt whose completion waits for its batch.
-        self._slots: dict[_Key, str] = {}
-        self._slots_lock = threading.Lock()
-        self._completer = Completer(
-            self._complete_batch,
+        self._completions = Completions(
+            single,
+            reports,
             self.not_completed,
-            reports.completed,
-            reports.unrecorded,
+            handoff=handoff,
             on_flushed=on_flushed,
-            retry_for=RECORD_RETRY,
-            retryable=transient,
             clock=clock,
         )
 
+    @property
+    def results(self) -> HeldResults:
+        """The results waiting for their attempts' completions."""
+        return self._completions.results
+
     def completing(self) -> bool:
         """Whether completions wait for their batch (see ``Completer.pending``)."""
-        return self._completer.pending()
+        return self._completions.pending()
 
     def close(self, timeout: float | None = None) -> int:
         """Flush the completions still waiting for their batch; how many were still not
         written after ``timeout`` seconds (left to their leases)."""
-        unwritten = self._completer.close(timeout)
-        if not unwritten:
-            self._batch_conn.close()
-        return unwritten
+        return self._completions.close(timeout)
 
     def record(self, job: Claimed, verdict: Verdict, task: Task) -> None:
         """Write a verdict in a statement of its own (or the next batch, for a completion).
@@ -208,15 +107,7 @@ class Recorder:
             self.results.take(job.id, job.attempts)  # not completed: nothing to store
         if isinstance(verdict, Complete):
             # Nothing to commit with the completion: it goes out in a batch with others'.
-            if job.holds_slot:
-                # The slot of the queue's cap is free once this commits: the job's thread,
-                # and so its lane's next claim, waits for that (the lease covers the wait).
-                # The batch claims the slot's next job as it commits (see HandOff).
-                with self._slots_lock:
-                    self._slots[(job.id, job.attempts)] = job.queue
-                self._completer.add_and_wait(job.id, job.attempts, job.lease.total_seconds())
-            else:
-                self._completer.add(job.id, job.attempts)
+            self._completions.batch(job)
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
         elif isinstance(verdict, Release):
@@ -226,69 +117,20 @@ class Recorder:
         else:
             self._control_flow(job, verdict)
 
-    # -- success ----------------------------------------------------------------------------
+    # -- success: see Completions -----------------------------------------------------------
 
     def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
-        """The fenced completion in the handler's own transaction, committed with its writes.
-
-        False if it matched no row (cancelled, or no longer this worker's): the caller rolls
-        the session back and records Abandon.
-        """
-        conn = session.connection()
-        params = {**_fence(job), "result": self.results.take(job.id, job.attempts)}
-        with deadline(conn):
-            done = conn.execute(transitions.complete(), params).rowcount == 1
-            if done:
-                session.commit_for_real()
-        if done:
-            self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
-            log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
-        return done
+        """The fenced completion in the handler's own transaction (see
+        :meth:`Completions.complete_in`); False if it matched no row."""
+        return self._completions.complete_in(session, job)
 
     async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
         """:meth:`complete_in`, for an async handler's session."""
-        params = {**_fence(job), "result": self.results.take(job.id, job.attempts)}
-        result = await session.execute(transitions.complete(), params)
-        if cast(CursorResult[Any], result).rowcount != 1:
-            return False
-        await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
-        self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
-        return True
-
-    def _complete_batch(self, batch: list[_Key]) -> set[int]:
-        """Complete a batch of attempts that wrote nothing (on the completer's thread).
-
-        When some of them hold slots of a limited queue, the statement also claims as many of
-        that queue's jobs (the one with the most, if several), within its limits.
-        """
-        freed: Counter[str] = Counter()
-        if self._slots:  # only jobs of limited queues are noted there
-            with self._slots_lock:
-                freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
-        results = self.results.take_many(batch)
-        if freed and self.handoff is not None:
-            queue, n = freed.most_common(1)[0]
-            try:
-                return self.handoff.complete(self._batch_conn, batch, results, queue, n)
-            except SQLAlchemyError as exc:  # completed below, without the claim
-                log.warning("completing and claiming in one failed: %s", one_line(exc))
-        rows = self._batch_conn.rows(
-            transitions.complete_many(),
-            {**held_many(batch), "results": results},
-            # A connection lost on the way (a silent network cut at its deadline) most likely
-            # never delivered the statement: try once more on a fresh one rather than leave
-            # the jobs to run again after their leases.
-            again=True,
-        )
-        return {row.id for row in rows}
+        return await self._completions.complete_in_async(session, job)
 
     def complete_group(self, conn: Connection, jobs: list[Claimed]) -> set[int]:
         """Complete a group's jobs on its shared connection; the ids that matched."""
-        if not jobs:
-            return set()
-        pairs = [(j.id, j.attempts) for j in jobs]
-        params = {**held_many(pairs), "results": self.results.take_many(pairs)}
-        return set(conn.execute(transitions.complete_many(), params).scalars())
+        return self._completions.complete_group(conn, jobs)
 
     # -- no completion ----------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._validation import encode_payload
 from ..errors import PayloadError, UnknownTaskError
 from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
 from ..observability import JobRun
@@ -32,11 +31,11 @@ from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, supervised
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
-from ._lanes import Lane
+from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
-from ._settlement import ABANDON, Complete, UnstorableResult, settle
+from ._settlement import ABANDON, Complete, settle, shutting_down
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -66,6 +65,7 @@ class Runner:
         loop: EventLoopThread | None,
         stopping: threading.Event,
         wake: threading.Event,
+        intake: Intake,
     ) -> None:
         self._queue = queue
         self._engine = engine
@@ -81,6 +81,7 @@ class Runner:
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
+        intake.attach(self.submit)  # the port the recorder's hand-off submits through
 
     def submit(self, lane: Lane, job: Claimed) -> None:
         """Take a claimed attempt: to the event loop, or into the lane's buffer for a thread."""
@@ -93,16 +94,13 @@ class Runner:
             if pending is None:
                 self._finished(ticket)
             else:
-                pending.add_done_callback(functools.partial(self._finished_async, ticket))
+                pending.add_done_callback(lambda _: self._finished(ticket))
             return
-        lane.ready.put(ticket)
+        lane.put(ticket)
 
     def _finished(self, ticket: Ticket) -> None:
         if self._leases.let_go(ticket):
             self._wake.set()
-
-    def _finished_async(self, ticket: Ticket, _: Future[None]) -> None:
-        self._finished(ticket)
 
     def thread(self, lane: Lane) -> None:
         """A job thread: run a lane's claimed jobs one after another until told to finish."""
@@ -110,7 +108,7 @@ class Runner:
         while True:
             try:
                 # With a group open, do not sit on its row locks waiting for work.
-                ticket = lane.ready.get(timeout=GROUP_IDLE if here.group else None)
+                ticket = lane.next_ticket(timeout=GROUP_IDLE if here.group else None)
             except Empty:
                 self._groups.commit(here)
                 continue
@@ -124,7 +122,7 @@ class Runner:
                 self._execute(ticket.job, here)
                 # Commit before the job counts as finished: a burst ends once nothing runs,
                 # and what the group's jobs wrote (jobs they enqueued) must be in by then.
-                if here.group is not None and (here.group.due or lane.ready.empty()):
+                if here.group is not None and (here.group.due or lane.buffer_empty):
                     self._groups.commit(here)
             finally:
                 self._finished(ticket)
@@ -204,7 +202,7 @@ class Runner:
                 value = self._handler(task)(ctx, payload)
                 if ctx.session_used:
                     ctx.session.flush()
-            self._keep(job, task, value)
+            self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
         except Exception as exc:
             failure = exc
         self._ran(job, run, time.monotonic() - started)
@@ -223,21 +221,6 @@ class Runner:
         """:meth:`_handler` for an ``async def`` handler."""
         handler = cast(ProceedArun, task.handler)
         return arun_chain(self._queue.middleware, handler) if self._queue.middleware else handler
-
-    def _keep(self, job: Claimed, task: Task, value: object) -> None:
-        """A task that keeps results: hold what its handler returned, as JSON, for the
-        completion to store. A value payloads could not carry raises UnstorableResult (a
-        PayloadError; the job goes to dead at once, as no attempt could store it)."""
-        if task.keep_result:
-            try:
-                text = encode_payload(value, max_bytes=self._queue.max_payload_bytes)
-            except PayloadError as exc:
-                # Every message of encode_payload starts with "payload": here it is the result.
-                why = str(exc).removeprefix("payload")
-                raise UnstorableResult(
-                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
-                ) from None
-            self._recorder.results.hold(job, text)
 
     def _starting(self, job: Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
         """Just before a handler starts: arm its timeout, give the heartbeat its context."""
@@ -349,10 +332,8 @@ class Runner:
         Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
         one job's database round trip never stalls the other handlers on the loop.
         """
-        if lane.async_slots is None:
-            lane.async_slots = asyncio.Semaphore(lane.concurrency)
         try:
-            async with lane.async_slots:
+            async with lane.async_slots():
                 if self._stopping.is_set():
                     # Shutting down before it could start: back to the queue uncounted, as
                     # a buffered sync job is.
@@ -371,7 +352,7 @@ class Runner:
                         value = await supervised(self._ahandler(task)(ctx, payload), ctx)
                         if ctx.async_session_used:
                             await ctx.async_session.flush()
-                    self._keep(job, task, value)
+                    self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
                 except Exception as exc:
                     failure = exc
                 self._ran(job, run, time.monotonic() - started)
@@ -409,8 +390,3 @@ class Runner:
         finally:
             await session.close()
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
-
-
-def shutting_down(ctx: JobContext) -> bool:
-    """Whether the worker's shutdown, and nothing else, asked this attempt to stop."""
-    return ctx._shutdown and not ctx._stop

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import PayloadError
 from ..models import CANCELLED, DEAD
-from ..tasks import Discard, Retry
+from ..tasks import Discard, JobContext, Retry
 
 #: The message of the error a handler gets for writing through both of its sessions.
 BOTH_SESSIONS = "a handler writes through ctx.session or ctx.async_session, not both"
@@ -162,6 +162,11 @@ def settle(
     if isinstance(failure, Discard | UnstorableResult):
         return Bury(failure)
     return Fail(failure)
+
+
+def shutting_down(ctx: JobContext) -> bool:
+    """Whether the worker's shutdown, and nothing else, asked this attempt to stop."""
+    return ctx._shutdown and not ctx._stop
 
 
 def outcome_of(verdict: Verdict, status: str | None) -> Outcome:

@@ -27,10 +27,12 @@ from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._event_loop import EventLoopThread
 from ._groups import Groups
 from ._heartbeat import Heartbeat
-from ._lanes import Lane
+from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
-from ._recorder import Recorder, Reports, retrying
+from ._recorder import Recorder
+from ._reports import Reports
+from ._retries import retrying
 from ._runner import Runner
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
@@ -85,13 +87,17 @@ class Worker:
             raise WorkerConfigError("prefetch must not be negative")
         self.queue = queue
         self.engine = engine
+        async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
+        self._has_async = bool(async_tasks)
+        # Async handlers beside sync ones: each kind gets the room of a whole lane (see Lane).
+        kinds = 2 if async_tasks and len(async_tasks) < len(queue.tasks) else 1
         if isinstance(queues, Mapping):
             if not queues or any(n < 1 for n in queues.values()):
                 raise WorkerConfigError("each queue's concurrency must be at least 1")
-            self._lanes = [Lane([q], n, prefetch) for q, n in queues.items()]
+            self._lanes = [Lane([q], n, prefetch, kinds) for q, n in queues.items()]
         else:
             names = list(queues) if queues else _default_queues(queue)
-            self._lanes = [Lane(names, concurrency, prefetch)]
+            self._lanes = [Lane(names, concurrency, prefetch, kinds)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
         # Not ``name``: that is the worker's own name, read below.
         for undeclared in undeclared_queues(queue, self.queues):
@@ -101,11 +107,6 @@ class Worker:
                 undeclared,
                 undeclared,
             )
-        async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
-        self._has_async = bool(async_tasks)
-        if async_tasks and len(async_tasks) < len(queue.tasks):
-            for lane in self._lanes:
-                lane.kinds = 2
         self.concurrency = sum(lane.concurrency for lane in self._lanes)
         if retention is not None and retention < timedelta(0):
             raise WorkerConfigError("retention must not be negative")
@@ -135,7 +136,7 @@ class Worker:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._halt = threading.Event()  # run() is over: stop renewing leases
-        self._leases = LeaseTable()
+        self._leases = LeaseTable()  # until run() makes its own, for a burst or not
         self._claimer = HeldConnection(self._single)
         self._pruner = Pruner(engine, retention, poll_interval)
         # Observers see each attempt's outcome once it is recorded (see Reports).
@@ -190,13 +191,20 @@ class Worker:
         log.info(
             "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
         )
-        self._leases.burst = burst
+        self._leases = LeaseTable(burst=burst)
 
+        # Each collaborator gets what it needs in its constructor. The one cycle (the runner
+        # records through the recorder, whose hand-off claims jobs for the runner) goes
+        # through ``intake``, which the runner attaches to as it is built (see Intake).
+        intake = Intake()
+        limits = LimitedQueues(self._claimer)
+        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
         # In a burst, a written completion may make more work due (a job that waited for it):
         # the claim loop looks again once the completions are written, rather than stop.
         recorder = Recorder(
             self._single,
             Reports(self._observe),
+            handoff=HandOff(self.name, limits, lanes, intake, self._stopping),
             on_flushed=self._wake.set if burst else None,
             clock=self._clock,
         )
@@ -212,10 +220,8 @@ class Worker:
             loop=loop,
             stopping=self._stopping,
             wake=self._wake,
+            intake=intake,
         )
-        limits = LimitedQueues(self._claimer)
-        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
-        recorder.handoff = HandOff(self.name, limits, lanes, runner.submit, self._stopping)
         claims = ClaimLoop(
             [
                 LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit, limits)
@@ -279,8 +285,7 @@ class Worker:
             # the grace keep their threads (Python cannot kill them), but their leases are no
             # longer renewed, so another worker will take them over.
             for lane in self._lanes:
-                for _ in range(lane.concurrency):
-                    lane.ready.put(None)
+                lane.finish_threads()
             for thread in job_threads:
                 thread.join(timeout=0.5 if not_done else self._clock.left())
             if loop is not None:

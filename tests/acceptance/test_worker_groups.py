@@ -17,7 +17,8 @@ from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups, ThreadState
 from sa_jobqueue.worker._lanes import Lane
 from sa_jobqueue.worker._leases import LeaseTable
-from sa_jobqueue.worker._recorder import Recorder, Reports
+from sa_jobqueue.worker._recorder import Recorder
+from sa_jobqueue.worker._reports import Reports
 from sa_jobqueue.worker._sessions import GroupSession
 from tests.helpers.observers import Outcomes
 

@@ -17,7 +17,8 @@ from sa_jobqueue.models import Job
 from sa_jobqueue.observability import Observers
 from sa_jobqueue.tasks import Task
 from sa_jobqueue.worker._claimed import Claimed
-from sa_jobqueue.worker._recorder import Recorder, Reports
+from sa_jobqueue.worker._recorder import Recorder
+from sa_jobqueue.worker._reports import Reports
 from sa_jobqueue.worker._sessions import HandlerSession
 from sa_jobqueue.worker._settlement import Abandon, Bury, Complete, Fail, Snooze
 from tests.helpers.observers import Outcomes

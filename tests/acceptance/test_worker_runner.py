@@ -16,9 +16,10 @@ from sa_jobqueue.observability import Observers
 from sa_jobqueue.ops.admin import cancel_job
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups
-from sa_jobqueue.worker._lanes import Lane
+from sa_jobqueue.worker._lanes import Intake, Lane
 from sa_jobqueue.worker._leases import LeaseTable
-from sa_jobqueue.worker._recorder import Recorder, Reports
+from sa_jobqueue.worker._recorder import Recorder
+from sa_jobqueue.worker._reports import Reports
 from sa_jobqueue.worker._runner import Runner
 from tests.helpers.observers import Outcomes
 
@@ -137,6 +138,7 @@ def run(
         loop=None,
         stopping=stopping,
         wake=wake,
+        intake=Intake(),
     )
     lane = Lane(["default"], 1, len(tasks))
     with db.begin() as conn:
@@ -147,7 +149,7 @@ def run(
         claimed(ids)
     for job in sorted((Claimed.of(row) for row in rows), key=lambda j: ids.index(j.id)):
         runner.submit(lane, job)
-    lane.ready.put(None)
+    lane.finish_threads()  # one thread: it ends once it has run them all
     runner.thread(lane)  # runs them all, then ends
     recorder.close()
     assert lane.held == 0

@@ -94,6 +94,13 @@ def claimer(lane: Lane, conn: FakeConnection) -> tuple[LaneClaimer, list[Claimed
     return LaneClaimer(lane, conn, "w", leases, submit), submitted  # type: ignore[arg-type]
 
 
+def finish(one: LaneClaimer, n: int | None = None) -> None:
+    """``n`` of the lane's claimed jobs finish (all if None), as their threads would."""
+    tickets = list(one._leases.tickets)
+    for ticket in tickets if n is None else tickets[:n]:
+        one._leases.let_go(ticket)
+
+
 def test_claims_the_free_slots_queue_by_queue_and_rotates_the_first() -> None:
     lane = Lane(["a", "b"], 2, 0)  # capacity 2
     conn = FakeConnection({"a": 1, "b": 5})
@@ -113,7 +120,7 @@ def test_the_next_round_starts_with_the_next_queue() -> None:
     conn = FakeConnection({"a": 5, "b": 5})
     one, _ = claimer(lane, conn)
     one.claim()
-    lane.held = 0  # the job finished
+    finish(one)  # the job finished
     one.claim()
     assert [queue for queue, _ in conn.asked] == ["a", "b"]
 
@@ -133,10 +140,12 @@ def test_with_work_waiting_a_lane_claims_again_only_once_its_buffer_runs_low() -
     one, _ = claimer(lane, conn)
     assert one.claim()
     assert conn.asked == [("a", 8)]
-    lane.held = 7  # one job finished: a claim now would bring one job
+    finish(one, 1)  # one job finished: a claim now would bring one job
+    assert lane.held == 7
     assert one.claim()
     assert conn.asked == [("a", 8)]
-    lane.held, lane.saturated = 6, False  # at low water the lease table wakes the loop
+    finish(one, 1)  # at low water the lease table wakes the loop
+    assert (lane.held, lane.saturated) == (6, False)
     assert one.claim()
     assert conn.asked == [("a", 8), ("a", 2)]
 
@@ -166,7 +175,7 @@ def test_after_a_full_claim_the_next_starts_past_the_last_row_it_took() -> None:
     conn = FakeConnection({"a": 10})
     one, _ = claimer(lane, conn)
     assert one.claim()
-    lane.held = 0
+    finish(one)
     assert one.claim()
     assert conn.started_past == [None, (0, DUE, 3)]
 
@@ -176,10 +185,10 @@ def test_a_short_claim_past_a_position_sends_the_next_claim_to_the_head_at_once(
     conn = FakeConnection({"a": 4})
     one, _ = claimer(lane, conn)
     one.claim()
-    lane.held = 0
+    finish(one)
     # One job past the position: not "nothing waiting", as the head may hold more.
     assert one.claim()
-    lane.held = 0
+    finish(one)
     assert not one.claim()  # from the head, and short: nothing waiting
     assert conn.started_past == [None, (0, DUE, 3), None]
 
@@ -193,7 +202,7 @@ def test_a_lane_claims_from_the_head_again_once_a_second(monkeypatch: pytest.Mon
     for step in (0.0, 0.5, 0.49, 0.02, 0.3):
         now[0] += step
         one.claim()
-        lane.held = 0
+        finish(one)
     assert _claimer.HEAD_EVERY == 1.0
     assert conn.started_past == [None, (0, DUE, 2), (0, DUE, 4), None, (0, DUE, 8)]
 

@@ -12,7 +12,7 @@ from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._heartbeat import Heartbeat
 from sa_jobqueue.worker._lanes import Lane
 from sa_jobqueue.worker._leases import LeaseTable
-from sa_jobqueue.worker._recorder import Reports
+from sa_jobqueue.worker._reports import Reports
 from sa_jobqueue.worker._settlement import Outcome
 
 

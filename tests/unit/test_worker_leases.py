@@ -111,18 +111,17 @@ def test_a_freed_slot_wakes_the_claim_loop_once_a_saturated_lane_runs_low() -> N
     lane = Lane(["default"], 2, 2)  # capacity 4, low water 3
     tickets = [table.hold(lane, claimed(i)) for i in range(4)]
     assert table.busy([lane]) == (4, False)
-    table.saturate(lane, True)
+    table.round_ended(lane, True, False)
     assert table.let_go(tickets[0])  # held 3: at low water
     assert not lane.saturated  # woken once
     assert table.busy([lane]) == (3, False)
     assert not table.let_go(tickets[1])  # nothing left behind: no wake
-    table.saturate(lane, True)
+    table.round_ended(lane, False, True)  # a queue at its cap: a freed slot wakes too
     assert table.busy([lane]) == (2, True)
 
 
 def test_a_burst_wakes_at_every_finish_and_open_groups_count_as_running() -> None:
-    table, lane = LeaseTable(), Lane(["default"], 2, 0)
-    table.burst = True
+    table, lane = LeaseTable(burst=True), Lane(["default"], 2, 0)
     ticket = table.hold(lane, claimed(1))
     table.group_opened()
     assert table.let_go(ticket)

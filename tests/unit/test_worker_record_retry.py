@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from sa_jobqueue.worker import _recorder
-from sa_jobqueue.worker._recorder import retrying, transient
+from sa_jobqueue._binds import transient
+from sa_jobqueue.worker import _retries
+from sa_jobqueue.worker._retries import retrying
 
 
 def refused() -> OperationalError:
@@ -41,7 +42,7 @@ def test_an_error_in_the_statement_itself_is_not_retried() -> None:
 
 
 def test_retrying_gives_up_after_record_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_recorder, "RECORD_RETRY", 0.2)
+    monkeypatch.setattr(_retries, "RECORD_RETRY", 0.2)
 
     def write() -> None:
         raise refused()

@@ -1,0 +1,208 @@
+"""Writing successes: with the handler's writes, with its group's commit, or in a batch.
+
+Every completion is fenced on ``(job id, attempt)``: a stale attempt's completion matches no
+row and changes nothing. A success is written in the handler's own transaction when the
+handler wrote through its session (its writes and the completion commit together), with its
+group's commit when it ran in one, and otherwise in a batch with other jobs' (see
+:mod:`~sa_jobqueue.worker._completer`), which also claims the successors of jobs that held
+slots of a limited queue (see ``HandOff``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import Connection, CursorResult, Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from .._binds import transient
+from .._deadlines import StopClock
+from .._error_text import one_line
+from .._sql import transitions
+from .._sql.fence import held_many
+from .._validation import encode_payload
+from ..database import HeldConnection
+from ..errors import PayloadError
+from ..tasks import Task
+from ._claimed import Claimed
+from ._completer import Completer
+from ._reports import Reports
+from ._retries import RECORD_RETRY
+from ._sessions import HandlerSession, deadline
+from ._settlement import Outcome, UnstorableResult
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from ._claimer import HandOff
+
+log = logging.getLogger("sa_jobqueue.worker")
+
+_Key = tuple[int, int]  # (job id, attempt)
+
+
+class HeldResults:
+    """What handlers of tasks that keep results returned (JSON text), per attempt, until the
+    attempt's completion statement takes it; dropped when the attempt ends otherwise."""
+
+    def __init__(self) -> None:
+        self._held: dict[_Key, str] = {}
+
+    def keep(self, job: Claimed, task: Task, value: object, max_bytes: int) -> None:
+        """A task that keeps results: hold what its handler returned, as JSON, for the
+        completion to store. A value payloads could not carry raises UnstorableResult (a
+        PayloadError; the job goes to dead at once, as no attempt could store it)."""
+        if task.keep_result:
+            try:
+                text = encode_payload(value, max_bytes=max_bytes)
+            except PayloadError as exc:
+                # Every message of encode_payload starts with "payload": here it is the result.
+                why = str(exc).removeprefix("payload")
+                raise UnstorableResult(
+                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
+                ) from None
+            self._held[(job.id, job.attempts)] = text
+
+    def take(self, job_id: int, attempt: int) -> str | None:
+        """The attempt's result, if it has one; forgotten here."""
+        return self._held.pop((job_id, attempt), None) if self._held else None
+
+    def take_many(self, batch: Iterable[_Key]) -> str:
+        """The batch's results as one JSON object from job id to result (``{}``: none)."""
+        if not self._held:
+            return "{}"
+        found = ((job_id, self._held.pop((job_id, attempt), None)) for job_id, attempt in batch)
+        return "{" + ",".join(f'"{job_id}":{text}' for job_id, text in found if text) + "}"
+
+
+class Completions:
+    """Writes successes, each with its fenced statement; owns the batching :class:`Completer`.
+
+    ``not_completed`` settles a batched completion that matched no row; ``handoff``, if given,
+    claims the successors of completed jobs that held slots of a limited queue in the batch's
+    own statement. What it does not promise: that a batched completion is written (see
+    :meth:`close`); a job whose completion is lost runs again after its lease.
+    """
+
+    def __init__(
+        self,
+        single: Engine,
+        reports: Reports,
+        not_completed: Callable[[int, int], None],
+        *,
+        handoff: HandOff | None = None,
+        on_flushed: Callable[[], None] | None = None,
+        clock: StopClock | None = None,
+    ) -> None:
+        self._reports = reports
+        self._handoff = handoff
+        self._batch_conn = HeldConnection(single)  # the completer thread's alone
+        #: The results waiting for their attempts' completions.
+        self.results = HeldResults()
+        # The queue of each slot-holding attempt whose completion waits for its batch.
+        self._slots: dict[_Key, str] = {}
+        self._slots_lock = threading.Lock()
+        self._completer = Completer(
+            self._complete_batch,
+            not_completed,
+            reports.completed,
+            reports.unrecorded,
+            on_flushed=on_flushed,
+            retry_for=RECORD_RETRY,
+            retryable=transient,
+            clock=clock,
+        )
+
+    def pending(self) -> bool:
+        """Whether completions wait for their batch (see ``Completer.pending``)."""
+        return self._completer.pending()
+
+    def close(self, timeout: float | None = None) -> int:
+        """Flush the completions still waiting for their batch; how many were still not
+        written after ``timeout`` seconds (left to their leases)."""
+        unwritten = self._completer.close(timeout)
+        if not unwritten:
+            self._batch_conn.close()
+        return unwritten
+
+    def batch(self, job: Claimed) -> None:
+        """Complete an attempt that wrote nothing in the next batch, with other jobs'."""
+        if job.holds_slot:
+            # The slot of the queue's cap is free once this commits: the job's thread, and so
+            # its lane's next claim, waits for that (the lease covers the wait). The batch
+            # claims the slot's next job as it commits (see HandOff).
+            with self._slots_lock:
+                self._slots[(job.id, job.attempts)] = job.queue
+            self._completer.add_and_wait(job.id, job.attempts, job.lease.total_seconds())
+        else:
+            self._completer.add(job.id, job.attempts)
+
+    def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
+        """The fenced completion in the handler's own transaction, committed with its writes.
+
+        False if it matched no row (cancelled, or no longer this worker's): the caller rolls
+        the session back and records Abandon.
+        """
+        conn = session.connection()
+        params = {"job_id": job.id, "attempt": job.attempts, "result": self._result(job)}
+        with deadline(conn):
+            done = conn.execute(transitions.complete(), params).rowcount == 1
+            if done:
+                session.commit_for_real()
+        if done:
+            self._reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+            log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
+        return done
+
+    async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
+        """:meth:`complete_in`, for an async handler's session."""
+        params = {"job_id": job.id, "attempt": job.attempts, "result": self._result(job)}
+        result = await session.execute(transitions.complete(), params)
+        if cast(CursorResult[Any], result).rowcount != 1:
+            return False
+        await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
+        self._reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+        return True
+
+    def complete_group(self, conn: Connection, jobs: list[Claimed]) -> set[int]:
+        """Complete a group's jobs on its shared connection; the ids that matched."""
+        if not jobs:
+            return set()
+        pairs = [(j.id, j.attempts) for j in jobs]
+        params = {**held_many(pairs), "results": self.results.take_many(pairs)}
+        return set(conn.execute(transitions.complete_many(), params).scalars())
+
+    def _result(self, job: Claimed) -> str | None:
+        return self.results.take(job.id, job.attempts)
+
+    def _complete_batch(self, batch: list[_Key]) -> set[int]:
+        """Complete a batch of attempts that wrote nothing (on the completer's thread).
+
+        When some of them hold slots of a limited queue, the statement also claims as many of
+        that queue's jobs (the one with the most, if several), within its limits.
+        """
+        freed: Counter[str] = Counter()
+        if self._slots:  # only jobs of limited queues are noted there
+            with self._slots_lock:
+                freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
+        results = self.results.take_many(batch)
+        if freed and self._handoff is not None:
+            queue, n = freed.most_common(1)[0]
+            try:
+                return self._handoff.complete(self._batch_conn, batch, results, queue, n)
+            except SQLAlchemyError as exc:  # completed below, without the claim
+                log.warning("completing and claiming in one failed: %s", one_line(exc))
+        rows = self._batch_conn.rows(
+            transitions.complete_many(),
+            {**held_many(batch), "results": results},
+            # A connection lost on the way (a silent network cut at its deadline) most likely
+            # never delivered the statement: try once more on a fresh one rather than leave
+            # the jobs to run again after their leases.
+            again=True,
+        )
+        return {row.id for row in rows}
