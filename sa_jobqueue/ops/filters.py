@@ -19,6 +19,8 @@ from ..models import STATUSES
 MAX_PAGE: Final = 10_000
 #: The longest queue and task names the table holds (its columns' lengths).
 NAME_LENGTHS: Final = {"queue": 64, "task": 200}
+#: The largest job id: the id column is a bigint.
+MAX_JOB_ID: Final = 2**63 - 1
 
 
 def check_statuses(statuses: str | Iterable[str]) -> list[str]:
@@ -52,6 +54,27 @@ def check_limit(limit: object, name: str = "limit") -> int:
             f"{name} must be an int from 1 to {MAX_PAGE}, not {value_text(limit)}"
         )
     return limit
+
+
+def requeue_resets(attempts: object) -> bool:
+    """Whether a requeue's ``attempts`` mode is "reset" (True) or "extend" (False);
+    InvalidJobError for anything else."""
+    if attempts not in ("extend", "reset"):
+        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+    return attempts == "reset"
+
+
+def check_after_id(after_id: object) -> int:
+    """``after_id`` (where a page or a batch starts: past that id) if it is an int the id
+    column can be compared with; InvalidJobError otherwise, before the server would refuse it
+    and abort the caller's transaction."""
+    if (
+        isinstance(after_id, bool)
+        or not isinstance(after_id, int)
+        or not -MAX_JOB_ID - 1 <= after_id <= MAX_JOB_ID
+    ):
+        raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
+    return after_id
 
 
 def check_age(age: object, name: str = "older_than") -> float:

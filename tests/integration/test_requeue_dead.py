@@ -93,6 +93,7 @@ def test_the_batch_size_is_one_statement_of_bounded_cost() -> None:
         ({"task": "t\x00"}, "a task name is 1 to 200 characters"),
         ({"older_than": timedelta(seconds=-1)}, "older_than must be a timedelta of 0s or more"),
         ({"after_id": "12"}, "after_id must be a job id"),
+        ({"after_id": 2**63}, "after_id must be a job id"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_sql(
