@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final, Literal
 
-from .._durations import value_text
+from .._durations import duration_text, value_text
+from .._validation import MAX_DELAY
 from ..errors import InvalidJobError
 from ..models import STATUSES
 
@@ -78,7 +79,18 @@ def check_after_id(after_id: object) -> int:
 
 
 def check_age(age: object, name: str = "older_than") -> float:
-    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue._sql.clock.seconds`."""
+    """A timedelta from 0 to :data:`~sa_jobqueue._validation.MAX_DELAY`, as seconds for
+    :func:`~sa_jobqueue._sql.clock.seconds`.
+
+    Bounded because the statements compare with ``now()`` minus it, which the server refuses
+    (aborting the caller's transaction) past its timestamps' range; a thousand years already
+    reaches back past every job.
+    """
     if not isinstance(age, timedelta) or age < timedelta(0):
         raise InvalidJobError(f"{name} must be a timedelta of 0s or more, not {value_text(age)}")
+    if age > MAX_DELAY:
+        raise InvalidJobError(
+            f"{name} must be a timedelta of at most {duration_text(MAX_DELAY)},"
+            f" not {value_text(age)}"
+        )
     return age.total_seconds()
