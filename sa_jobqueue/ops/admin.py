@@ -171,10 +171,10 @@ def requeue_job(
     """Put ``dead`` job ``job_id`` back in its queue, due now, in the caller's transaction.
 
     True if it was dead and is queued again; False (nothing changed) if it is not dead, does
-    not exist, or a queued or running job of its task holds its unique key. ``attempts``:
-    "extend" raises ``max_attempts`` by its current value, "reset" starts the attempts from 0
-    again (see :meth:`JobQueue.requeue` for what each keeps of the fencing). One NOTIFY wakes
-    the queue's workers at commit.
+    not exist, or a waiting, queued or running job of its task holds its unique key.
+    ``attempts``: "extend" raises ``max_attempts`` by its current value, "reset" starts the
+    attempts from 0 again (see :meth:`JobQueue.requeue` for what each keeps of the fencing).
+    One NOTIFY wakes the queue's workers at commit.
     """
     reset = requeue_resets(attempts)
     conn = connection_of(session)

@@ -33,8 +33,8 @@ class RequeuedBatch:
 
     #: Jobs queued again.
     requeued: int
-    #: Jobs the batch picked and left dead: a queued or running job of the task holds the
-    #: unique key.
+    #: Jobs the batch picked and left dead: a waiting, queued or running job of the task holds
+    #: the unique key.
     kept: int
     #: The highest id the batch picked: pass it as ``after_id`` for the next batch (None when
     #: it picked none).
