@@ -80,7 +80,7 @@ CONNECT_ARGS: dict[str, Any] = {
 #: Server-side limits for the worker's own statements (claim, lease renewal, outcomes). Each
 #: is a single indexed statement that takes milliseconds; anything near these limits is a
 #: stuck lock or server, and failing lets the worker retry instead of hanging. They stay below
-#: the worker's client-side deadline (:data:`sa_jobqueue.deadlines.STATEMENT_DEADLINE`), so a
+#: the worker's client-side deadline (:data:`sa_jobqueue._deadlines.STATEMENT_DEADLINE`), so a
 #: live server always answers first.
 CONTROL_SETTINGS: dict[str, str] = {
     "statement_timeout": "10s",

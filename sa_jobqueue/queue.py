@@ -1,10 +1,11 @@
 """JobQueue: the face of the queue. Declare tasks, enqueue jobs, look after them.
 
 The work is done underneath: the task registry in :mod:`sa_jobqueue._registry`, enqueueing
-in the :mod:`sa_jobqueue._enqueue` wing (its :class:`~sa_jobqueue._enqueue.Enqueuer` prepares
-each call; the methods here run the work it returns in the caller's transaction, or in one of
-its own for an Engine), and job admin in :mod:`sa_jobqueue.ops.admin`, which the admin methods
-here delegate to. The enqueue options are defined once, in :class:`JobOptions`.
+in the :mod:`sa_jobqueue._enqueue` wing (its :class:`~sa_jobqueue._enqueue.enqueuer.Enqueuer`
+prepares each call; the methods here run the work it returns in the caller's transaction, or in
+one of its own for an Engine), and the methods for enqueued jobs in the base
+:class:`~sa_jobqueue._job_admin.JobAdmin`, which delegates to :mod:`sa_jobqueue.ops.admin` and
+:mod:`sa_jobqueue.results`. The enqueue options are defined once, in :class:`JobOptions`.
 """
 
 from __future__ import annotations

@@ -156,8 +156,9 @@ class Task(Generic[P]):
     job, and its ``ctx.session`` writes roll back.
 
     ``unique_key``, if given, maps a payload to the job's unique key (a str, or None for no
-    uniqueness): while a queued or running job of this task holds a key, enqueueing another
-    job with that key adds nothing and returns the live job's id (see ``JobQueue.enqueue``).
+    uniqueness): while a waiting, queued or running job of this task holds a key, enqueueing
+    another job with that key adds nothing and returns the live job's id (see
+    ``JobQueue.enqueue``).
     ``unique_mode`` says what such an enqueue does to a queued holder (see :data:`UniqueMode`),
     ``debounce`` is the delay a ``"debounce"`` enqueue gives the job when it names no
     ``run_at``, and ``unique_period`` also holds a key for the rest of the fixed window of that

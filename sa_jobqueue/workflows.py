@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import Connection
 
+from ._enqueue.options import OPTION_NAMES
 from ._sql import dependencies as dependencies_sql
 from .errors import InvalidJobError, UnknownJobError
 from .models import CANCELLED, DEAD, FINISHED_STATUSES, WAITING
@@ -159,8 +160,10 @@ def enqueue_with(
     return ids
 
 
-#: The enqueue options a :class:`Call` may carry.
-CALL_OPTIONS: Final = frozenset({"run_at", "priority", "queue", "max_attempts", "lease", "backoff"})
+#: The enqueue options a :class:`Call` may carry: those of
+#: :class:`~sa_jobqueue.queue.JobOptions` but the unique ones (a call takes no unique key of
+#: its own; a key its task derives is held as the task declares).
+CALL_OPTIONS: Final = OPTION_NAMES - {"unique_mode", "unique_period"}
 
 
 def check_call_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 Internal: its modules may change in any release; users import :class:`Enqueued` from
 ``sa_jobqueue`` and the option types from ``sa_jobqueue.queue``. ``JobQueue`` keeps the task
-registry and thin public methods, each handing its call to an :class:`Enqueuer` and running the
-work it returns in a shell of :mod:`.transactions`. The steps, the first ones without I/O:
+registry and thin public methods, each handing its call to an :class:`.enqueuer.Enqueuer` and
+running the work it returns in a shell of :mod:`.transactions`. The steps, the first ones
+without I/O:
 
 1. :mod:`.options`: the options, defined once (:class:`JobOptions`), and
    :func:`resolve_options`, which turns a task's declaration and a call's options into a
@@ -11,7 +12,7 @@ work it returns in a shell of :mod:`.transactions`. The steps, the first ones wi
    (:func:`sa_jobqueue.periodic.enqueue_due`).
 2. :mod:`.jobs`: payloads encoded (:func:`encode_payloads`) and unique keys settled, a
    :class:`NewJobs`; what comes back, :class:`Enqueued`.
-3. :mod:`.enqueuer`: the :class:`Enqueuer`, which prepares each call (middleware, trace
+3. :mod:`.enqueuer`: the :class:`~.enqueuer.Enqueuer`, which prepares each call (middleware, trace
    context, the two steps above) and leaves a work: a function of the Connection to write
    through. :mod:`.calls` builds the works of chains, groups and chords.
 4. :mod:`.inserting` (by row, from arrays, by COPY) and :mod:`.unique` (keys held by another

@@ -105,11 +105,17 @@ class Enqueuer:
         SQLAlchemy's greenlet, where the caller's context variables are not current).
         """
         if self.middleware:
+            found = self.registry.lookup(task)
+            items = tuple(payloads)
             given = {name: value for name, value in options.items() if value is not None}
-            # The call as middleware sees it, but for the connection the work is given.
-            call = functools.partial(
-                Enqueueing, self.registry.lookup(task), tuple(payloads), unique_keys, given
-            )
+
+            def call(conn: Connection) -> Enqueueing:
+                # The call as middleware sees it, on the connection the work is given: made
+                # anew for each run of the work (an Engine's transaction is tried again), so
+                # what one try's middleware changed in place, the next try does not see.
+                keys = None if unique_keys is None else list(unique_keys)
+                return Enqueueing(found, items, keys, dict(given), conn)
+
             return functools.partial(self._through, call, insert, self._traced(), edges, new)
         jobs = self.new_jobs(self.registry.lookup(task), payloads, unique_keys, options)
         return lambda conn: enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)

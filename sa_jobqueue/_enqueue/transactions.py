@@ -13,7 +13,8 @@ aborted the transaction), :data:`ATTEMPTS` times in all. A failed transaction ad
 so trying it again is safe, with one exception: when the connection is lost after the COMMIT
 was sent and before its reply came, the jobs may have been committed, and the retry enqueues
 them a second time. A unique key makes that retry find the first job instead. Each try runs
-the whole work again, middleware included, in its new transaction.
+the whole work again, middleware included (given the call afresh, as enqueue was given it),
+in its new transaction.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def claim() -> Update:
 
     A paused queue (a row in ``sa_jobqueue_queues`` with ``paused_at`` set) gives nothing,
     reclaims included: its expired leases wait for the resume like its queued jobs. So does a
-    queue with a limit (a cap or a rate): its jobs are claimed by :func:`claim_limited` alone.
+    queue with a limit (a cap or a rate): its jobs are claimed by
+    :func:`.claim_limits.claim_limited` alone.
 
     The claim's own transaction commits without waiting for its WAL to reach disk
     (``synchronous_commit`` off for that transaction only): see :func:`claim_commits_async`.

@@ -72,7 +72,7 @@ def enqueue_tick(unique: bool) -> Insert:
     statement, it is atomic even on an autocommit connection (the worker's). Returns the job's
     ``(id, pg_notify)``, or no row.
 
-    Job parameters are those of :func:`insert_jobs` (``b_`` prefixed) plus ``b_payload``;
+    Job parameters are those of :func:`.enqueue.insert_jobs` (``b_`` prefixed) plus ``b_payload``;
     with ``unique`` also ``b_unique_key``: a tick whose key a live job of the task holds moves
     the schedule but inserts no job, so the tick is skipped rather than queued behind it.
     """

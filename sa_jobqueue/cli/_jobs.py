@@ -195,7 +195,10 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
                 elif job.status != DEAD:
                     reason = f"not dead but {job.status}, left as it is"
                 else:
-                    reason = "left dead: a queued or running job of its task holds its unique key"
+                    reason = (
+                        "left dead: a waiting, queued or running job of its task holds its"
+                        " unique key"
+                    )
                 print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
         return EXIT_ERROR if failed else 0
     requeued = kept = 0
@@ -221,8 +224,8 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
     print(f"requeued {requeued} dead job(s)")
     if kept:
         print(
-            f"sa-jobqueue: {kept} left dead: a queued or running job of the task holds the"
-            " unique key",
+            f"sa-jobqueue: {kept} left dead: a waiting, queued or running job of the task"
+            " holds the unique key",
             file=sys.stderr,
         )
         return EXIT_ERROR

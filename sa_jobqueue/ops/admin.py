@@ -24,9 +24,8 @@ from .._sql import dependencies as dependencies_sql
 from .._sql.finished import requeue_dead
 from .._sql.listing import select_jobs
 from .._validation import check_queue_name, check_task_name
-from ..errors import InvalidJobError
 from ..models import Job
-from .filters import check_age, check_limit, check_statuses
+from .filters import check_after_id, check_age, check_limit, check_statuses, requeue_resets
 
 
 @dataclass(frozen=True)
@@ -127,9 +126,7 @@ def list_jobs(
     if older_than is not None:
         params["older_than"] = check_age(older_than)
     if after_id is not None:
-        if isinstance(after_id, bool) or not isinstance(after_id, int):
-            raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
-        params["after_id"] = after_id
+        params["after_id"] = check_after_id(after_id)
     statement = select_jobs(
         _JOB_INFO_FIELDS,
         statuses=status is not None,
@@ -174,15 +171,14 @@ def requeue_job(
     """Put ``dead`` job ``job_id`` back in its queue, due now, in the caller's transaction.
 
     True if it was dead and is queued again; False (nothing changed) if it is not dead, does
-    not exist, or a queued or running job of its task holds its unique key. ``attempts``:
-    "extend" raises ``max_attempts`` by its current value, "reset" starts the attempts from 0
-    again (see :meth:`JobQueue.requeue` for what each keeps of the fencing). One NOTIFY wakes
-    the queue's workers at commit.
+    not exist, or a waiting, queued or running job of its task holds its unique key.
+    ``attempts``: "extend" raises ``max_attempts`` by its current value, "reset" starts the
+    attempts from 0 again (see :meth:`JobQueue.requeue` for what each keeps of the fencing).
+    One NOTIFY wakes the queue's workers at commit.
     """
-    if attempts not in ("extend", "reset"):
-        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+    reset = requeue_resets(attempts)
     conn = connection_of(session)
-    queue = conn.execute(requeue_dead(attempts == "reset"), {"job_id": job_id}).scalar_one_or_none()
+    queue = conn.execute(requeue_dead(reset), {"job_id": job_id}).scalar_one_or_none()
     if queue is None:
         return False
     wake(conn, queue)

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final, Literal
 
-from .._durations import value_text
+from .._durations import duration_text, value_text
+from .._validation import MAX_DELAY
 from ..errors import InvalidJobError
 from ..models import STATUSES
 
@@ -19,6 +20,8 @@ from ..models import STATUSES
 MAX_PAGE: Final = 10_000
 #: The longest queue and task names the table holds (its columns' lengths).
 NAME_LENGTHS: Final = {"queue": 64, "task": 200}
+#: The largest job id: the id column is a bigint.
+MAX_JOB_ID: Final = 2**63 - 1
 
 
 def check_statuses(statuses: str | Iterable[str]) -> list[str]:
@@ -54,8 +57,40 @@ def check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
+def requeue_resets(attempts: object) -> bool:
+    """Whether a requeue's ``attempts`` mode is "reset" (True) or "extend" (False);
+    InvalidJobError for anything else."""
+    if attempts not in ("extend", "reset"):
+        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+    return attempts == "reset"
+
+
+def check_after_id(after_id: object) -> int:
+    """``after_id`` (where a page or a batch starts: past that id) if it is an int the id
+    column can be compared with; InvalidJobError otherwise, before the server would refuse it
+    and abort the caller's transaction."""
+    if (
+        isinstance(after_id, bool)
+        or not isinstance(after_id, int)
+        or not -MAX_JOB_ID - 1 <= after_id <= MAX_JOB_ID
+    ):
+        raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
+    return after_id
+
+
 def check_age(age: object, name: str = "older_than") -> float:
-    """A non-negative timedelta, as seconds for :func:`~sa_jobqueue._sql.clock.seconds`."""
+    """A timedelta from 0 to :data:`~sa_jobqueue._validation.MAX_DELAY`, as seconds for
+    :func:`~sa_jobqueue._sql.clock.seconds`.
+
+    Bounded because the statements compare with ``now()`` minus it, which the server refuses
+    (aborting the caller's transaction) past its timestamps' range; a thousand years already
+    reaches back past every job.
+    """
     if not isinstance(age, timedelta) or age < timedelta(0):
         raise InvalidJobError(f"{name} must be a timedelta of 0s or more, not {value_text(age)}")
+    if age > MAX_DELAY:
+        raise InvalidJobError(
+            f"{name} must be a timedelta of at most {duration_text(MAX_DELAY)},"
+            f" not {value_text(age)}"
+        )
     return age.total_seconds()

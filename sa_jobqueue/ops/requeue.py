@@ -16,8 +16,7 @@ from typing import Any, Final, Literal
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql.finished import requeue_dead_batch
-from ..errors import InvalidJobError
-from .filters import check_age, check_limit, check_name_filter
+from .filters import check_after_id, check_age, check_limit, check_name_filter, requeue_resets
 
 #: Dead jobs one batch looks at (one statement, one transaction). A batch locks these rows and
 #: writes a new version of each, with its index entries, so its cost follows its size: about
@@ -34,8 +33,8 @@ class RequeuedBatch:
 
     #: Jobs queued again.
     requeued: int
-    #: Jobs the batch picked and left dead: a queued or running job of the task holds the
-    #: unique key.
+    #: Jobs the batch picked and left dead: a waiting, queued or running job of the task holds
+    #: the unique key.
     kept: int
     #: The highest id the batch picked: pass it as ``after_id`` for the next batch (None when
     #: it picked none).
@@ -66,8 +65,7 @@ def requeue_dead_jobs(
     went past its id is left for another call. A job whose unique key a live job holds
     stays dead (counted in ``kept``).
     """
-    if attempts not in ("extend", "reset"):
-        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+    reset = requeue_resets(attempts)
     params: dict[str, Any] = {"b_batch": check_limit(batch, "batch"), "b_after_id": 0}
     if queue is not None:
         params["b_queue"] = check_name_filter(queue, "queue")
@@ -76,11 +74,9 @@ def requeue_dead_jobs(
     if older_than is not None:
         params["b_older_than"] = check_age(older_than)
     if after_id is not None:
-        if isinstance(after_id, bool) or not isinstance(after_id, int):
-            raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
-        params["b_after_id"] = after_id
+        params["b_after_id"] = check_after_id(after_id)
     statement = requeue_dead_batch(
-        attempts == "reset",
+        reset,
         queue=queue is not None,
         task=task is not None,
         older_than=older_than is not None,

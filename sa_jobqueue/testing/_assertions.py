@@ -13,9 +13,10 @@ from unittest.mock import ANY
 from sqlalchemy import Engine
 
 from .._binds import SessionLike
+from .._payload_types import PayloadCodec
 from .._sql.listing import select_jobs
 from .._validation import check_queue_name
-from ..errors import InvalidJobError
+from ..errors import InvalidJobError, PayloadTypeError
 from ..models import QUEUED
 from ..ops.filters import MAX_PAGE, check_statuses
 from ..queue import JobInfo
@@ -39,8 +40,10 @@ def enqueued_jobs(
     A Session or Connection sees what its own transaction enqueued before committing; an
     Engine sees committed jobs. ``payload`` must equal (``==``) the job's payload as a worker
     would decode it; ``unittest.mock.ANY`` matches any value, also inside a dict or list
-    (``{"user_id": 1, "token": ANY}``). ``status`` defaults to ``"queued"``;
-    None means any status. Reads at most 10,000 jobs.
+    (``{"user_id": 1, "token": ANY}``). For a task with a typed payload given as a Task object,
+    that is a value of its type (``Order(id=7)``, ``Order(id=ANY)``); its stored JSON matches
+    too. Given by name, the task's type is not known here, and only the JSON can match.
+    ``status`` defaults to ``"queued"``; None means any status. Reads at most 10,000 jobs.
     """
     params: dict[str, Any] = {"limit": MAX_PAGE}
     if status is not None:
@@ -57,13 +60,25 @@ def enqueued_jobs(
         older_than=False,
         after=False,
     )
+    codec = task.payload_codec if isinstance(task, Task) else None
     with reading(session) as conn:
         rows = conn.execute(statement, params)
         return [
             info
             for info in (JobInfo(**row._asdict()) for row in rows)
-            if payload is ANY or payload == info.payload
+            if payload is ANY or payload == info.payload or _decoded_equal(codec, payload, info)
         ]
+
+
+def _decoded_equal(codec: PayloadCodec | None, payload: Any, job: JobInfo) -> bool:
+    """Whether ``payload`` equals ``job``'s payload as a worker rebuilds it with ``codec`` (a
+    stored payload that no longer fits the type equals nothing)."""
+    if codec is None:
+        return False
+    try:
+        return bool(payload == codec.rebuild(job.payload))
+    except PayloadTypeError:
+        return False
 
 
 def assert_enqueued(

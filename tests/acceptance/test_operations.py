@@ -18,12 +18,12 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_jobqueue import InvalidJobError, JobQueue
-from sa_jobqueue._sql.enqueue import CHANNEL
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.ops import Finding, check, count_purge, purge, requeue_dead_jobs, worst
 from tests.helpers.job_states import add_dead, add_job, add_worker
 from tests.helpers.jobs import findings, row, status_by_id
+from tests.helpers.notify import notifications
 from tests.helpers.waiting import wait_for
 
 j = jobs_table.c
@@ -72,13 +72,7 @@ def test_requeue_wakes_the_queue_once_at_commit(
     with engine.begin() as conn:
         assert queue.requeue(conn, first)
         assert queue.requeue(conn, second)
-        conn.execute(select(func.pg_notify(CHANNEL, "~marker")))
-    received = []
-    for notify in listener.notifies(timeout=10):
-        if notify.payload == "~marker":
-            break
-        received.append(notify.payload)
-    assert received == ["mail"]
+    assert notifications(listener, engine) == ["mail"]
 
 
 def test_requeue_dead_jobs_wakes_each_queue_once_at_commit(
@@ -90,13 +84,7 @@ def test_requeue_dead_jobs_wakes_each_queue_once_at_commit(
     with engine.begin() as conn:
         done = requeue_dead_jobs(conn)
         assert (done.requeued, done.kept) == (3, 0)
-        conn.execute(select(func.pg_notify(CHANNEL, "~marker")))
-    received = []
-    for notify in listener.notifies(timeout=10):
-        if notify.payload == "~marker":
-            break
-        received.append(notify.payload)
-    assert sorted(received) == ["mail", "sms"]
+    assert sorted(notifications(listener, engine)) == ["mail", "sms"]
 
 
 def test_requeue_dead_jobs_passes_over_rows_locked_by_someone_else(engine: sa.Engine) -> None:

@@ -205,3 +205,24 @@ def test_middleware_runs_in_the_transaction_enqueue_began(
     with engine.connect() as other:
         payloads = other.execute(sa.select(j.id, j.payload)).all()
     assert payloads == [(job_id, {"n": 1, "tag": "t"})]
+
+
+class Bumping(Middleware):
+    """Raises each enqueue's priority by one, writing into the call's options dict as it is."""
+
+    def enqueue(self, call: Enqueueing, proceed: ProceedEnqueue) -> list[Any]:
+        options = call.options
+        assert isinstance(options, dict)
+        options["priority"] = options.get("priority", 0) + 1
+        return proceed(call)
+
+
+def test_each_try_gives_the_middleware_the_call_as_enqueue_was_given_it(
+    plain_engine: sa.Engine, engine: sa.Engine
+) -> None:
+    queue = make_queue(middleware=[Bumping()])
+    kill_pooled_connection(plain_engine, engine)
+    job_id = queue.enqueue(plain_engine, "work_a", {"n": 1}, priority=3)
+    # Bumped once from what enqueue was given, not once more by the retry's middleware.
+    with engine.connect() as other:
+        assert other.execute(sa.select(j.priority).where(j.id == job_id)).scalar_one() == 4

@@ -149,7 +149,9 @@ def test_list_jobs_older_than_uses_the_creation_time(conn: sa.Connection, queue:
         {"queue": "no spaces"},
         {"task": "9starts-with-a-digit"},
         {"older_than": timedelta(seconds=-1)},
+        {"older_than": timedelta(days=10**8)},  # now() minus it: out of the server's range
         {"after_id": "12"},
+        {"after_id": 2**63},  # past the id column's bigint: the server would refuse it
     ],
 )
 def test_list_jobs_refuses_bad_filters_before_sending_sql(

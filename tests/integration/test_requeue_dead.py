@@ -92,7 +92,10 @@ def test_the_batch_size_is_one_statement_of_bounded_cost() -> None:
         ({"queue": ""}, "a queue name is 1 to 64 characters"),
         ({"task": "t\x00"}, "a task name is 1 to 200 characters"),
         ({"older_than": timedelta(seconds=-1)}, "older_than must be a timedelta of 0s or more"),
+        # Past what now() minus it can be: the server's refusal would abort the transaction.
+        ({"older_than": timedelta(days=10**8)}, "older_than must be a timedelta of at most"),
         ({"after_id": "12"}, "after_id must be a job id"),
+        ({"after_id": 2**63}, "after_id must be a job id"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_sql(

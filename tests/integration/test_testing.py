@@ -8,6 +8,7 @@ is rolled back; ``drain``, which needs committed jobs, is tested in tests/accept
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from unittest.mock import ANY
 
 import pytest
@@ -15,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import InvalidJobError
+from sa_jobqueue import InvalidJobError, JobContext, JobQueue
 from sa_jobqueue.errors import PayloadError
 from sa_jobqueue.testing import (
     assert_enqueued,
@@ -113,6 +114,33 @@ def test_refute_enqueued_lists_the_jobs_that_match(session: Session) -> None:
         r"  #\d+ write_note queue='default' status=queued payload=\{'text': 'hi'\}",
         str(raised.value),
     )
+
+
+@dataclass(frozen=True)
+class Shipment:
+    order_id: int
+    express: bool = False
+
+
+typed_queue = JobQueue()
+
+
+@typed_queue.task
+def ship(ctx: JobContext, payload: Shipment) -> None:
+    """A task with a typed payload: a worker decodes its payload into a Shipment."""
+
+
+def test_a_typed_payload_matches_as_a_worker_decodes_it_or_as_stored(session: Session) -> None:
+    typed_queue.enqueue(session, ship, Shipment(order_id=7))
+
+    # As the handler will get it, ANY inside it too, and as the JSON stored.
+    assert_enqueued(session, task=ship, payload=Shipment(order_id=7))
+    assert_enqueued(session, task=ship, payload=Shipment(order_id=ANY))
+    assert_enqueued(session, task=ship, payload={"order_id": 7, "express": False})
+    refute_enqueued(session, task=ship, payload=Shipment(order_id=7, express=True))
+    assert len(enqueued_jobs(session, task=ship, payload=Shipment(order_id=7))) == 1
+    # By name the task's type is unknown here: only the stored JSON can match.
+    refute_enqueued(session, task="ship", payload=Shipment(order_id=7))
 
 
 def test_enqueued_jobs_refuses_an_unknown_status(session: Session) -> None:
