@@ -541,6 +541,8 @@ def test_a_role_with_select_only_renders_every_page(
                 "/jobs?status=dead&queue=emails",
                 f"/jobs/{jobs['dead']}",
                 f"/jobs/{jobs['dead']}/payload.json",
+                f"/jobs/{jobs['dead']}/workflow",
+                "/queues?name=emails",
                 "/periodic",
                 "/purge?status=dead&older_than=0",
             ):
