@@ -13,9 +13,11 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue.models import dependencies_table
 from sa_jobqueue.testing import drain
 from sa_jobqueue.web import _workflow_reads, create_app
 from sa_jobqueue.workflows import Call
+from tests.helpers.job_states import add_job
 from tests.helpers.pages import LOCAL, links
 
 
@@ -159,3 +161,40 @@ def test_a_workflow_bigger_than_the_view_is_cut_and_says_so(
 
 def test_the_workflow_view_of_no_job_is_a_404(client: TestClient) -> None:
     assert client.get("/jobs/987654321/workflow").status_code == 404
+
+
+def test_hostile_task_names_render_escaped_in_the_lists_and_the_graph(
+    engine: sa.Engine, client: TestClient
+) -> None:
+    hostile = '<script>alert(1)</script>"\x1b'
+    with engine.begin() as conn:
+        first = add_job(conn, task=hostile, status="succeeded", attempts=1)
+        then = add_job(conn, task="after", status="waiting")
+        conn.execute(
+            sa.insert(dependencies_table).values(
+                job_id=then, depends_on=first, on_failure="run", pending=False
+            )
+        )
+    for path in (f"/jobs/{then}", f"/jobs/{then}/workflow", f"/jobs/{first}/workflow"):
+        html = client.get(path).text
+        assert "<script>alert" not in html, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, path
+        assert "\x1b" not in html, path
+    assert 'class="edge runs-anyway"' in client.get(f"/jobs/{then}/workflow").text
+
+
+@pytest.mark.parametrize(
+    ("arrows", "layers"),
+    [
+        ([], {1: 0}),
+        ([(1, 2), (2, 3)], {1: 0, 2: 1, 3: 2}),
+        # A diamond with a shortcut: 4 waits for 1 directly and through 2 and 3.
+        ([(1, 2), (1, 3), (2, 3), (3, 4), (1, 4)], {1: 0, 2: 1, 3: 2, 4: 3}),
+        # Two roots, one of them deeper: the join sits past the deeper path.
+        ([(1, 3), (2, 4), (4, 3)], {1: 0, 2: 0, 3: 2, 4: 1}),
+    ],
+)
+def test_each_job_sits_one_layer_past_the_deepest_job_it_waits_for(
+    arrows: list[tuple[int, int]], layers: dict[int, int]
+) -> None:
+    assert _workflow_reads.layers_of(sorted(layers), arrows) == layers
