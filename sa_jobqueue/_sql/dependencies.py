@@ -19,6 +19,7 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     Insert,
+    Integer,
     Select,
     Text,
     Update,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, array, insert
@@ -168,3 +170,114 @@ def upstream_results() -> Select[Any]:
         .where(e.job_id == bindparam("job_id", type_=BigInteger))
         .order_by(j.id)
     )
+
+
+# -- what the dashboard shows of a job's workflow --------------------------------------------
+
+
+def _neighbour_list(own: Any, other: Any) -> Select[Any]:
+    """The edges whose ``own`` end is ``:job_id``: the job at the ``other`` end (its task and
+    status; both NULL once it was pruned), the edge's policy and whether it is pending, at most
+    ``:shown`` of them in id order, from the edges' index (never more edges than that).
+
+    The edges are chosen first, then their jobs probed: joined before the LIMIT, the planner
+    may walk the jobs' primary key in id order to the first of them (a merge join).
+    """
+    edges = (
+        select(other.label("id"), e.on_failure, e.pending)
+        .where(own == bindparam("job_id", type_=BigInteger))
+        .order_by(other)
+        .limit(bindparam("shown", type_=Integer))
+        .subquery("edges")
+    )
+    return (
+        select(edges.c.id, j.task, j.status, edges.c.on_failure, edges.c.pending)
+        .select_from(edges.outerjoin(jobs_table, j.id == edges.c.id))
+        .order_by(edges.c.id)
+    )
+
+
+@cache
+def waits_for() -> Select[Any]:
+    """Up to ``:shown`` jobs ``:job_id`` depends on, lowest id first (the primary key)."""
+    return _neighbour_list(e.job_id, e.depends_on)
+
+
+@cache
+def waited_on_by() -> Select[Any]:
+    """Up to ``:shown`` jobs that depend on ``:job_id``, lowest id first (the depends_on index)."""
+    return _neighbour_list(e.depends_on, e.job_id)
+
+
+@cache
+def edge_counts() -> Select[Any]:
+    """How many jobs ``:job_id`` depends on, and how many depend on it, each counted up to
+    ``:upto`` (from the edges' indexes alone; a chord's callback may have 100,000)."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    upto = bindparam("upto", type_=Integer)
+
+    def counted(where: ColumnElement[bool]) -> Any:
+        some = select(literal(1)).where(where).limit(upto).subquery()
+        return select(func.count()).select_from(some).scalar_subquery()
+
+    return select(counted(e.job_id == job_id), counted(e.depends_on == job_id))
+
+
+@cache
+def connected_jobs() -> Select[Any]:
+    """The ids of up to ``:most`` jobs joined to ``:job_id`` by edges either way, it first,
+    then by distance (a breadth-first walk of the edges, each job once).
+
+    The walk is a recursive CTE under a LIMIT: PostgreSQL computes its rows as the LIMIT asks
+    for them, so a job with 100,000 dependents yields ``:most`` of them and reads no more.
+    """
+    start = select(bindparam("job_id", type_=BigInteger).label("id")).cte("walk", recursive=True)
+    up = select(e.depends_on.label("id")).where(e.job_id == start.c.id)
+    down = select(e.job_id.label("id")).where(e.depends_on == start.c.id)
+    step = union_all(up, down).subquery().lateral("step")
+    walk = start.union(select(step.c.id).select_from(start.join(step, true())))
+    return select(walk.c.id).limit(bindparam("most", type_=Integer))
+
+
+@cache
+def edges_among() -> Select[Any]:
+    """The edges between jobs of ``:job_ids`` (both ends in it), at most ``:edges``.
+
+    Each job's dependencies are read from the primary key, its ``:most`` lowest ids alone,
+    then kept if in the list: a callback with 100,000 dependencies costs ``:most`` rows, not
+    100,000 (as :func:`connected_jobs` walks the same index in the same order, the ones it
+    reached are those).
+    """
+    ids = id_array("job_ids")
+    listed = func.unnest(ids).table_valued("id", name="listed").render_derived()
+    probe = (
+        select(e.job_id, e.depends_on, e.on_failure, e.pending)
+        .where(e.job_id == listed.c.id)
+        .order_by(e.depends_on)
+        .limit(bindparam("most", type_=Integer))
+        .lateral("edge")
+    )
+    return (
+        select(probe.c.job_id, probe.c.depends_on, probe.c.on_failure, probe.c.pending)
+        .select_from(listed.join(probe, true()))
+        .where(probe.c.depends_on == func.any(ids))
+        .order_by(probe.c.job_id, probe.c.depends_on)
+        .limit(bindparam("edges", type_=Integer))
+    )
+
+
+@cache
+def graph_nodes() -> Select[Any]:
+    """The id, task, queue and status of each job of ``:job_ids`` (a primary-key probe each)."""
+    return select(j.id, j.task, j.queue, j.status).where(j.id == func.any(id_array("job_ids")))
+
+
+@cache
+def kept_result() -> Select[Any]:
+    """Job ``:job_id``'s stored result as JSON text cut to ``:max_chars``, and its whole
+    length; no row for a job without one (a task that keeps none, or not succeeded yet)."""
+    text = cast(j.result, Text)
+    return select(
+        func.left(text, bindparam("max_chars", type_=Integer)).label("text"),
+        func.length(text).label("length"),
+    ).where(j.id == bindparam("job_id", type_=BigInteger), j.result.is_not(None))

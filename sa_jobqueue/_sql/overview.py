@@ -29,7 +29,7 @@ from sqlalchemy import (
 from ..models import claimable, dead, jobs_table, prunable, queues_table
 from .clock import seconds
 from .dashboard import dead_per_queue, finished_per_minute, waiting_per_queue
-from .queues import all_limits, limited, paused_queues
+from .queues import all_limits, limited, live_leases, paused_queues
 from .stats import live_per_queue
 
 j = jobs_table.c
@@ -106,3 +106,9 @@ def paused_on_page() -> Select[Any]:
 def limits_on_page() -> Select[Any]:
     """:func:`.queues.all_limits` for the queues ``:names``."""
     return _on_page(all_limits(), q.queue)
+
+
+@cache
+def leases_on_page() -> Select[Any]:
+    """:func:`.queues.live_leases` for the queues ``:names``."""
+    return _on_page(live_leases(), j.queue)

@@ -17,11 +17,23 @@ from sqlalchemy import Connection
 
 from .._sql import dashboard as dashboard_sql
 from .._sql.finished import purge_batch
+from ..errors import InvalidLimitError
 from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
 from ..ops.filters import check_age
 from ..ops.health import span
-from ..ops.queues import pause_queue, resume_queue
+from ..ops.queues import (
+    QueueLimits,
+    RateLimit,
+    check_cap,
+    pause_queue,
+    queue_limits,
+    resume_queue,
+    set_queue_concurrency,
+    set_queue_key_concurrency,
+    set_queue_key_rate,
+    set_queue_rate,
+)
 from ..ops.requeue import requeue_dead_jobs
 
 #: The most jobs one click purges.
@@ -143,3 +155,65 @@ def count_purge(conn: Connection, *, statuses: list[str], older_than: timedelta)
             params = {"statuses": wanted, "older_than": seconds, "upto": MAX_BATCH + 1}
             total += conn.execute(dashboard_sql.count_finished(within), params).scalar_one()
     return min(total, MAX_BATCH + 1)
+
+
+@dataclass(frozen=True)
+class LimitsForm:
+    """The queue page's limits as typed: each blank for "none"."""
+
+    concurrency: str = ""
+    rate: str = ""
+    key_field: str = ""
+    key_concurrency: str = ""
+    key_rate: str = ""
+
+
+def set_limits(conn: Connection, queue: str, form: LimitsForm) -> Outcome:
+    """Set all four of ``queue``'s limits to those of ``form``, with the functions (and so the
+    checks) of ``sa-jobqueue queues limit``; an invalid value raises InvalidLimitError (or
+    InvalidNameError) before any SQL, and the transaction is rolled back with nothing changed."""
+    cap = _whole(form.concurrency, "cap")
+    key_cap = _whole(form.key_concurrency, "cap per key")
+    key = form.key_field.strip() or None
+    # Checked whole before anything is written (the key field after its limits are cleared
+    # below, which the ops functions would otherwise refuse as a second key field).
+    check_cap(cap)
+    check_cap(key_cap)
+    rate = RateLimit.parse(form.rate.strip()) if form.rate.strip() else None
+    key_rate = RateLimit.parse(form.key_rate.strip()) if form.key_rate.strip() else None
+    before = set_queue_concurrency(conn, queue, cap)
+    set_queue_rate(conn, queue, rate)
+    # The limits per key share one field: cleared first, so that the form may change it.
+    set_queue_key_rate(conn, queue, None)
+    set_queue_key_concurrency(conn, queue, None)
+    if key_cap is not None:
+        set_queue_key_concurrency(conn, queue, key_cap, key=key)
+    if key_rate is not None:
+        set_queue_key_rate(conn, queue, key_rate, key=key)
+    after = queue_limits(conn).get(queue, QueueLimits())
+    return Outcome(True, f"queue {queue}: {limits_text(after)} (was: {limits_text(before)})")
+
+
+def limits_text(limits: QueueLimits) -> str:
+    """A queue's limits in words, as the overview writes them (``none`` without any)."""
+    words = []
+    if limits.concurrency is not None:
+        words.append(f"at most {limits.concurrency} running")
+    if limits.rate is not None:
+        words.append(str(limits.rate))
+    if limits.key_concurrency is not None:
+        words.append(f"at most {limits.key_concurrency} per {limits.key_field}")
+    if limits.key_rate is not None:
+        words.append(f"{limits.key_rate} per {limits.key_field}")
+    return ", ".join(words) or "no limit"
+
+
+def _whole(text: str, what: str) -> int | None:
+    """A form's whole number, None when blank; InvalidLimitError for other text."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidLimitError(f"a {what} must be a whole number, not {text[:40]!r}") from None

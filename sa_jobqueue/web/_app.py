@@ -153,20 +153,21 @@ def create_app(
 
     Run it alone (``uvicorn``, or ``sa-jobqueue web``) or mount it in a Starlette or FastAPI
     application under any prefix: ``app.mount("/jobs", create_app(engine))``; its links follow
-    the prefix. Pages: the overview (queues, workers, health findings), the jobs list (filters,
-    keyset pages), each job, the periodic schedules, the purge form.
+    the prefix. Pages: the overview (queues with their limits and what holds each back, workers,
+    health findings), each queue, the jobs list (filters, keyset pages), each job (with its
+    kept result and its dependencies both ways), a job's workflow (the jobs joined to it by
+    dependencies, drawn without script), the periodic schedules, the purge form.
 
-    ``engine`` is a synchronous SQLAlchemy Engine on PostgreSQL (psycopg 3); each page reads in
-    one read-only REPEATABLE READ transaction of its own, under ``statement_timeout``.
-    ``allow_actions`` turns on the buttons (retry, cancel, retry dead jobs by filter, purge,
-    pause and resume a queue): POST only, with a CSRF token, each one transaction. Without it
-    every action route answers 403 and no button is drawn. ``authorize(request)`` is asked about
-    every request, pages and static files alike, and may be a coroutine function: return False
-    to answer 403 (it must not read the request's body). ``queue``, the application's JobQueue,
-    adds each periodic schedule's cron expression, time zone and next tick. ``secret`` signs the
-    CSRF tokens and messages: give the same one to every process serving the dashboard behind
-    one address (default: random per app). ``thresholds`` tune the health findings as for
-    ``check``.
+    ``engine`` is a synchronous SQLAlchemy Engine on PostgreSQL (psycopg 3); each page reads in one
+    read-only REPEATABLE READ transaction of its own, under ``statement_timeout``. ``allow_actions``
+    turns on the buttons (retry, cancel, retry dead jobs by filter, purge, pause and resume a queue,
+    set its limits): POST only, with a CSRF token, each one transaction. Without it every action
+    route answers 403 and no button is drawn. ``authorize(request)`` is asked about every request,
+    pages and static files alike, and may be a coroutine function: return False to answer 403 (it
+    must not read the request's body). ``queue``, the application's JobQueue, adds each periodic
+    schedule's cron expression, time zone and next tick. ``secret`` signs the CSRF tokens and
+    messages: give the same one to every process serving the dashboard behind one address (default:
+    random per app). ``thresholds`` tune the health findings as for ``check``.
 
     ``allowed_hosts``: the names the dashboard answers to, compared with each request's
     ``Host`` (Starlette's TrustedHostMiddleware; any other gets a 400): names or addresses

@@ -24,23 +24,19 @@ from starlette.staticfiles import StaticFiles
 
 from .. import __version__
 from .._sql.dashboard import page_settings
-from ..database import check_schema
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
+from ..ops.filters import check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
-from . import _actions, _display, _reads
+from . import _actions, _display, _queue_reads, _reads, _workflow_reads
+from ._db_errors import explain
 from ._filters import MAX_ID, JobFilter, age, finished_statuses, queue_name, read_filter, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
 
 T = TypeVar("T")
 
-#: PostgreSQL's SQLSTATEs the pages explain rather than report.
-UNDEFINED_TABLE: Final = "42P01"
-UNDEFINED_COLUMN: Final = "42703"
-INSUFFICIENT_PRIVILEGE: Final = "42501"
-QUERY_CANCELED: Final = "57014"
 
 _STATIC: Final = Path(__file__).parent / "static"
 
@@ -90,8 +86,11 @@ class Dashboard:
             Route("/jobs/retry", self.retry_matching, methods=["POST"], name="retry_matching"),
             Route("/jobs/{job_id:int}", self.job, name="job"),
             Route("/jobs/{job_id:int}/payload.json", self.payload, name="payload"),
+            Route("/jobs/{job_id:int}/workflow", self.workflow, name="workflow"),
             Route("/jobs/{job_id:int}/retry", self.retry, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.cancel, methods=["POST"], name="cancel"),
+            Route("/queues", self.queue, name="queue"),
+            Route("/queues/limits", self.set_limits, methods=["POST"], name="set_limits"),
             Route("/queues/pause", self.pause_queue, methods=["POST"], name="pause_queue"),
             Route("/queues/resume", self.resume_queue, methods=["POST"], name="resume_queue"),
             Route("/periodic", self.periodic, name="periodic"),
@@ -132,10 +131,28 @@ class Dashboard:
 
     async def job(self, request: Request) -> Response:
         job_id = _job_id(request)
-        job = await self._read(_reads.read_job, job_id)
+        job, links = await self._read(_job_page, job_id)
         if job is None:
             raise PageError(404, f"no job with id {job_id}")
-        return self._page(request, "job.html", job.as_of, job=job)
+        return self._page(request, "job.html", job.as_of, job=job, links=links)
+
+    async def workflow(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        graph = await self._read(_workflow_reads.read_workflow, job_id)
+        if graph is None:
+            raise PageError(404, f"no job with id {job_id}")
+        return self._page(request, "workflow.html", graph.as_of, graph=graph)
+
+    async def queue(self, request: Request) -> Response:
+        try:
+            name = queue_name(request.query_params.get("name", ""))
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
+        if name is None:
+            raise PageError(400, "give the queue's name: /queues?name=...")
+        stale = check_age(self.thresholds.stale_after, "stale_after")
+        data = await self._read(_queue_reads.read_queue, name, stale)
+        return self._page(request, "queue.html", data.as_of, page=data)
 
     async def payload(self, request: Request) -> Response:
         job_id = _job_id(request)
@@ -207,13 +224,24 @@ class Dashboard:
     async def resume_queue(self, request: Request) -> Response:
         return await self._queue_action(request, _actions.resume)
 
+    async def set_limits(self, request: Request) -> Response:
+        form = await self._action_form(request)
+        fields = {f: _field(form, f) for f in _actions.LimitsForm.__dataclass_fields__}
+        name = _field(form, "queue")
+        outcome = await self._act(_actions.set_limits, name, _actions.LimitsForm(**fields))
+        return self._after(request, outcome, self.url(request, "queue", query={"name": name}))
+
     async def _queue_action(
         self, request: Request, action: Callable[[Connection, str], _actions.Outcome]
     ) -> Response:
         form = await self._action_form(request)
         # A bad name is refused by the action (InvalidNameError) and said in the flash.
-        outcome = await self._act(action, _field(form, "queue"))
-        return self._after(request, outcome, self.url(request, "overview"))
+        name = _field(form, "queue")
+        outcome = await self._act(action, name)
+        # Back to the page the form was on: the queue's own, or the overview.
+        on_queue_page = _field(form, "back") == "queue"
+        back = self.url(request, "queue", query={"name": name}) if on_queue_page else None
+        return self._after(request, outcome, back or self.url(request, "overview"))
 
     async def purge(self, request: Request) -> Response:
         form = await self._action_form(request)
@@ -276,26 +304,7 @@ class Dashboard:
         conn.execute(page_settings(), {"timeout_ms": self.timeout_ms})
 
     def _explain(self, exc: DBAPIError) -> str:
-        """A database error in one sentence, with what to do about the ones we know."""
-        code = getattr(exc.orig, "sqlstate", None)
-        first = (str(exc.orig) if exc.orig is not None else str(exc)).strip()
-        reason = first.splitlines()[0] if first else type(exc).__name__
-        if code in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
-            try:
-                check_schema(self.engine)
-            except SchemaError as schema:
-                return str(schema)
-            except DBAPIError:
-                pass
-        if code == INSUFFICIENT_PRIVILEGE:
-            return (
-                f"the database refused: {reason} (this role may only read; actions need"
-                " UPDATE and DELETE on sa_jobqueue_jobs, pausing INSERT and UPDATE on"
-                " sa_jobqueue_queues, pages need SELECT on the tables)"
-            )
-        if code == QUERY_CANCELED:
-            return f"the database gave up: {reason} (over {int(self.timeout_ms) // 1000}s)"
-        return f"the database refused: {reason}"
+        return explain(exc, self.engine, int(self.timeout_ms))
 
     async def _action_form(self, request: Request) -> FormData:
         """The POSTed form, once actions are allowed and its CSRF token holds."""
@@ -348,6 +357,8 @@ class Dashboard:
             statuses=STATUSES,
             finished_statuses=FINISHED_STATUSES,
             max_batch=_actions.MAX_BATCH,
+            most_jobs=_workflow_reads.MOST_JOBS,
+            counted=_workflow_reads.COUNTED,
             retry_batch=REQUEUE_BATCH,
             request_path=request.url.path,
             **context,
@@ -392,6 +403,12 @@ def _purge_page(conn: Connection, selection: dict[str, Any] | None) -> tuple[Any
     """The purge form's ``now()`` and, for a selection, how many jobs it matches."""
     as_of = _reads.now(conn)
     return as_of, None if selection is None else _actions.count_purge(conn, **selection)
+
+
+def _job_page(conn: Connection, job_id: int) -> tuple[Any, Any]:
+    """A job and its result and edges, in one snapshot."""
+    job = _reads.read_job(conn, job_id)
+    return job, None if job is None else _workflow_reads.read_links(conn, job_id)
 
 
 def _job_id(request: Request) -> int:

@@ -8,7 +8,7 @@ one ``now()``. Each statement is read through an index (the how-to page lists th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -19,17 +19,14 @@ from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
 from .._sql.stats import live_workers
-from ..models import FINISHED_STATUSES
 from ..ops.admin import JobSummary
 from ..ops.filters import check_age
 from ..ops.health import Finding, Thresholds, check
-from ..ops.queues import RateLimit
 from ..ops.stats import WorkerInfo
 from ..periodic import Schedule, latest_tick, next_tick
 from ._filters import JobFilter
+from ._queue_reads import CHART_MINUTES, QueueRow, queue_rows
 
-#: How far back the throughput chart looks, in one bar per minute.
-CHART_MINUTES: Final = 60
 #: Characters of JSON (payload, error) a job's page shows; the rest is cut, with a note.
 MAX_CHARS: Final = 65_536
 #: Characters of an error's type and message a list shows.
@@ -43,45 +40,6 @@ def now(conn: Connection) -> datetime:
 
 
 # -- overview --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    """One queue on the overview."""
-
-    name: str
-    #: Jobs waiting for their dependencies (they become queued once those have ended).
-    waiting: int = 0
-    queued: int = 0
-    due: int = 0
-    running: int = 0
-    dead: int = 0
-    #: How long the oldest due job has waited; None if none is due.
-    oldest_due: timedelta | None = None
-    #: Jobs finished in the chart's hour, per finished status.
-    finished: dict[str, int] = field(default_factory=dict)
-    #: Per finished status, the jobs of each minute of the hour, oldest minute first.
-    per_minute: dict[str, list[int]] = field(default_factory=dict)
-    #: When the queue was paused; None while it runs.
-    paused_at: datetime | None = None
-    #: Its cap (jobs running at once across all workers); None: no cap.
-    concurrency: int | None = None
-    #: Its rate limit (``50/1s``); None: none.
-    rate: str | None = None
-    #: Jobs started in the rate limit's current window.
-    rate_used: int = 0
-    #: Its cap per key (jobs of one task with the same key running at once); None: none.
-    key_concurrency: int | None = None
-    #: Its rate per key (``10/1s``); None: none.
-    key_rate: str | None = None
-    #: The payload's field whose value is the key of both; None without either.
-    key_field: str | None = None
-
-    @property
-    def busiest_minute(self) -> int:
-        """The most jobs finished in one minute of the hour (the chart's scale)."""
-        totals = [sum(col) for col in zip(*self.per_minute.values(), strict=True)]
-        return max(totals, default=0)
 
 
 @dataclass(frozen=True)
@@ -123,42 +81,9 @@ def read_overview(
     total, names = conn.execute(overview_sql.queue_page(), wanted).one()
     # One name more than the page shows: whether it comes says if there is a page beyond.
     shown: list[str] = names[:QUEUES_SHOWN]
-    page = {"names": shown, "window": window}
-    rows: dict[str, dict[str, Any]] = {name: {} for name in shown}
-    for name, queued, due, running, oldest in conn.execute(overview_sql.live_on_page(), page):
-        rows[name].update(queued=queued, due=due, running=running, oldest_due=oldest)
-    for name, dead in conn.execute(overview_sql.dead_on_page(), page):
-        rows[name]["dead"] = dead
-    for name, waiting in conn.execute(overview_sql.waiting_on_page(), page):
-        rows[name]["waiting"] = waiting
-    minutes: dict[str, dict[str, list[int]]] = {}
-    for name, status, minute, n in conn.execute(overview_sql.finished_on_page(), page):
-        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
-        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
-            series[status][CHART_MINUTES - 1 - minute] += n
-    for name, paused_at in conn.execute(overview_sql.paused_on_page(), page):
-        rows[name]["paused_at"] = paused_at
-    for limits in conn.execute(overview_sql.limits_on_page(), page):
-        name, cap, count, period, used, key_cap, key_field, key_count, key_period = limits
-        rows[name].update(
-            concurrency=cap,
-            rate=None if count is None else str(RateLimit(count, period)),
-            rate_used=used,
-            key_concurrency=key_cap,
-            key_rate=None if key_count is None else str(RateLimit(key_count, key_period)),
-            key_field=key_field,
-        )
-    queues = [
-        QueueRow(
-            name=name,
-            **rows[name],
-            finished={s: sum(v) for s, v in minutes.get(name, {}).items()},
-            per_minute=minutes.get(name, {}),
-        )
-        for name in shown
-    ]
     stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
     workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
+    queues = queue_rows(conn, shown, workers)
     registered, _ = conn.execute(worker_freshness(), stale).one()
     findings = check(conn, thresholds)
     return Overview(

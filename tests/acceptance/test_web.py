@@ -318,7 +318,8 @@ def queue_table(html: str) -> dict[str, dict[str, str]]:
         [cell_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)]
         for tr in re.findall(r"<tr>(.*?)</tr>", table, flags=re.S)
     ]
-    return {cells[0]: dict(zip(heads, cells, strict=True)) for cells in rows if cells}
+    # The first cell: the queue's name, then the link to its page ("settings").
+    return {cells[0].split()[0]: dict(zip(heads, cells, strict=True)) for cells in rows if cells}
 
 
 def test_the_overview_counts_jobs_waiting_for_dependencies(
@@ -540,6 +541,8 @@ def test_a_role_with_select_only_renders_every_page(
                 "/jobs?status=dead&queue=emails",
                 f"/jobs/{jobs['dead']}",
                 f"/jobs/{jobs['dead']}/payload.json",
+                f"/jobs/{jobs['dead']}/workflow",
+                "/queues?name=emails",
                 "/periodic",
                 "/purge?status=dead&older_than=0",
             ):

@@ -2,10 +2,12 @@
 
 The app runs on uvicorn in a thread against the test's database. The browser opens the
 overview, filters the jobs list to dead jobs with the form, opens one, retries it, and sees it
-queued, in the page and in the table. A screenshot of each page is saved under
-``$SA_JOBQUEUE_ARTEFACTS`` (or the test's temporary directory); with
-``SA_JOBQUEUE_UPDATE_SCREENSHOT=1`` the overview's also replaces
-docs/assets/dashboard-overview.png. Needs the Debian packages chromium and chromium-driver
+queued, in the page and in the table; it pauses a queue from the queue's page and sets its
+cap there; it opens the workflow view of a chord from one of its jobs. A screenshot of each
+page is saved under ``$SA_JOBQUEUE_ARTEFACTS`` (or the test's temporary directory); with
+``SA_JOBQUEUE_UPDATE_SCREENSHOT=1`` the overview's, the queue page's and the workflow view's
+also replace docs/assets/dashboard-overview.png, dashboard-queue.png and
+dashboard-workflow.png. Needs the Debian packages chromium and chromium-driver
 (.ci/run installs them).
 """
 
@@ -26,16 +28,27 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from sa_jobqueue.models import jobs_table, periodic_table
+from sa_jobqueue import JobContext, JobQueue
+from sa_jobqueue.models import jobs_table, periodic_table, workers_table
+from sa_jobqueue.ops import (
+    paused_queues,
+    queue_limits,
+    set_queue_concurrency,
+    set_queue_key_rate,
+)
+from sa_jobqueue.testing import drain
 from sa_jobqueue.web import create_app
 from sa_jobqueue.web._serve import listen
+from sa_jobqueue.workflows import Call
 from tests.helpers.job_states import add_dead, add_job, add_worker
 from tests.helpers.processes import REPO_ROOT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-DOCS_SCREENSHOT = REPO_ROOT / "docs" / "assets" / "dashboard-overview.png"
+DOCS_ASSETS = REPO_ROOT / "docs" / "assets"
+DOCS_SCREENSHOT = DOCS_ASSETS / "dashboard-overview.png"
 WAIT = 20
 
 pytestmark = [
@@ -144,6 +157,9 @@ def history(engine: sa.Engine) -> int:
         ]
         add_worker(conn, "app-1:19372:9b41d7c0")
         add_worker(conn, "app-2:20115:51e2aa07")
+        conn.execute(sa.update(workers_table).values(queues=["emails", "reports"]))
+        set_queue_concurrency(conn, "reports", 2)
+        set_queue_key_rate(conn, "reports", "10/m", key="account")
         conn.execute(
             sa.insert(periodic_table).values(name="app.nightly_report", last_tick=func.now())
         )
@@ -189,3 +205,109 @@ def test_find_a_dead_job_and_retry_it(
     if os.environ.get("SA_JOBQUEUE_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(overview, DOCS_SCREENSHOT)
+
+
+def update_docs(shot: Path, name: str) -> None:
+    if os.environ.get("SA_JOBQUEUE_UPDATE_SCREENSHOT") == "1":
+        DOCS_ASSETS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_ASSETS / name)
+
+
+def test_pause_a_queue_and_cap_it_from_its_page(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path, history: int
+) -> None:
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(served + "/")
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "table.queues")))
+    row = browser.find_element(By.XPATH, "//table[@class='queues']//tr[td/a[text()='emails']]")
+    row.find_element(By.LINK_TEXT, "settings").click()
+    wait.until(expected_conditions.title_contains("Queue emails"))
+    assert browser.find_element(By.ID, "queue-state").text == "running"
+
+    browser.find_element(By.ID, "pause").click()
+    wait.until(expected_conditions.alert_is_present())  # the page's confirm()
+    browser.switch_to.alert.accept()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert "queue emails is paused" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    assert browser.find_element(By.ID, "queue-state").text.startswith("paused")
+    assert browser.find_element(By.ID, "queue-held").text == "paused"
+    assert browser.find_elements(By.ID, "resume")
+    with engine.connect() as conn:
+        assert list(paused_queues(conn)) == ["emails"]
+
+    cap = browser.find_element(By.ID, "concurrency")
+    cap.clear()
+    cap.send_keys("0")
+    browser.find_element(By.ID, "save-limits").click()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.failed")))
+    assert "a cap must be from 1 to" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    cap = browser.find_element(By.ID, "concurrency")
+    cap.clear()
+    cap.send_keys("3")
+    browser.find_element(By.ID, "rate").send_keys("50/s")
+    browser.find_element(By.ID, "save-limits").click()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert browser.find_element(By.ID, "limit-cap").text == "at most 3 running"
+    with engine.connect() as conn:
+        assert queue_limits(conn)["emails"].concurrency == 3
+    shot = artefacts / "5-queue.png"
+    browser.save_screenshot(str(shot))
+    update_docs(shot, "dashboard-queue.png")
+
+
+def chord_queue() -> JobQueue:
+    queue = JobQueue(default_queue="reports")
+
+    @queue.task(keep_result=True)
+    def fetch_region(ctx: JobContext, payload: dict[str, str]) -> int:
+        return len(payload["region"])
+
+    @queue.task(keep_result=True)
+    def merge_totals(ctx: JobContext, payload: None) -> int:
+        return sum(ctx.upstream_results().values())
+
+    @queue.task()
+    def publish_report(ctx: JobContext, payload: None) -> None:
+        return None
+
+    return queue
+
+
+def test_open_the_workflow_view_of_a_chord(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path
+) -> None:
+    queue = chord_queue()
+    regions = ["emea", "americas", "apac", "india", "oceania"]
+    with Session(engine) as session, session.begin():
+        members, merge = queue.chord(
+            session,
+            [Call("fetch_region", {"region": r}) for r in regions[:3]],
+            Call("merge_totals"),
+        )
+        queue.chain(session, [Call("publish_report")], depends_on=[merge])
+    drain(queue, engine, max_jobs=2)  # two members done, the rest still to run
+    with Session(engine) as session, session.begin():
+        queue.chord(  # another chord, not joined to the first
+            session,
+            [Call("fetch_region", {"region": r}) for r in regions[3:]],
+            Call("merge_totals"),
+        )
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(f"{served}/jobs/{members[0]}")
+    wait.until(expected_conditions.title_contains(f"Job {members[0]}"))
+    assert browser.find_element(By.CSS_SELECTOR, "#result pre").text == "4"
+    browser.find_element(By.ID, "workflow-link").click()
+    wait.until(expected_conditions.title_contains(f"Workflow of job {members[0]}"))
+    nodes = browser.find_elements(By.CSS_SELECTOR, "svg.workflow a.node")
+    assert len(nodes) == 5  # three members, the merge, the publish; not the other chord
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.workflow path.edge")) == 4
+    layers = browser.find_elements(By.CSS_SELECTOR, "ol.layers > li")
+    assert [len(li.find_elements(By.TAG_NAME, "a")) for li in layers] == [3, 1, 1]
+    assert "waiting" in layers[1].text
+    shot = artefacts / "6-workflow.png"
+    browser.save_screenshot(str(shot))
+    update_docs(shot, "dashboard-workflow.png")
+    # Each box is a link to its job's page.
+    browser.find_element(By.ID, f"node-{merge}").click()
+    wait.until(expected_conditions.title_contains(f"Job {merge}"))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#waits-for tbody tr")) == 3

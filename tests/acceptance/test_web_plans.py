@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from starlette.testclient import TestClient
 
-from sa_jobqueue.web import _actions, _reads, create_app
+from sa_jobqueue.web import _actions, _reads, _workflow_reads, create_app
 from tests.helpers.dashboard_history import JOBS, PAGES, fill, reads_jobs, recording
 from tests.helpers.pages import LOCAL
 
@@ -34,6 +34,10 @@ WINDOW = 4_000
 #: past the history (the oldest-first list of live jobs did one) looks at all 42,000.
 BATCH = 4_000
 MOST_EXAMINED = 2 * BATCH + 1_000
+EDGES = "sa_jobqueue_dependencies"
+#: The most edges one statement may look at: the chord has CHORD (1,000) of them; a page
+#: counts (up to COUNTED, patched to MOST_JOBS here), lists and walks at most a few hundred.
+MOST_EDGES = 3 * _workflow_reads.MOST_JOBS
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -67,6 +71,7 @@ def test_every_page_reads_a_bounded_part_of_the_jobs_table(
 ) -> None:
     monkeypatch.setattr(_reads, "SCAN_WINDOW", WINDOW)
     monkeypatch.setattr(_actions, "MAX_BATCH", BATCH)
+    monkeypatch.setattr(_workflow_reads, "COUNTED", _workflow_reads.MOST_JOBS)
     ids = fill(engine, HISTORY, BACKLOG, spacing=5.0)  # 2.3 days: some created over 1d ago
     with (
         TestClient(create_app(engine, allow_actions=True), base_url=LOCAL) as client,
@@ -90,5 +95,22 @@ def test_every_page_reads_a_bounded_part_of_the_jobs_table(
                 faults.append(
                     f"{looked} rows looked at, {len(scans)} sequential scan(s):\n{statement}"
                     f"\n{parameters}\n{json.dumps(top, indent=1)}"
+                )
+    assert not faults, "\n\n".join(faults)
+    edges = [(s, p) for s, p in sent if EDGES in s and s.lstrip().upper().startswith("SELECT")]
+    edges += [(s, p) for s, p in sent if EDGES in s and s.lstrip().upper().startswith("WITH")]
+    assert edges
+    with engine.connect() as conn:
+        for statement, parameters in edges:
+            explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}"
+            top = conn.exec_driver_sql(explain, parameters).scalar()[0]["Plan"]
+            reads = [n for n in nodes(top) if n.get("Relation Name") == EDGES]
+            looked = sum(examined(n) for n in reads)
+            scans = [n for n in reads if n["Node Type"] == "Seq Scan"]
+            # The chord's callback has CHORD edges: a page reads a bounded part of them.
+            if scans or looked > MOST_EDGES:
+                faults.append(
+                    f"{looked} edges, {len(scans)} seq scan(s):\n{statement}\n{parameters}"
+                    f"\n{json.dumps(top, indent=1)}"
                 )
     assert not faults, "\n\n".join(faults)

@@ -96,11 +96,34 @@ PAGES = [
     "/jobs?status=waiting",
     "/jobs/{dead}",
     "/jobs/{dead}/payload.json",
+    "/jobs/{chord}",
+    "/jobs/{chord}/workflow",
+    "/jobs/{member}/workflow",
+    "/queues?name=emails",
     "/periodic",
     "/purge?status=dead&older_than=1h",
     "/purge?status=succeeded&status=cancelled&older_than=10h",
     "/purge?status=succeeded&status=dead&older_than=1h",
 ]
+
+
+#: The members of the chord in the history: more than a job page lists, or a workflow view draws.
+CHORD = 1_000
+
+_CHORD = sa.text(
+    """
+INSERT INTO sa_jobqueue_dependencies (job_id, depends_on, on_failure, pending)
+SELECT :chord, :chord - n, 'cancel', false FROM generate_series(1, :members) AS n
+"""
+)
+#: Chains of two among the oldest half of the history (each even id waited for the id before
+#: it): edges enough that the pages' reads of them have an index to use, as they would.
+_PAIRS = sa.text(
+    """
+INSERT INTO sa_jobqueue_dependencies (job_id, depends_on, on_failure, pending)
+SELECT k, k - 1, 'cancel', false FROM generate_series(:first + 2, :last, 2) AS k
+"""
+)
 
 
 def fill(
@@ -123,9 +146,15 @@ def fill(
             sa.select(sa.func.max(jobs.c.id)).where(jobs.c.status == "dead")
         ).scalar_one()
         first = conn.execute(sa.select(sa.func.min(jobs.c.id))).scalar_one()
+        # A chord in the history: CHORD jobs before the middle one, which waited for them all.
+        chord = first + finished // 2
+        members = min(CHORD, finished // 2)
+        conn.execute(_CHORD, {"chord": chord, "members": members})
+        conn.execute(_PAIRS, {"first": first, "last": chord - members - 1})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE sa_jobqueue_jobs"))
-    return {"mid": first + finished // 2, "dead": dead}
+        conn.execute(sa.text("VACUUM ANALYZE sa_jobqueue_dependencies"))
+    return {"mid": chord, "dead": dead, "chord": chord, "member": chord - 1}
 
 
 @contextmanager
@@ -180,6 +209,9 @@ PAGE_NAMES = {
     "/periodic": "Periodic schedules",
     "/jobs/{dead}": "A job",
     "/jobs/{dead}/payload.json": "A job's payload",
+    "/jobs/{chord}": "A chord's callback (1,000 dependencies)",
+    "/jobs/{chord}/workflow": "The workflow view of a chord of 1,000",
+    "/queues?name=emails": "A queue's page",
 }
 
 

@@ -1,0 +1,133 @@
+"""The queues as the overview and the queue page show them: backlog, limits, what holds
+each back, read in the caller's transaction like :mod:`._reads`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import Connection
+
+from .._sql import dashboard as dashboard_sql
+from .._sql import overview as overview_sql
+from .._sql.clock import database_now
+from .._sql.stats import live_workers
+from ..models import FINISHED_STATUSES
+from ..ops.queues import QueueInfo, QueueLimits
+from ..ops.stats import WorkerInfo
+
+#: How far back the throughput chart looks, in one bar per minute.
+CHART_MINUTES: Final = 60
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue on the overview."""
+
+    name: str
+    #: Jobs waiting for their dependencies (they become queued once those have ended).
+    waiting: int = 0
+    queued: int = 0
+    due: int = 0
+    running: int = 0
+    dead: int = 0
+    #: How long the oldest due job has waited; None if none is due.
+    oldest_due: timedelta | None = None
+    #: Jobs finished in the chart's hour, per finished status.
+    finished: dict[str, int] = field(default_factory=dict)
+    #: Per finished status, the jobs of each minute of the hour, oldest minute first.
+    per_minute: dict[str, list[int]] = field(default_factory=dict)
+    #: When the queue was paused; None while it runs.
+    paused_at: datetime | None = None
+    #: Its limits, per key too (each None when not set), as ``sa-jobqueue queues`` shows them.
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    #: Jobs started in the rate limit's current window.
+    rate_used: int = 0
+    #: Running jobs with a live lease: those holding slots of its cap.
+    holding: int = 0
+    #: Whether a live worker serves it.
+    served: bool = True
+
+    @property
+    def held_back_by(self) -> list[str]:
+        """What stops its due jobs from starting, in the CLI's words ("paused", "at cap",
+        "rate limit"), and "no worker" when it has jobs to run and no live worker serves it."""
+        info = QueueInfo(
+            self.name,
+            self.queued,
+            self.due,
+            self.running,
+            self.oldest_due,
+            self.paused_at,
+            limits=self.limits,
+            rate_used=self.rate_used,
+            holding=self.holding,
+        )
+        held = info.held_back_by
+        if not self.served and (self.queued or self.running):
+            held.append("no worker")
+        return held
+
+    @property
+    def busiest_minute(self) -> int:
+        """The most jobs finished in one minute of the hour (the chart's scale)."""
+        totals = [sum(col) for col in zip(*self.per_minute.values(), strict=True)]
+        return max(totals, default=0)
+
+
+def queue_rows(conn: Connection, shown: list[str], workers: list[WorkerInfo]) -> list[QueueRow]:
+    """The overview's rows of the queues ``shown``; ``workers``: the live ones."""
+    page = {"names": shown, "window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
+    rows: dict[str, dict[str, Any]] = {name: {} for name in shown}
+    for name, queued, due, running, oldest in conn.execute(overview_sql.live_on_page(), page):
+        rows[name].update(queued=queued, due=due, running=running, oldest_due=oldest)
+    for name, dead in conn.execute(overview_sql.dead_on_page(), page):
+        rows[name]["dead"] = dead
+    for name, waiting in conn.execute(overview_sql.waiting_on_page(), page):
+        rows[name]["waiting"] = waiting
+    for name, holding in conn.execute(overview_sql.leases_on_page(), page):
+        rows[name]["holding"] = holding
+    minutes: dict[str, dict[str, list[int]]] = {}
+    for name, status, minute, n in conn.execute(overview_sql.finished_on_page(), page):
+        series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})
+        if 0 <= minute < CHART_MINUTES:  # the window's first instant can round to minute 60
+            series[status][CHART_MINUTES - 1 - minute] += n
+    for name, paused_at in conn.execute(overview_sql.paused_on_page(), page):
+        rows[name]["paused_at"] = paused_at
+    for limits in conn.execute(overview_sql.limits_on_page(), page):
+        name, cap, count, period, used, key_cap, key_field, key_count, key_period = limits
+        rows[name].update(
+            limits=QueueLimits._of(cap, count, period, key_cap, key_field, key_count, key_period),
+            rate_used=used,
+        )
+    served = {name for worker in workers for name in worker.queues}
+    return [
+        QueueRow(
+            name=name,
+            **rows[name],
+            served=name in served,
+            finished={s: sum(v) for s, v in minutes.get(name, {}).items()},
+            per_minute=minutes.get(name, {}),
+        )
+        for name in shown
+    ]
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """The queue page: its row as the overview shows it, and the live workers serving it."""
+
+    as_of: datetime
+    queue: QueueRow
+    workers: list[WorkerInfo]
+
+
+def read_queue(conn: Connection, name: str, stale_after: float) -> QueuePage:
+    """Queue ``name`` (any valid name: a queue may be paused or limited before its first job)."""
+    as_of: datetime = conn.execute(database_now()).scalar_one()
+    workers = [
+        WorkerInfo(*row) for row in conn.execute(live_workers(), {"stale_after": stale_after})
+    ]
+    (row,) = queue_rows(conn, [name], workers)
+    return QueuePage(as_of, row, [w for w in workers if name in w.queues])
