@@ -150,6 +150,7 @@ class SilentProxy:
         self._silent_ready = 0  # how many go silent once the server says it is ready
         self._cut_skip = 0  # how many new connections pass before the cut ones
         self._cut_ready = 0  # how many are cut at their first query after the handshake
+        self._cut_answered = 0  # ...or at their first query after this many answered ones
         self._closed = threading.Event()
         #: Set once a silenced connection swallows what its client sent: a statement now
         #: waits for an answer that will never come.
@@ -179,13 +180,14 @@ class SilentProxy:
         with self._lock:
             self._silent_ready = count
 
-    def cut_next_once_ready(self, count: int, skip: int = 0) -> None:
+    def cut_next_once_ready(self, count: int, skip: int = 0, answered: int = 0) -> None:
         """Of the connections accepted from now on, ``skip`` pass untouched, then the next
         ``count`` are closed (both ends) when their client sends its first query after the
-        handshake: the client saw the server ready, and its first query meets a closed
-        connection ("server closed the connection unexpectedly")."""
+        handshake (or, with ``answered``, the first after the server answered that many): the
+        client saw the server ready, and its query meets a closed connection ("server closed
+        the connection unexpectedly")."""
         with self._lock:
-            self._cut_skip, self._cut_ready = skip, count
+            self._cut_skip, self._cut_ready, self._cut_answered = skip, count, answered
 
     def refuse(self, on: bool) -> None:
         """While on, every new connection is closed as soon as it is accepted."""
@@ -225,7 +227,7 @@ class SilentProxy:
                     self._cut_skip -= 1
                 elif self._cut_ready > 0:
                     self._cut_ready -= 1
-                    pair.cut_once_ready = True
+                    pair.cut_after = self._cut_answered
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
 
@@ -248,8 +250,10 @@ class _Pair:
         self.client, self.server = client, server
         self.silent = False
         self.silent_once_ready = False
-        self.cut_once_ready = False
-        self._ready = False  # the server's first ReadyForQuery went through
+        #: Cut at the client's first query once the server said it is ready this many times
+        #: more than once (its handshake's ReadyForQuery, then one per answered query).
+        self.cut_after: int | None = None
+        self._readies = 0  # the server's ReadyForQuery messages forwarded so far
         self._swallowed = swallowed
         self.closed = threading.Event()
 
@@ -262,12 +266,16 @@ class _Pair:
                 data = src.recv(65536)
                 if not data:
                     break
-                if self.cut_once_ready and self._ready and src is self.client:
-                    break  # the first query after the handshake: cut, nothing forwarded
+                if (
+                    self.cut_after is not None
+                    and src is self.client
+                    and self._readies > self.cut_after
+                ):
+                    break  # the query to cut: nothing forwarded, both ends closed
                 if not self.silent:
                     if src is self.server and _READY in data:
-                        # Before it is sent: the client's answer may come at once.
-                        self._ready = True
+                        # Before it is sent: the client's next query may come at once.
+                        self._readies += data.count(_READY)
                         self.silent = self.silent_once_ready
                     dst.sendall(data)
                 elif src is self.client:  # a silent connection swallows what it is sent
