@@ -29,6 +29,7 @@ from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
     InterfaceError,
+    InvalidRequestError,
     MissingGreenlet,
     OperationalError,
     SQLAlchemyError,
@@ -120,11 +121,29 @@ async def run_async(session: AsyncSessionLike, work: Callable[[Connection], T]) 
     )
 
 
+#: What SQLAlchemy's pool raises when a connection failed its check at checkout (a
+#: ``checkout`` hook raising DisconnectionError: the ping of
+#: :func:`sa_jobqueue.database.ping_at_checkout`) and so did the fresh one that replaced it
+#: ("Reconnection attempts exhausted on checkout"): the same text as, but another class than,
+#: the ResourceClosedError of a Connection used after it was closed (a caller's mistake).
+_CHECKOUT_EXHAUSTED = "This connection is closed"
+
+
 def transient(exc: BaseException) -> bool:
     """Whether a failed statement may well succeed if tried again soon: the connection was
     lost or refused, a timeout or a pool exhausted; not an error in the statement itself."""
     if isinstance(exc, DBAPIError):
+        # The driver's error: a lost connection, or an operational one (refused, "too many
+        # clients", a server shutting down), not the statement's.
         return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+    if type(exc) is InvalidRequestError:
+        # Exactly this class, with exactly this text: the pool gave up after every connection
+        # it tried at checkout failed its ping (see _CHECKOUT_EXHAUSTED). Its subclasses, and
+        # its other texts, are mistakes in the calling code.
+        return str(exc) == _CHECKOUT_EXHAUSTED
+    # PoolTimeout: no connection came free in time. DisconnectionError: a connection found
+    # lost below SQLAlchemy's statements (at checkout, or during the setup of an engine's
+    # first connection: sa_jobqueue.database.guard_dialect_setup).
     return isinstance(exc, (PoolTimeout, DisconnectionError))
 
 

@@ -249,7 +249,27 @@ def guard_statements(
 
     @event.listens_for(engine, "handle_error")
     def discard(context: ExceptionContext) -> None:
-        conn = context.connection
-        token = None if conn is None else conn.info.pop(_INFO_KEY, None)
+        info = failed_connection_info(context)
+        token = None if info is None else info.pop(_INFO_KEY, None)
         if token is not None and DEADLINES.disarm(token):
             context.is_disconnect = True  # never back into the pool
+
+
+def failed_connection_info(context: ExceptionContext) -> dict[Any, Any] | None:
+    """The ``info`` of the connection whose statement failed; None if it has none.
+
+    For a ``handle_error`` hook. SQLAlchemy sets an engine up (server version, settings) on
+    its first connection through a Connection of its own, whose ``info`` raises
+    NotImplementedError; an error there (a connection cut during that setup) still reaches
+    the engine's hooks, and a hook that raised would replace the error: the caller would see
+    NotImplementedError, or the setup would go on over a closed connection ("This
+    Connection is closed"), instead of the lost connection it is. No execution event runs on
+    that Connection, so it holds nothing of ours to look up.
+    """
+    conn = context.connection
+    if conn is None:
+        return None
+    try:
+        return conn.info
+    except NotImplementedError:  # the first connection's setup (see above)
+        return None

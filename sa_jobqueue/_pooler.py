@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
 
-from ._deadlines import DEADLINE_OPTION, DEADLINES
+from ._deadlines import DEADLINE_OPTION, DEADLINES, failed_connection_info
 from .errors import DatabaseUnavailableError
 
 
@@ -132,7 +132,8 @@ def set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) 
     @event.listens_for(engine, "handle_error")
     def failed(context: ExceptionContext) -> None:
         conn = context.connection
-        if conn is not None and conn.info.pop(key, False):
+        info = failed_connection_info(context)
+        if conn is not None and info is not None and info.pop(key, False):
             with contextlib.suppress(Exception):  # the connection may be gone
                 conn.connection.dbapi_connection.execute(b"ROLLBACK")  # type: ignore[union-attr]
 

@@ -9,9 +9,11 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
 
+from ._binds import transient
 from ._deadlines import DEADLINES, PING_DEADLINE
+from ._error_text import one_line
 from ._pooler import parse_options, set_local_in_every_transaction, set_on_connect
 from ._sql import schema as schema_sql
 from ._sql import session as session_sql
@@ -164,12 +166,29 @@ def guard_dialect_setup(engine: Engine, seconds: float = PING_DEADLINE) -> None:
     would wait for ever, and hang whoever opened it (a worker starting, a producer's first
     enqueue). Past ``seconds`` the socket is cut and the connect fails; the setup runs again
     on the next connection.
+
+    A connection lost during the setup (cut, or closed by a pooler or server restarting) fails
+    the connect with the driver's error, or, if a ``handle_error`` hook of the application's
+    replaced that error (SQLAlchemy's setup then goes on over the closed connection and fails
+    with "This Connection is closed"), with :class:`~sqlalchemy.exc.DisconnectionError`:
+    either way a lost connection, which the worker tries again.
     """
     setup = engine.dialect.initialize
 
     def initialize(connection: Connection) -> None:
-        with DEADLINES.guard(connection.connection.dbapi_connection, seconds):
-            setup(connection)
+        try:
+            with DEADLINES.guard(connection.connection.dbapi_connection, seconds):
+                setup(connection)
+        except DBAPIError:
+            raise  # the driver's own error: it says whether the connection was lost
+        except Exception as exc:
+            # SQLAlchemy closes the setup's Connection once one of its errors is a disconnect;
+            # an error other than that one means a hook replaced it (see above).
+            if connection.closed:
+                raise DisconnectionError(
+                    f"the connection was lost while it was set up: {exc}"
+                ) from exc
+            raise
 
     engine.dialect.initialize = initialize  # type: ignore[method-assign]
 
@@ -295,14 +314,20 @@ def describe(url: URL) -> str:
 
 
 def ping(engine: Engine) -> None:
-    """Connect once; DatabaseUnavailableError with a one-line reason if that fails."""
+    """Connect once; DatabaseUnavailableError with a one-line reason if that fails.
+
+    Failing means the driver's error, or one of SQLAlchemy's for a lost connection that
+    :func:`sa_jobqueue._binds.transient` knows (the pool out of working connections at
+    checkout, a connection lost during its setup); any other error is raised as it is.
+    """
     try:
         with engine.connect() as conn:
             conn.execute(session_sql.ping())
-    except DBAPIError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    except SQLAlchemyError as exc:
+        if not (isinstance(exc, DBAPIError) or transient(exc)):
+            raise
         raise DatabaseUnavailableError(
-            f"cannot connect to {describe(engine.url)}: {reason}"
+            f"cannot connect to {describe(engine.url)}: {one_line(exc)}"
         ) from exc
 
 

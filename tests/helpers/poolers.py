@@ -4,7 +4,9 @@
 mode, the address and trust authentication are ours) in a temporary directory, on a free port
 of 127.0.0.1. :class:`SilentProxy` is a TCP proxy that can turn every connection open at that
 moment silent: it keeps them open, takes what either side sends, and forwards nothing, as a
-middlebox or pooler that lost its upstream may; connections made afterwards work normally.
+middlebox or pooler that lost its upstream may; connections made afterwards work normally. It
+can also cut chosen new connections right after their handshake, at their first query, as a
+pooler or server restarting under a client that just connected does.
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ class SilentProxy:
         self._refusing = False
         self._silent_new = 0  # how many of the next connections are silent from the start
         self._silent_ready = 0  # how many go silent once the server says it is ready
+        self._cut_skip = 0  # how many new connections pass before the cut ones
+        self._cut_ready = 0  # how many are cut at their first query after the handshake
+        self._cut_answered = 0  # ...or at their first query after this many answered ones
         self._closed = threading.Event()
         #: Set once a silenced connection swallows what its client sent: a statement now
         #: waits for an answer that will never come.
@@ -174,6 +179,15 @@ class SilentProxy:
         queries (its first ReadyForQuery): the handshake completes, the first query hangs."""
         with self._lock:
             self._silent_ready = count
+
+    def cut_next_once_ready(self, count: int, skip: int = 0, answered: int = 0) -> None:
+        """Of the connections accepted from now on, ``skip`` pass untouched, then the next
+        ``count`` are closed (both ends) when their client sends its first query after the
+        handshake (or, with ``answered``, the first after the server answered that many): the
+        client saw the server ready, and its query meets a closed connection ("server closed
+        the connection unexpectedly")."""
+        with self._lock:
+            self._cut_skip, self._cut_ready, self._cut_answered = skip, count, answered
 
     def refuse(self, on: bool) -> None:
         """While on, every new connection is closed as soon as it is accepted."""
@@ -209,6 +223,11 @@ class SilentProxy:
                 elif self._silent_ready > 0:
                     self._silent_ready -= 1
                     pair.silent_once_ready = True
+                elif self._cut_skip > 0:
+                    self._cut_skip -= 1
+                elif self._cut_ready > 0:
+                    self._cut_ready -= 1
+                    pair.cut_after = self._cut_answered
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=pair.pump, args=(src, dst), daemon=True).start()
 
@@ -231,6 +250,10 @@ class _Pair:
         self.client, self.server = client, server
         self.silent = False
         self.silent_once_ready = False
+        #: Cut at the client's first query once the server said it is ready this many times
+        #: more than once (its handshake's ReadyForQuery, then one per answered query).
+        self.cut_after: int | None = None
+        self._readies = 0  # the server's ReadyForQuery messages forwarded so far
         self._swallowed = swallowed
         self.closed = threading.Event()
 
@@ -243,10 +266,18 @@ class _Pair:
                 data = src.recv(65536)
                 if not data:
                     break
+                if (
+                    self.cut_after is not None
+                    and src is self.client
+                    and self._readies > self.cut_after
+                ):
+                    break  # the query to cut: nothing forwarded, both ends closed
                 if not self.silent:
+                    if src is self.server and _READY in data:
+                        # Before it is sent: the client's next query may come at once.
+                        self._readies += data.count(_READY)
+                        self.silent = self.silent_once_ready
                     dst.sendall(data)
-                    if self.silent_once_ready and src is self.server and _READY in data:
-                        self.silent = True
                 elif src is self.client:  # a silent connection swallows what it is sent
                     self._swallowed.set()
         except OSError:

@@ -35,8 +35,8 @@ QUEUES = ("default", "q1", "q2", "q3")
 CHECKER_APP = "mc_checker"
 
 
-#: The proxy between the workers and the server: it can black-hole the connections open now
-#: and refuse new ones for a while.
+#: The proxy between the workers and the server: it can black-hole the connections open now,
+#: refuse new ones for a while, and cut new ones at their first query.
 FaultProxy = SilentProxy
 
 

@@ -144,6 +144,24 @@ class Faults:
         )
         return f"refusing for {step.args['ms']} ms"
 
+    def fault_cut_setup(self, step: Step) -> str:
+        """The next ``count`` new connections through the proxy are cut at their first query
+        after the handshake, as by a pooler or server restarting under clients that just
+        connected; a worker starts into them (a starting worker's ping and schema check are
+        its first connections). Whichever connections the cuts meet, a worker's or a
+        burst's, each is a lost connection: tried again, not an exit. Cuts no connection met
+        within ``ms`` are called off."""
+        proxy = self.cluster.proxy
+        assert proxy is not None
+        proxy.cut_next_once_ready(step.args["count"])
+        self.pending.append(
+            (time.monotonic() + step.args["ms"] / 1000, lambda: proxy.cut_next_once_ready(0))
+        )
+        started = (
+            "" if len(self.cluster.live()) >= 4 else f", started {self.cluster.start_worker().pid}"
+        )
+        return f"cutting the next {step.args['count']} connections at their setup{started}"
+
     def fault_conn_limit(self, step: Step) -> str:
         """The workers' role may open no new connection for a while: the server refuses them
         ("too many connections for role"). The ones open now go on, but one of them (the

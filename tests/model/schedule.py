@@ -59,6 +59,10 @@ FAULTS = (
     "stop_worker",
     "blackhole",
     "refuse",
+    #: New connections cut right after their handshake, at their first query (the dialect's
+    #: setup, or the pool's ping at checkout), with a worker started into them: a variant
+    #: of ``refuse``, which closes them before the handshake.
+    "cut_setup",
     "bouncer_restart",
     "conn_limit",
 )
@@ -127,7 +131,7 @@ class Config:
     def networks(self) -> list[str]:
         """How the workers may reach the database: the faults on decide."""
         nets = ["direct"]
-        if self.faults & {"blackhole", "refuse"}:
+        if self.faults & {"blackhole", "refuse", "cut_setup"}:
             nets.append("proxy")
         if "bouncer_restart" in self.faults:
             nets.append("bouncer")
@@ -225,7 +229,7 @@ def generate(seed: int, config: Config) -> Schedule:
 
 
 def _fits(fault: str, network: str) -> bool:
-    if fault in ("blackhole", "refuse"):
+    if fault in ("blackhole", "refuse", "cut_setup"):
         return network == "proxy"
     if fault == "bouncer_restart":
         return network == "bouncer"
@@ -239,6 +243,8 @@ def _fault_args(rng: random.Random, kind: str, config: Config) -> dict[str, Any]
         return {"pick": rng.randrange(1000), "ms": rng.randint(200, config.max_stop_ms)}
     if kind == "refuse":
         return {"ms": rng.randint(300, 2500)}
+    if kind == "cut_setup":
+        return {"count": rng.randint(1, 3), "ms": rng.randint(300, 2500)}
     if kind == "conn_limit":
         return {"pick": rng.randrange(1000), "ms": rng.randint(300, 2500)}
     if kind in ("sigkill", "restart", "stop_worker"):
