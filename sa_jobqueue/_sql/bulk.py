@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     ARRAY,
-    BigInteger,
     ColumnElement,
     Integer,
     Select,
@@ -39,6 +38,7 @@ from ..models import (
     jobs_table,
     prunable,
 )
+from .arrays import id_array
 from .dependencies import settle
 from .listing import job_filters
 
@@ -74,7 +74,7 @@ def picked_ids(
     if within is not None:
         conditions.append({"live": claimable, "pruned": prunable, "dead": dead}[within]())
     if ids:
-        conditions.append(j.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+        conditions.append(j.id == any_(id_array("b_ids")))
     else:
         conditions += job_filters(
             statuses=False,

@@ -29,6 +29,7 @@ from sqlalchemy.sql.dml import ReturningDelete
 
 from .._validation import MAX_ATTEMPTS
 from ..models import DEAD, QUEUED, UNIQUE_STATUSES, dead, jobs_table
+from .arrays import id_array
 from .clock import seconds
 from .listing import job_filters
 
@@ -78,7 +79,7 @@ def requeue_dead_batch(
         prefix="b_",
     )
     if ids:
-        chosen.append(j.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+        chosen.append(j.id == any_(id_array("b_ids")))
     picked = (
         select(j.id)
         .where(dead(), *chosen)
