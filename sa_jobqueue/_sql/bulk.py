@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     ColumnElement,
     Integer,
     Select,
@@ -57,13 +58,14 @@ def picked_ids(
     task: bool,
     older_than: bool,
     extra: tuple[ColumnElement[bool], ...] = (),
-    order: Literal["id", "finished_at"] = "id",
+    window: bool = False,
 ) -> CTE:
     """The MATERIALIZED CTE ``picked`` of up to ``:b_batch`` ids, each row locked, SKIP LOCKED.
 
     By ``:b_ids`` (``ids``), or by the filters switched on within the partial index
-    ``within``, walking up from ``:b_after_id``. Either way ``:b_statuses`` narrows it to the
-    statuses the action applies to.
+    ``within``, walking up from ``:b_after_id``; with ``window`` only ids up to
+    ``:b_until`` (a range of the primary key). Either way ``:b_statuses``
+    narrows it to the statuses the action applies to.
     """
     # MATERIALIZED runs the pick exactly once, so the statement locks at most :b_batch rows
     # (see claiming.claim); SKIP LOCKED passes over a job a worker or another click holds
@@ -85,15 +87,23 @@ def picked_ids(
             newest_first=False,
             prefix="b_",
         )
+    if window:
+        conditions.append(j.id <= _window_end())
     return (
         select(j.id)
         .where(*conditions, *extra)
-        .order_by(j.finished_at if order == "finished_at" else j.id)
+        .order_by(j.id)
         .limit(bindparam("b_batch", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
+
+
+def _window_end() -> ColumnElement[Any]:
+    # A parameter of its own, not :b_after_id + a length: a plain bound is what the planner
+    # estimates a range of the primary key from.
+    return bindparam("b_until", type_=BigInteger)
 
 
 @cache
@@ -151,9 +161,11 @@ def delete_batch(
 ) -> Select[Any]:
     """Delete the picked finished jobs; returns ``(id, deleted)`` for every job picked.
 
-    ``within`` is the partial index a filter reads (``None`` with ids): "pruned" walks the
-    prune index in ``finished_at`` order, so a batch reads about as many entries as it takes
-    however long the history; "dead" walks the dead index by id, as a retry does.
+    ``within`` is the partial index a filter reads (``None`` with ids): "dead" walks the dead
+    index by id, as a retry does; "pruned" (succeeded and cancelled jobs) reads one window of
+    ids, ``:b_after_id`` to ``:b_until``: the prune index holds neither queue
+    nor task nor id, so a rare match (one queue's cancelled jobs) would otherwise be looked
+    for through the whole history in one statement.
     """
     picked = picked_ids(
         ids=ids,
@@ -161,12 +173,15 @@ def delete_batch(
         queue=queue,
         task=task,
         older_than=older_than,
-        order="finished_at" if within == "pruned" else "id",
+        window=within == "pruned",
     )
     # Compare-and-set on a finished status: a job that was requeued after the pick stays.
+    # The ids as an array, probed in the primary key: joined with the CTE instead, a batch
+    # the planner expects to be large can be deleted through a hash join over the whole table.
+    chosen = func.array(select(picked.c.id).scalar_subquery())
     deleted = (
         delete(jobs_table)
-        .where(j.id == picked.c.id, j.status.in_(FINISHED_STATUSES))
+        .where(j.id == any_(chosen), j.status.in_(FINISHED_STATUSES))
         .returning(j.id)
         .cte("deleted")
     )
@@ -213,7 +228,8 @@ def count_matching(
     """How many jobs of ``:b_statuses`` match the filters, up to ``:upto`` (a bounded count).
 
     The conditions a batch picks by (``later``: only jobs due in the future, as run-now
-    picks), so that the confirmation's count is what the clicks would go through.
+    picks), so that the confirmation's count is what the clicks would go through; "pruned"
+    counts one window of ids, as :func:`delete_batch` picks.
     """
     conditions: list[ColumnElement[bool]] = [
         j.status == any_(bindparam("b_statuses", type_=ARRAY(Text))),
@@ -231,6 +247,9 @@ def count_matching(
         conditions.append({"live": claimable, "pruned": prunable, "dead": dead}[within]())
     if later:
         conditions.append(j.visible_at > func.now())
+    if within == "pruned":
+        after = bindparam("b_after_id", type_=BigInteger)
+        conditions += [j.id > after, j.id <= _window_end()]
     some = (
         select(literal_column("1").label("one"))
         .select_from(jobs_table)
