@@ -162,16 +162,14 @@ def act(conn: Connection, asked: BulkRequest) -> _actions.Outcome:
 
 
 async def handle(board: Dashboard, request: Request) -> Response:
-    """``POST /jobs/bulk``: the confirmation page, or (``confirmed``) one batch of the action."""
-    from ._pages import PageError, _field
+    """``POST /jobs/bulk``: the confirmation page, or (``confirmed``) one batch of the action.
 
+    A malformed request raises InvalidJobError, which the dashboard answers with a 400.
+    """
     form = await board._action_form(request)
-    try:
-        asked = read_request(form)
-    except InvalidJobError as exc:
-        raise PageError(400, str(exc)) from None
+    asked = read_request(form)
     back = board.url(request, "jobs", query=asked.wanted.query())
-    if _field(form, "confirmed") != "yes":
+    if form.get("confirmed") != "yes":
         as_of, matching = await board._read(count, asked)
         return board._page(
             request,

@@ -223,7 +223,10 @@ class Dashboard:
         return self._after(request, outcome, self.url(request, "jobs", query=wanted.query()))
 
     async def bulk(self, request: Request) -> Response:
-        return await _bulk.handle(self, request)
+        try:
+            return await _bulk.handle(self, request)
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
 
     async def pause_queue(self, request: Request) -> Response:
         return await self._queue_action(request, _actions.pause)
