@@ -27,7 +27,6 @@ from .._enqueue import wake
 from .._sql import bulk as bulk_sql
 from .._sql.dashboard import id_range
 from ..models import (
-    CANCELLED,
     DEAD,
     FINISHED_STATUSES,
     PRUNED_STATUSES,
@@ -337,12 +336,3 @@ def count_matching(
             if total >= limit:
                 break
     return min(total, limit)
-
-
-#: For the dashboard's messages: what each action did to a job, in words.
-DONE_WORDS: Final[dict[Action, str]] = {
-    "cancel": CANCELLED,
-    "retry": "queued again",
-    "delete": "deleted",
-    "run_now": "made due now",
-}
