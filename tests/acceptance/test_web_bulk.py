@@ -224,3 +224,17 @@ def test_without_the_token_or_from_another_origin_nothing_changes(
     own = client.post(form.action, data=fields, headers={"origin": LOCAL})
     assert own.status_code == 200
     assert "deleted 4" in own.text  # every finished job: no filter
+
+
+def test_a_job_another_session_holds_is_passed_over_not_waited_for(
+    engine: sa.Engine, client: TestClient, jobs: dict[str, int]
+) -> None:
+    chosen = [str(jobs["queued"]), str(jobs["later"])]
+    with engine.connect() as other, other.begin():
+        # As a worker claiming it would: the row locked until that transaction ends.
+        lock = select(j.id).where(j.id == jobs["queued"]).with_for_update()
+        other.execute(lock).one()
+        shown = confirm(client, bulk_form(client), action="cancel", id=chosen)
+    assert "cancelled 1; 1 left as they were" in shown
+    after = statuses(engine)
+    assert (after[jobs["queued"]], after[jobs["later"]]) == ("queued", "cancelled")
