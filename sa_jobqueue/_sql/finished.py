@@ -29,6 +29,7 @@ from sqlalchemy.sql.dml import ReturningDelete
 
 from .._validation import MAX_ATTEMPTS
 from ..models import DEAD, QUEUED, UNIQUE_STATUSES, dead, jobs_table
+from .arrays import id_array
 from .clock import seconds
 from .listing import job_filters
 
@@ -50,11 +51,14 @@ def requeue_dead(reset: bool) -> Update:
 
 
 @cache
-def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool) -> Select[Any]:
+def requeue_dead_batch(
+    reset: bool, *, queue: bool, task: bool, older_than: bool, ids: bool = False
+) -> Select[Any]:
     """Requeue up to ``:b_batch`` dead jobs with id > ``:b_after_id`` matching the filters.
 
     Filters: ``:b_queue``, ``:b_task``, ``:b_older_than`` (seconds since ``created_at``), those
-    switched on (``b_``: the UPDATE keeps the columns' own names for its SET clause). Each
+    switched on (``b_``: the UPDATE keeps the columns' own names for its SET clause), or with
+    ``ids`` those of the array ``:b_ids`` (the dashboard's selected rows) instead. Each
     job is requeued as :func:`requeue_dead` does. Returns ``(id, queue)`` for every job the
     batch picked, lowest id first, ``queue`` NULL for one left dead because a live job of
     its task holds its unique key: the highest id is where the next batch starts.
@@ -65,20 +69,20 @@ def requeue_dead_batch(reset: bool, *, queue: bool, task: bool, older_than: bool
     # index's predicate, so the pick reads that index, not the finished history; walking up
     # from the last batch's highest id, a batch never picks again the jobs an earlier one
     # left dead.
+    chosen = job_filters(
+        statuses=False,
+        queue=queue,
+        task=task,
+        older_than=older_than,
+        after=True,
+        newest_first=False,
+        prefix="b_",
+    )
+    if ids:
+        chosen.append(j.id == any_(id_array("b_ids")))
     picked = (
         select(j.id)
-        .where(
-            dead(),
-            *job_filters(
-                statuses=False,
-                queue=queue,
-                task=task,
-                older_than=older_than,
-                after=True,
-                newest_first=False,
-                prefix="b_",
-            ),
-        )
+        .where(dead(), *chosen)
         .order_by(j.id)
         .limit(bindparam("b_batch", type_=Integer))
         .with_for_update(skip_locked=True)

@@ -22,6 +22,11 @@ MAX_PAGE: Final = 10_000
 NAME_LENGTHS: Final = {"queue": 64, "task": 200}
 #: The largest job id: the id column is a bigint.
 MAX_JOB_ID: Final = 2**63 - 1
+#: The most job ids one call acting on chosen jobs takes (:mod:`sa_jobqueue.ops.bulk`): the
+#: dashboard's longest page (500 rows) twice over, sent as one array parameter of a few
+#: kilobytes, and no more than one batch of those calls changes, so a call by ids and a call
+#: by filter hold locks for as long.
+MAX_IDS: Final = 1_000
 
 
 def check_statuses(statuses: str | Iterable[str]) -> list[str]:
@@ -63,6 +68,21 @@ def requeue_resets(attempts: object) -> bool:
     if attempts not in ("extend", "reset"):
         raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
     return attempts == "reset"
+
+
+def check_ids(ids: object) -> list[int]:
+    """``ids`` as a sorted list without repeats: 1 to :data:`MAX_IDS` job ids (ints);
+    InvalidJobError otherwise, before the server would refuse them."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise InvalidJobError(f"ids must be a collection of job ids, not {value_text(ids)}")
+    wanted = list(ids)
+    for one in wanted:
+        if isinstance(one, bool) or not isinstance(one, int) or not 0 < one <= MAX_JOB_ID:
+            raise InvalidJobError(f"a job id is a positive int, not {one!r}")
+    unique = sorted(set(wanted))
+    if not 1 <= len(unique) <= MAX_IDS:
+        raise InvalidJobError(f"give 1 to {MAX_IDS:,} job ids, not {len(unique):,}")
+    return unique
 
 
 def check_after_id(after_id: object) -> int:

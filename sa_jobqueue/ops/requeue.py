@@ -9,6 +9,7 @@ batch here is left to the caller, so that it commits with whatever else the call
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final, Literal
@@ -16,7 +17,14 @@ from typing import Any, Final, Literal
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql.finished import requeue_dead_batch
-from .filters import check_after_id, check_age, check_limit, check_name_filter, requeue_resets
+from .filters import (
+    check_after_id,
+    check_age,
+    check_ids,
+    check_limit,
+    check_name_filter,
+    requeue_resets,
+)
 
 #: Dead jobs one batch looks at (one statement, one transaction). A batch locks these rows and
 #: writes a new version of each, with its index entries, so its cost follows its size: about
@@ -52,13 +60,16 @@ def requeue_dead_jobs(
     attempts: Literal["extend", "reset"] = "extend",
     after_id: int | None = None,
     batch: int = REQUEUE_BATCH,
+    ids: Collection[int] | None = None,
 ) -> RequeuedBatch:
     """Requeue up to ``batch`` dead jobs matching the filters, lowest ids first, due now.
 
     In the caller's transaction, never committing: each job as :func:`requeue_job` would
     (``attempts`` "extend" or "reset"), one NOTIFY per queue waking its workers at commit.
     ``older_than`` is the age since ``created_at``; ``after_id`` starts the batch past that id
-    (the previous batch's ``last_id``). Bad arguments raise InvalidJobError before any SQL.
+    (the previous batch's ``last_id``). ``ids`` (at most
+    :data:`~sa_jobqueue.ops.filters.MAX_IDS`) narrows the batch to those jobs, with the filters.
+    Bad arguments raise InvalidJobError before any SQL.
 
     Not promised: every match. A job another session holds locked at that moment (being
     requeued or purged) is passed over, not waited for, and one that dies after the batch
@@ -75,11 +86,14 @@ def requeue_dead_jobs(
         params["b_older_than"] = check_age(older_than)
     if after_id is not None:
         params["b_after_id"] = check_after_id(after_id)
+    if ids is not None:
+        params["b_ids"] = check_ids(ids)
     statement = requeue_dead_batch(
         reset,
         queue=queue is not None,
         task=task is not None,
         older_than=older_than is not None,
+        ids=ids is not None,
     )
     conn = connection_of(session)
     picked = conn.execute(statement, params).all()

@@ -26,11 +26,12 @@ from .. import __version__
 from .._sql.dashboard import page_settings
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
+from ..ops.bulk import BULK_BATCH
 from ..ops.filters import check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
-from . import _actions, _display, _queue_reads, _reads, _workflow_reads
+from . import _actions, _bulk, _display, _queue_reads, _reads, _workflow_reads
 from ._db_errors import explain
 from ._filters import MAX_ID, JobFilter, age, finished_statuses, queue_name, read_filter, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
@@ -84,6 +85,7 @@ class Dashboard:
             Route("/", self.overview, name="overview"),
             Route("/jobs", self.jobs, name="jobs"),
             Route("/jobs/retry", self.retry_matching, methods=["POST"], name="retry_matching"),
+            Route("/jobs/bulk", self.bulk, methods=["POST"], name="bulk"),
             Route("/jobs/{job_id:int}", self.job, name="job"),
             Route("/jobs/{job_id:int}/payload.json", self.payload, name="payload"),
             Route("/jobs/{job_id:int}/workflow", self.workflow, name="workflow"),
@@ -127,6 +129,8 @@ class Dashboard:
             page=page,
             wanted=wanted,
             scan_window=_reads.SCAN_WINDOW,
+            bulk=_bulk.enabled(wanted),
+            bulk_labels=_bulk.LABELS,
         )
 
     async def job(self, request: Request) -> Response:
@@ -217,6 +221,12 @@ class Dashboard:
             attempts=attempts,
         )
         return self._after(request, outcome, self.url(request, "jobs", query=wanted.query()))
+
+    async def bulk(self, request: Request) -> Response:
+        try:
+            return await _bulk.handle(self, request)
+        except InvalidJobError as exc:
+            raise PageError(400, str(exc)) from None
 
     async def pause_queue(self, request: Request) -> Response:
         return await self._queue_action(request, _actions.pause)
@@ -310,7 +320,9 @@ class Dashboard:
         """The POSTed form, once actions are allowed and its CSRF token holds."""
         if not self.allow_actions:
             raise PageError(403, "actions are off: the dashboard was started without them")
-        form = await request.form()
+        # Room for the jobs list's act-on-many form: a row's box and the page's id for each
+        # of up to 500 rows, and the filter; Starlette's default stops at 1,000 fields.
+        form = await request.form(max_fields=2_000)
         token = form.get(CSRF_FIELD)
         if not self.signer.form_accepted(
             request.cookies.get(CSRF_COOKIE), token if isinstance(token, str) else None
@@ -360,6 +372,7 @@ class Dashboard:
             most_jobs=_workflow_reads.MOST_JOBS,
             counted=_workflow_reads.COUNTED,
             retry_batch=REQUEUE_BATCH,
+            bulk_batch=BULK_BATCH,
             request_path=request.url.path,
             **context,
         )

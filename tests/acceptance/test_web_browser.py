@@ -311,3 +311,40 @@ def test_open_the_workflow_view_of_a_chord(
     browser.find_element(By.ID, f"node-{merge}").click()
     wait.until(expected_conditions.title_contains(f"Job {merge}"))
     assert len(browser.find_elements(By.CSS_SELECTOR, "#waits-for tbody tr")) == 3
+
+
+def test_tick_two_rows_and_cancel_them_through_the_confirmation(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path
+) -> None:
+    with engine.begin() as conn:
+        picked = [add_job(conn, queue="bulk", visible_in=600) for _ in range(2)]
+        kept = add_job(conn, queue="bulk", visible_in=600)
+    wait = WebDriverWait(browser, WAIT)
+
+    browser.get(served + "/jobs?queue=bulk")
+    wait.until(expected_conditions.presence_of_element_located((By.ID, "bulk")))
+    # The script shows the header's box; ticking it and then clearing it ticks every row
+    # and clears them again.
+    page_box = browser.find_element(By.CSS_SELECTOR, "input.select-page")
+    wait.until(lambda _: page_box.is_displayed())
+    page_box.click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#bulk input[name=id]")
+    assert len(rows) == 3
+    assert all(box.is_selected() for box in rows)
+    page_box.click()
+    assert not any(box.is_selected() for box in rows)
+    for job_id in picked:
+        browser.find_element(By.CSS_SELECTOR, f"#bulk input[name=id][value='{job_id}']").click()
+    browser.find_element(By.CSS_SELECTOR, "#bulk button[value=cancel]").click()
+
+    wait.until(expected_conditions.title_contains("Cancel jobs?"))
+    assert "Cancel 2 chosen job(s)?" in browser.find_element(By.TAG_NAME, "h1").text
+    browser.save_screenshot(str(artefacts / "bulk-1-confirm.png"))
+    browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert browser.find_element(By.CSS_SELECTOR, ".flash").text == "cancelled 2"
+    browser.save_screenshot(str(artefacts / "bulk-2-done.png"))
+    with engine.connect() as conn:
+        found = dict(conn.execute(select(j.id, j.status).where(j.queue == "bulk")).all())
+    assert found == {picked[0]: "cancelled", picked[1]: "cancelled", kept: "queued"}

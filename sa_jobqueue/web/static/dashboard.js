@@ -1,5 +1,6 @@
 // sa_jobqueue dashboard: the little the pages do in the browser, all optional.
 // - Forms with data-confirm ask before they are sent.
+// - On the jobs list, the header's box ticks or clears every row of the page.
 // - On the overview, "refresh every 5 s" reloads the figures in place while the tab is shown;
 //   the choice is remembered in this browser.
 "use strict";
@@ -10,6 +11,26 @@ document.addEventListener("submit", (event) => {
     event.preventDefault();
   }
 });
+
+(() => {
+  const all = document.querySelector("input.select-page");
+  const form = document.getElementById("bulk");
+  if (!all || !form) {
+    return;
+  }
+  const rows = () => form.querySelectorAll('input[type="checkbox"][name="id"]');
+  all.hidden = false;
+  all.addEventListener("change", () => {
+    rows().forEach((box) => {
+      box.checked = all.checked;
+    });
+  });
+  form.addEventListener("change", (event) => {
+    if (event.target !== all && event.target.name === "id") {
+      all.checked = Array.from(rows()).every((box) => box.checked);
+    }
+  });
+})();
 
 (() => {
   const toggle = document.getElementById("auto-refresh");
