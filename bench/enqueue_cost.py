@@ -72,6 +72,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sizes", default="10,50,100,200,500,1000,5000", help="enqueue_many sizes")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians)")
     p.add_argument("--sync-commit", default="off", choices=("on", "off"))
+    p.add_argument("--database", default=DATABASE, help="the database made for the run")
     p.add_argument(
         "--instructions", action="store_true", help="instructions per call, under callgrind"
     )
@@ -171,8 +172,8 @@ def main() -> int:
     args = parse_args()
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     if args.only:
-        return only(harness.database_url(url, DATABASE), args)
-    dsn = harness.recreate_database(url, DATABASE)
+        return only(harness.database_url(url, args.database), args)
+    dsn = harness.recreate_database(url, args.database)
     if args.instructions:
         try:
             engine = create_engine(dsn)
@@ -180,7 +181,7 @@ def main() -> int:
             engine.dispose()
             instructions(args)
         finally:
-            harness.drop_database(url, DATABASE)
+            harness.drop_database(url, args.database)
         return 0
     settings = {"synchronous_commit": args.sync_commit}
     # One connection, so that section 1 traces every statement; section 2 needs two.
@@ -192,7 +193,7 @@ def main() -> int:
     finally:
         traced.dispose()
         engine.dispose()
-        harness.drop_database(url, DATABASE)
+        harness.drop_database(url, args.database)
     return 0
 
 
@@ -213,7 +214,7 @@ def instructions(args: argparse.Namespace) -> None:
     print(f"user-space instructions per call (callgrind; {args.calls} and {10 * args.calls} calls)")
     per_call: dict[str, float] = {}
     for name in ONE_ROW:
-        counts = [_callgrind(name, calls) for calls in (args.calls, 10 * args.calls)]
+        counts = [_callgrind(name, calls, args) for calls in (args.calls, 10 * args.calls)]
         per_call[name] = (counts[1] - counts[0]) / (9 * args.calls)
     labels = {"b": "(b) enqueue in an open transaction", "execute": "raw, conn.execute"}
     labels["cursor"] = "raw, cursor kept"
@@ -223,12 +224,13 @@ def instructions(args: argparse.Namespace) -> None:
     print("  (ratios: to the raw INSERT by conn.execute / with a cursor kept)")
 
 
-def _callgrind(name: str, calls: int) -> int:
+def _callgrind(name: str, calls: int, args: argparse.Namespace) -> int:
     """Instructions of one ``--only name`` process under callgrind."""
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory) / "callgrind.out"
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         command += [sys.executable, __file__, "--only", name, "--calls", str(calls)]
+        command += ["--database", args.database]
         # A fixed hash seed: the same dict and set layouts in every run.
         environment = os.environ | {"PYTHONHASHSEED": "0"}
         subprocess.run(command, check=True, capture_output=True, env=environment)
