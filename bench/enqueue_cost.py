@@ -8,13 +8,22 @@ Uses $DATABASE_URL's server (a database ``bench_enqueue_cost`` is created and dr
    round trip ends with a Sync, a simple Query or a CopyDone message): (a) a Session per
    enqueue, committed; (b) an enqueue in a transaction that has already run a statement;
    (c) ``enqueue_many`` of each size, committed.
-2. Client CPU per call (``time.process_time``) of shapes (a) and (b), and of the same INSERT
-   and COMMIT sent with psycopg alone. Rounds alternate between them; medians.
+2. Client CPU per call (``time.process_time``) of shapes (a) and (b), of the same INSERT and
+   COMMIT sent with psycopg alone (for (a)), and of a raw psycopg INSERT of the same row on
+   (b)'s connection, in its transaction (for (b)): the INSERT as one would write it by hand,
+   sent by ``conn.execute`` (a cursor per call) and by a cursor kept across calls. Rounds
+   alternate between them; medians, and (b)'s ratio to each raw INSERT.
 3. ``enqueue_many`` of each size by INSERT and by COPY (forced by setting
    ``sa_jobqueue._enqueue.inserting.COPY_FROM``), alternating, medians of wall time and CPU per job.
 
 Commits are made with ``synchronous_commit=off`` unless ``--sync-commit on``: the fsync costs
 every shape and path the same, and on a shared disk it is mostly noise.
+
+CPU time on a busy machine is noisy; instructions are not. ``--instructions`` (needs valgrind)
+prints instead the user-space instructions per call of (b) and of the two raw INSERTs, each run
+under callgrind twice (``--calls`` and ten times as many, after the same set-up: the difference
+over the extra calls is the per-call cost). The kernel's share of a round trip (the socket
+calls, the same for all three) is not counted.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import collections
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +72,44 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sizes", default="10,50,100,200,500,1000,5000", help="enqueue_many sizes")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians)")
     p.add_argument("--sync-commit", default="off", choices=("on", "off"))
+    p.add_argument("--database", default=DATABASE, help="the database made for the run")
+    p.add_argument(
+        "--instructions", action="store_true", help="instructions per call, under callgrind"
+    )
+    # Internal: the one loop that --instructions runs under callgrind.
+    p.add_argument("--only", choices=tuple(ONE_ROW), help=argparse.SUPPRESS)
     return p.parse_args()
+
+
+#: A raw psycopg INSERT of the row (b) enqueues, as one would write it by hand.
+RAW_INSERT = (
+    "INSERT INTO sa_jobqueue_jobs (queue, task, payload, priority, max_attempts, lease)"
+    " VALUES (%s, %s, %s, %s, %s, make_interval(secs => %s)) RETURNING id"
+)
+RAW_VALUES = ("bench", "noop", '{"n":1}', 0, 5, 30.0)
+
+
+def one_row(session: Session) -> dict[str, Callable[[], object]]:
+    """(b) and the two raw INSERTs of the same row, on ``session``'s connection, in its
+    transaction (begun and warmed up here: psycopg prepares a statement at its 5th run)."""
+    session.execute(sa.text("SELECT 1"))
+    raw: Any = session.connection().connection.driver_connection
+    cursor = raw.cursor()
+    variants: dict[str, Callable[[], object]] = {
+        "(b) enqueue in an open transaction": lambda: queue.enqueue(session, noop, {"n": 1}),
+        "raw psycopg INSERT, conn.execute": lambda: raw.execute(RAW_INSERT, RAW_VALUES).fetchone(),
+        "raw psycopg INSERT, cursor kept": lambda: (
+            cursor.execute(RAW_INSERT, RAW_VALUES),
+            cursor.fetchone(),
+        ),
+    }
+    for call in variants.values():
+        for _ in range(10):
+            call()
+    return variants
+
+
+ONE_ROW = {"b": 0, "execute": 1, "cursor": 2}
 
 
 class Trace:
@@ -96,8 +143,11 @@ class Trace:
         return (counts["Sync"] + counts["Query"] + counts["CopyDone"]) / times
 
 
-def alternate(variants: dict[str, Callable[[], object]], calls: int, rounds: int) -> None:
-    """Median per-call CPU (and wall) of each variant, over rounds that alternate them."""
+def alternate(
+    variants: dict[str, Callable[[], object]], calls: int, rounds: int
+) -> dict[str, float]:
+    """Median per-call CPU (and wall) of each variant, over rounds that alternate them; the
+    CPU medians are returned."""
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     wall: dict[str, list[float]] = {name: [] for name in variants}
     for call in variants.values():
@@ -115,12 +165,24 @@ def alternate(variants: dict[str, Callable[[], object]], calls: int, rounds: int
             f"  {name:52} CPU {statistics.median(cpu[name]):7.1f} µs"
             f"   wall {statistics.median(wall[name]):7.1f} µs"
         )
+    return {name: statistics.median(values) for name, values in cpu.items()}
 
 
 def main() -> int:
     args = parse_args()
     url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    dsn = harness.recreate_database(url, DATABASE)
+    if args.only:
+        return only(harness.database_url(url, args.database), args)
+    dsn = harness.recreate_database(url, args.database)
+    if args.instructions:
+        try:
+            engine = create_engine(dsn)
+            upgrade(engine)
+            engine.dispose()
+            instructions(args)
+        finally:
+            harness.drop_database(url, args.database)
+        return 0
     settings = {"synchronous_commit": args.sync_commit}
     # One connection, so that section 1 traces every statement; section 2 needs two.
     traced = create_engine(dsn, pool_size=1, max_overflow=0, settings=settings)
@@ -131,8 +193,51 @@ def main() -> int:
     finally:
         traced.dispose()
         engine.dispose()
-        harness.drop_database(url, DATABASE)
+        harness.drop_database(url, args.database)
     return 0
+
+
+def only(dsn: str, args: argparse.Namespace) -> int:
+    """Run one of :func:`one_row`'s variants ``--calls`` times, after its set-up."""
+    engine = create_engine(dsn, pool_size=1, max_overflow=0)
+    with Session(engine) as session:
+        call = list(one_row(session).values())[ONE_ROW[args.only]]
+        for _ in range(args.calls):
+            call()
+        session.rollback()
+    engine.dispose()
+    return 0
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Instructions per call of (b) and the raw INSERTs, counted by callgrind."""
+    print(f"user-space instructions per call (callgrind; {args.calls} and {10 * args.calls} calls)")
+    per_call: dict[str, float] = {}
+    for name in ONE_ROW:
+        counts = [_callgrind(name, calls, args) for calls in (args.calls, 10 * args.calls)]
+        per_call[name] = (counts[1] - counts[0]) / (9 * args.calls)
+    labels = {"b": "(b) enqueue in an open transaction", "execute": "raw, conn.execute"}
+    labels["cursor"] = "raw, cursor kept"
+    for name, value in per_call.items():
+        ratios = f"  {value / per_call['execute']:.2f}x / {value / per_call['cursor']:.2f}x"
+        print(f"  {labels[name]:40} {value / 1000:8.1f} k{ratios if name == 'b' else ''}")
+    print("  (ratios: to the raw INSERT by conn.execute / with a cursor kept)")
+
+
+def _callgrind(name: str, calls: int, args: argparse.Namespace) -> int:
+    """Instructions of one ``--only name`` process under callgrind."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "callgrind.out"
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        command += [sys.executable, __file__, "--only", name, "--calls", str(calls)]
+        command += ["--database", args.database]
+        # A fixed hash seed: the same dict and set layouts in every run.
+        environment = os.environ | {"PYTHONHASHSEED": "0"}
+        subprocess.run(command, check=True, capture_output=True, env=environment)
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
 
 
 def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace) -> None:
@@ -160,6 +265,8 @@ def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace
     print(f"  (a) Session, enqueue, commit: {trace.round_trips(lambda: shape_a(traced)):.2f}")
     with Session(traced) as session:
         session.execute(sa.text("SELECT 1"))
+        for _ in range(6):  # past psycopg's preparing of the statement that wakes no queue
+            queue.enqueue(session, task, {"n": 1})
         print(
             "  (b) enqueue in an open transaction:"
             f" {trace.round_trips(lambda: queue.enqueue(session, task, {'n': 1})):.2f}"
@@ -184,19 +291,21 @@ def run(traced: sa.Engine, engine: sa.Engine, dsn: str, args: argparse.Namespace
             raw.commit()
 
         with Session(engine) as session:
-            session.execute(sa.text("SELECT 1"))
-            alternate(
+            medians = alternate(
                 {
                     "(a) Session, enqueue, commit": shape_a,
-                    "(b) enqueue in an open transaction": (
-                        lambda: queue.enqueue(session, task, {"n": 1})
-                    ),
                     "the same INSERT and COMMIT with psycopg alone": psycopg_alone,
-                },
+                }
+                | one_row(session),
                 args.calls,
                 args.rounds,
             )
             session.rollback()
+        b = medians["(b) enqueue in an open transaction"]
+        print(
+            f"  (b) / raw INSERT: {b / medians['raw psycopg INSERT, conn.execute']:.2f}x"
+            f" (conn.execute), {b / medians['raw psycopg INSERT, cursor kept']:.2f}x (cursor kept)"
+        )
 
     print("\n3. enqueue_many by INSERT and by COPY, per job")
     default = inserting.COPY_FROM

@@ -17,6 +17,7 @@ execute would raise it.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeAlias, TypeVar
@@ -55,11 +56,11 @@ def connection_of(session: SessionLike) -> Connection:
     """The Connection of ``session``'s transaction; TypeError for anything else."""
     # Session.connection() joins the session's transaction (beginning it if needed) without
     # flushing pending objects: we add the job row and touch nothing else of the caller's.
-    if isinstance(session, Session | scoped_session):
+    if isinstance(session, _SESSIONS):
         try:
-            bind: object = session.get_bind()
+            bind: Any = session.get_bind()
         except SQLAlchemyError:
-            bind = None  # no single bind to look at: connection() says what is wrong
+            return _connection(session)  # no single bind to look at: connection() says why
         # An asyncio driver works only inside SQLAlchemy's greenlet bridge (the Session that
         # AsyncSession.run_sync hands over); outside it, refuse before connecting, which
         # would fail deep in SQLAlchemy and leave a never-awaited coroutine behind.
@@ -67,10 +68,8 @@ def connection_of(session: SessionLike) -> Connection:
             getattr(getattr(bind, "dialect", None), "is_async", False) and _outside_bridge()
         ):
             raise TypeError(_ASYNC_BIND)
-        try:
-            return session.connection()
-        except MissingGreenlet as exc:  # _outside_bridge could not tell
-            raise TypeError(_ASYNC_BIND) from exc
+        # The bind just found, given: connection() would ask get_bind() for it again.
+        return _connection(session, {"bind": bind})
     if isinstance(session, Connection):
         return session
     hint = ""
@@ -80,6 +79,21 @@ def connection_of(session: SessionLike) -> Connection:
         "enqueue needs a SQLAlchemy Session, scoped_session or Connection,"
         f" not {type(session).__name__}{hint}"
     )
+
+
+#: What :func:`connection_of` asks for a Session's connection (a tuple: isinstance checks one
+#: faster than a union).
+_SESSIONS: Final = (Session, scoped_session)
+
+
+def _connection(
+    session: Session | scoped_session[Session], bind_arguments: dict[str, Any] | None = None
+) -> Connection:
+    """``session.connection()``; TypeError if the Session is async and this is not its bridge."""
+    try:
+        return session.connection(bind_arguments)
+    except MissingGreenlet as exc:  # _outside_bridge could not tell
+        raise TypeError(_ASYNC_BIND) from exc
 
 
 def _outside_bridge() -> bool:
@@ -151,9 +165,16 @@ def transient(exc: BaseException) -> bool:
 
 
 class _DriverText(NamedTuple):
-    """A statement as SQLAlchemy would send it to psycopg: its text and its constant binds."""
+    """A statement as SQLAlchemy would send it to psycopg, with its parameters by position.
+
+    ``text`` is SQLAlchemy's text with each ``%(name)s`` made a ``%s``, ``names`` the names in
+    the text's order (psycopg reorders a dict by name into the same list on every call; a
+    list given in that order skips the step), and ``constants`` the values the statement binds
+    itself.
+    """
 
     text: str
+    names: tuple[str, ...]
     constants: dict[str, Any]
 
 
@@ -167,45 +188,49 @@ _driver_texts: Final[weakref.WeakKeyDictionary[Dialect, dict[Insert, _DriverText
 #: and dies with the psycopg connection (a cursor costs as much to make as a short INSERT).
 _CURSOR: Final = "sa_jobqueue.cursor"
 
+#: A named placeholder of a pyformat text, or an escaped percent sign (kept as it is).
+_PLACEHOLDER: Final = re.compile(r"%%|%\((\w+)\)s")
+
 
 def first_row(conn: Connection, statement: Insert, params: dict[str, Any]) -> Sequence[Any] | None:
     """Run ``statement`` in ``conn``'s transaction; its first row, or None if it returned none.
 
-    Sent straight to psycopg, with the text and parameters SQLAlchemy's execute would send,
-    when that changes nothing observable: the driver is psycopg, nothing listens to the
-    engine's or the connection's events (statement logging, tracing instrumentation, the
-    transaction pooler's settings, ``handle_error`` hooks), statements are not echoed, no
-    ``schema_translate_map`` is set, and the transaction is active. Otherwise, and for a
-    statement whose compiled form needs SQLAlchemy's processing of its values, it goes through
-    ``conn.execute``. Either way an error is raised as SQLAlchemy raises it (a
+    Sent straight to psycopg, with the text and values SQLAlchemy's execute would send (the
+    values by position), when that changes nothing observable: the driver is psycopg, nothing
+    listens to the engine's or the connection's events (statement logging, tracing
+    instrumentation, the transaction pooler's settings, ``handle_error`` hooks), statements are
+    not echoed, no ``schema_translate_map`` is set, and the transaction is active. Otherwise,
+    and for a statement whose compiled form needs SQLAlchemy's processing of its values, it
+    goes through ``conn.execute``. Either way an error is raised as SQLAlchemy raises it (a
     ``sqlalchemy.exc.DBAPIError`` subclass, the connection invalidated on a disconnect).
     """
     driver = _direct_text(conn, statement)
     if driver is None:
         return conn.execute(statement, params).first()
+    values = {**driver.constants, **params} if driver.constants else params
+    args = [values[name] for name in driver.names]
     proxied = conn.connection
     raw: Any = proxied.driver_connection
-    values = {**driver.constants, **params}
     try:
         cursor: Any = proxied.info.get(_CURSOR)
         if cursor is None or cursor.closed or cursor.connection is not raw:
             cursor = proxied.info[_CURSOR] = raw.cursor()
         if isinstance(raw, psycopg.AsyncConnection):
             # One switch to the event loop for both calls, as SQLAlchemy's own adapter does.
-            return await_(_execute_async(cursor, driver.text, values))  # type: ignore[no-any-return]
-        cursor.execute(driver.text, values)
+            return await_(_execute_async(cursor, driver.text, args))  # type: ignore[no-any-return]
+        cursor.execute(driver.text, args)
         return cursor.fetchone()  # type: ignore[no-any-return]
     except BaseException as exc:
         # SQLAlchemy's own handling: the exception conn.execute would raise, the connection
         # invalidated if the error was a disconnect, handle_error hooks run. The cursor is
         # kept for the next call (psycopg's cursors outlive a failed statement).
-        conn._handle_dbapi_exception(exc, driver.text, values, None, None)
+        conn._handle_dbapi_exception(exc, driver.text, args, None, None)
 
 
 async def _execute_async(
-    cursor: psycopg.AsyncCursor[Any], text: str, values: dict[str, Any]
+    cursor: psycopg.AsyncCursor[Any], text: str, args: list[Any]
 ) -> Sequence[Any] | None:
-    await cursor.execute(text, values)
+    await cursor.execute(text, args)
     return await cursor.fetchone()
 
 
@@ -257,7 +282,16 @@ def _driver_text(statement: Insert, dialect: Dialect) -> _DriverText | None:
             return None
         if not bind.required:
             constants[name] = bind.value
-    return _DriverText(compiled.string, constants)
+    names: list[str] = []
+
+    def by_position(match: re.Match[str]) -> str:
+        if match[1] is None:
+            return "%%"
+        names.append(match[1])
+        return "%s"
+
+    text = _PLACEHOLDER.sub(by_position, compiled.string)
+    return _DriverText(text, tuple(names), constants)
 
 
 def copy_possible(conn: Connection) -> bool:

@@ -118,6 +118,8 @@ class Enqueuer:
 
             return functools.partial(self._through, call, insert, self._traced(), edges, new)
         jobs = self.new_jobs(self.registry.lookup(task), payloads, unique_keys, options)
+        if not edges:
+            return lambda conn: insert(conn, jobs)
         return lambda conn: enqueue_with(conn, edges, functools.partial(insert, conn, jobs), new)
 
     def new_jobs(

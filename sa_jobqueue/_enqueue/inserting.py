@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 
 from .._binds import copy_possible, copy_rows, first_row
 from .._sql import enqueue as enqueue_sql
-from .jobs import Enqueued, NewJobs
+from .jobs import Enqueued, NewJobs, added
 from .unique import insert_unique_many, insert_unique_one
 from .wakeups import sent_notifications
 
@@ -36,21 +36,22 @@ def insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
     A list of one id, as :func:`insert_many` returns its ids.
     """
     sent = sent_notifications(conn)
+    options = new.options
     params = new.params()
     params["payload"] = new.payloads[0]
-    wake_up = new.queue not in sent
+    wake_up = options.queue not in sent
     if new.keys[0] is not None:
         return [insert_unique_one(conn, new, params, wake_up, sent)]
+    # By position: the cache's key is then the arguments' tuple, and nothing more to build.
+    traced = new.trace_context is not None
     statement = enqueue_sql.insert_job(
-        new.options.schedule,
-        wake_up,
-        traced=new.trace_context is not None,
-        backoff=new.options.backoff is not None,
+        options.schedule, wake_up, False, traced, options.backoff is not None
     )
     row = first_row(conn, statement, params)
     assert row is not None  # an INSERT without ON CONFLICT returns its row or raises
-    sent.add(new.queue)
-    return [Enqueued(row[0])]
+    if wake_up:
+        sent.add(options.queue)
+    return [added(row[0])]
 
 
 def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:

@@ -29,14 +29,23 @@ class Enqueued(int):
     ``created`` is always True.
     """
 
-    created: bool
-    updated: bool
+    # A new job's flags, as class attributes: an instance holds its own only where they differ,
+    # so the common id (see :func:`added`) costs one int.__new__ and no attribute.
+    created: bool = True
+    updated: bool = False
 
     def __new__(cls, job_id: int, created: bool = True, updated: bool = False) -> Enqueued:
         self = super().__new__(cls, job_id)
-        self.created = created
-        self.updated = updated
+        if not created:
+            self.created = False
+        if updated:
+            self.updated = True
         return self
+
+
+def added(job_id: int) -> Enqueued:
+    """``Enqueued(job_id)``, a job this call added, without the Python ``__new__``."""
+    return int.__new__(Enqueued, job_id)
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ class NewJobs:
 
     def params(self, prefix: str = "") -> dict[str, Any]:
         """:meth:`ResolvedOptions.params` plus the trace context and the job's own backoff."""
-        params = self.options.params(prefix)
+        params = self.options.params(prefix) if prefix else dict(self.options.row_params)
         if self.trace_context is not None:
             params[f"{prefix}trace_context"] = self.trace_context
         if self.options.backoff is not None:

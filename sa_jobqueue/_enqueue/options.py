@@ -11,6 +11,7 @@ option is a key of :class:`JobOptions`, its checker and a field of :class:`Resol
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -165,6 +166,12 @@ class ResolvedOptions:
         if isinstance(self.run_at, datetime):
             return "at"
         return "after" if isinstance(self.run_at, timedelta) else "now"
+
+    @functools.cached_property
+    def row_params(self) -> Mapping[str, Any]:
+        """:meth:`params` without a prefix, built once (a ResolvedOptions never changes, and
+        a task's defaults are resolved once): copy it before adding to it."""
+        return self.params()
 
     def params(self, prefix: str = "") -> dict[str, Any]:
         """The job's bind parameters (names after ``prefix``; ``run_at``/``delay`` never take it).

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobQueue
-from sa_jobqueue._binds import _driver_text
+from sa_jobqueue._binds import _CURSOR, _driver_text
 from sa_jobqueue._enqueue import inserting
 from sa_jobqueue._sql import enqueue as enqueue_sql
 from sa_jobqueue.database import create_engine
@@ -129,6 +129,62 @@ def test_an_enqueue_goes_through_sqlalchemy_when_something_listens(
     assert traffic.round_trips == 1
 
 
+def _direct(conn: sa.Connection) -> bool:
+    """Whether an enqueue on ``conn`` went straight to psycopg: only that path keeps a cursor
+    in the pooled connection's ``info``."""
+    return _CURSOR in conn.connection.info
+
+
+def _listened(conn: sa.Connection) -> sa.Connection:
+    sa.event.listen(conn, "before_execute", lambda *args: None)
+    return conn
+
+
+# What pushes an enqueue off the direct path, each alone: SQLAlchemy's execute then has work
+# only it can do (echo, a schema map, a listener of the connection's events).
+GUARDS = {
+    "none": (False, lambda conn: conn),
+    "echo": (True, lambda conn: conn),
+    "schema_translate_map": (False, lambda conn: conn.execution_options(schema_translate_map={})),
+    "a listener": (False, _listened),
+}
+
+
+@pytest.mark.parametrize("guard", GUARDS)
+def test_each_guard_sends_the_enqueue_through_sqlalchemy_in_one_round_trip(
+    integration_engine: sa.Engine, queue: JobQueue, guard: str
+) -> None:
+    echo, configure = GUARDS[guard]
+    engine = create_engine(
+        integration_engine.url, echo=echo, connect_args={"prepare_threshold": None}
+    )
+    try:
+        with engine.connect() as own, own.begin():
+            conn = configure(own)
+            conn.execute(sa.text("SELECT 1"))
+            with traced(pgconn_of(conn)) as traffic:
+                job = queue.enqueue(conn, "plain", {"n": 1})
+            assert _direct(conn) is (guard == "none")
+            assert traffic.round_trips == 1
+            assert conn.execute(select(j.payload).where(j.id == job)).scalar_one() == {"n": 1}
+            own.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_an_enqueue_in_an_inactive_transaction_raises_as_sqlalchemy_would(
+    integration_engine: sa.Engine, queue: JobQueue
+) -> None:
+    # Only SQLAlchemy's execute can say why the transaction cannot be used.
+    with integration_engine.connect() as conn:
+        transaction = conn.begin()
+        conn.execute(sa.text("SELECT 1"))
+        conn.invalidate()
+        with pytest.raises(sa.exc.PendingRollbackError):
+            queue.enqueue(conn, "plain", {"n": 1})
+        transaction.rollback()
+
+
 def test_a_small_batch_is_one_round_trip_and_a_large_one_three(
     own: sa.Connection, queue: JobQueue
 ) -> None:
@@ -155,7 +211,10 @@ def test_the_single_inserts_are_sent_as_sqlalchemy_would(own: sa.Connection) -> 
             statement = enqueue_sql.insert_job(schedule, wake, unique, traced_, backoff)
             text = _driver_text(statement, own.dialect)
             assert text is not None, (schedule, wake, unique, traced_, backoff)
-            assert text.text == str(statement.compile(dialect=own.dialect))
+            # SQLAlchemy's text with its named placeholders by position, in the text's order.
+            named = text.text.replace("%s", "{}").format(*(f"%({n})s" for n in text.names))
+            assert named == str(statement.compile(dialect=own.dialect))
+            assert not text.constants  # the statement's own values are written in its text
 
 
 # -- COPY and INSERT write the same rows ----------------------------------------------------------
