@@ -18,12 +18,14 @@ depends_on = None
 
 # A nullable column without a default, as sajq_0011's ``result``: PostgreSQL changes the
 # catalog only and rewrites no row (NULL costs no bytes in the rows that never fail, and
-# enqueues write nothing more). The ALTER takes an ACCESS EXCLUSIVE lock on the jobs table
-# for as long as the catalog change takes: measured at 1,000,000 rows on PostgreSQL 15, the
-# same few milliseconds as on an empty table. It must first wait for that lock, though, and
-# queues everything behind it meanwhile: a worker's statements wait for a long transaction
-# that holds the table (a long report, say) to end. Set a lock_timeout in the migration's
-# session to bound that wait.
+# enqueues write nothing more). The ALTER takes an ACCESS EXCLUSIVE lock on the jobs table,
+# held to the migration's commit. Measured on PostgreSQL 15 with 1,000,000 rows (338 MB):
+# the ALTER took 0.8 to 25 ms (4 ms on an empty table), the commit 3 to 19 ms, the table's
+# file stayed the same (no rewrite); a busy 2-core machine, three runs. The lock must first
+# be granted, though, and everything that touches the table queues behind the ALTER while it
+# waits: a long transaction holding any lock on the jobs table (a long report, say) holds up
+# the workers' claims and completions until it ends. Set a ``lock_timeout`` in the
+# migration's session to bound that wait, and retry if it runs out.
 
 
 def upgrade() -> None:
