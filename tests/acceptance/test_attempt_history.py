@@ -135,3 +135,23 @@ def test_the_history_keeps_its_last_entries(db: sa.Engine, recorder: Recorder) -
     entries = history(db, job_id)
     assert len(entries) == ATTEMPT_HISTORY_LIMIT
     assert [e["attempt"] for e in entries] == list(range(2, ATTEMPT_HISTORY_LIMIT + 2))
+
+
+def test_a_lease_found_expired_by_the_next_claim_leaves_an_entry(
+    db: sa.Engine, recorder: Recorder
+) -> None:
+    job_id = enqueue(db)
+    lost = claim(db, recorder, "gone")
+    with db.begin() as conn:  # its worker vanished: the lease runs out
+        conn.execute(
+            sa.update(Job)
+            .where(Job.id == job_id)
+            .values(visible_at=sa.func.now() - sa.text("interval '1 second'"))
+        )
+    taken = claim(db, recorder, "next")
+    assert taken.attempts == lost.attempts + 1
+    recorder.record(lost, Fail(ValueError("late")), TASK)  # the lost attempt's own: stale
+    (entry,) = history(db, job_id)
+    assert (entry["attempt"], entry["worker"], entry["outcome"]) == (1, "gone", "lease_expired")
+    assert entry["error"]["type"] == "LeaseExpired"
+    assert entry["duration"] >= 0
