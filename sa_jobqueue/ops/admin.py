@@ -68,6 +68,8 @@ class JobInfo(JobSummary):
     #: ``outcome`` and ``error`` (``type``, ``message``, ``traceback``, or None). None until
     #: one has ended so. A success adds no entry: its attempt is the job's own fields.
     attempt_history: Any = None
+    #: The worker that runs the job, or ran its last attempt if it succeeded (None otherwise).
+    worker: str | None = None
 
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
