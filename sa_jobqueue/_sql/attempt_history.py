@@ -44,7 +44,13 @@ def appended(outcome: ColumnElement[Any], error: ColumnElement[Any] | None) -> C
         literal("error"),
         null() if error is None else error,
     )
-    history = func.coalesce(j.attempt_history, literal_column("'[]'::jsonb", JSONB))
+    # Anything but an array (NULL, or a value written by hand) starts a new one: were it kept,
+    # jsonb_array_length would fail the statement, and with it every claim batch holding the
+    # job and every attempt's outcome, again at each try.
+    history = case(
+        (func.jsonb_typeof(j.attempt_history) == "array", j.attempt_history),
+        else_=literal_column("'[]'::jsonb", JSONB),
+    )
     full = func.jsonb_array_length(history) >= ATTEMPT_HISTORY_LIMIT
     kept = case((full, history.op("-")(0)), else_=history)
     return kept.op("||")(func.jsonb_build_array(entry))

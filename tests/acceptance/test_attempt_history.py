@@ -155,3 +155,13 @@ def test_a_lease_found_expired_by_the_next_claim_leaves_an_entry(
     assert (entry["attempt"], entry["worker"], entry["outcome"]) == (1, "gone", "lease_expired")
     assert entry["error"]["type"] == "LeaseExpired"
     assert entry["duration"] >= 0
+
+
+def test_a_history_that_is_no_array_is_started_again(db: sa.Engine, recorder: Recorder) -> None:
+    job_id = enqueue(db)
+    with db.begin() as conn:  # written by hand: the failure must still be recorded
+        conn.execute(
+            sa.update(Job).where(Job.id == job_id).values(attempt_history={"not": "an array"})
+        )
+    recorder.record(claim(db, recorder, "w"), Fail(ValueError("boom")), TASK)
+    assert [e["outcome"] for e in history(db, job_id)] == ["retried"]

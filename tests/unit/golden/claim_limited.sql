@@ -5,12 +5,12 @@ WITH state AS
 FROM sa_jobqueue_lock_queue(%(from_queue)s::VARCHAR) AS anon_1),
 room AS
 (SELECT coalesce(CASE
-WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_16)s::INTEGER
+WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_17)s::INTEGER
 ELSE greatest(least(%(limit)s::INTEGER, coalesce(state.cap - cardinality(CAST((SELECT state.live_ids
-FROM state) AS BIGINT[])), %(limit)s::INTEGER), coalesce(state.rate_left, %(limit)s::INTEGER)), %(greatest_1)s::INTEGER) END, %(coalesce_2)s::INTEGER) AS room, CASE
+FROM state) AS BIGINT[])), %(limit)s::INTEGER), coalesce(state.rate_left, %(limit)s::INTEGER)), %(greatest_1)s::INTEGER) END, %(coalesce_1)s::INTEGER) AS room, CASE
 WHEN state.is_paused THEN NULL
 ELSE state.rate_wait END AS wait, state.is_paused IS NOT NULL AS limited, state.key_name IS NOT NULL AS keyed
-FROM (SELECT %(param_17)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
+FROM (SELECT %(param_18)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
 picked AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
 FROM sa_jobqueue_jobs
@@ -32,15 +32,21 @@ WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cance
 WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)
 ELSE sa_jobqueue_jobs.last_error END, attempt_history=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_4)s::VARCHAR) THEN CASE
-WHEN (jsonb_array_length(coalesce(sa_jobqueue_jobs.attempt_history, '[]'::jsonb)) >= %(jsonb_array_length_1)s::INTEGER) THEN coalesce(sa_jobqueue_jobs.attempt_history, '[]'::jsonb) - %(coalesce_1)s::INTEGER
-ELSE coalesce(sa_jobqueue_jobs.attempt_history, '[]'::jsonb) END || jsonb_build_array(jsonb_build_object(%(param_9)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_10)s::VARCHAR, now(), %(param_11)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_12)s::VARCHAR, round(CAST(EXTRACT(epoch
-FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_13)s::VARCHAR, %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)))
+WHEN (jsonb_array_length(CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END) >= %(jsonb_array_length_1)s::INTEGER) THEN CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END - %(param_9)s::INTEGER
+ELSE CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_10)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_11)s::VARCHAR, now(), %(param_12)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_13)s::VARCHAR, round(CAST(EXTRACT(epoch
+FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, %(param_16)s::VARCHAR, jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)))
 ELSE sa_jobqueue_jobs.attempt_history END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked))) AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
-ELSE %(param_18)s::INTEGER END AS settled),
+ELSE %(param_19)s::INTEGER END AS settled),
 noted AS
 (UPDATE sa_jobqueue_queues
 SET rate_window=(SELECT state.window_start
@@ -68,20 +74,21 @@ FROM room LEFT OUTER JOIN claimed ON true
 -- constants the statement binds:
 --   attempts_1 = 1
 --   coalesce_1 = 0
---   coalesce_2 = 0
 --   greatest_1 = 0
 --   jsonb_array_length_1 = 20
+--   jsonb_typeof_1 = 'array'
 --   now_1 = datetime.timedelta(seconds=2)
 --   param_1 = 0
---   param_10 = 'at'
---   param_11 = 'worker'
---   param_12 = 'duration'
---   param_13 = 'outcome'
---   param_14 = 'lease_expired'
---   param_15 = 'error'
---   param_16 = 0
---   param_17 = 1
---   param_18 = 0
+--   param_10 = 'attempt'
+--   param_11 = 'at'
+--   param_12 = 'worker'
+--   param_13 = 'duration'
+--   param_14 = 'outcome'
+--   param_15 = 'lease_expired'
+--   param_16 = 'error'
+--   param_17 = 0
+--   param_18 = 1
+--   param_19 = 0
 --   param_2 = 'cancelled'
 --   param_3 = 'dead'
 --   param_4 = 'running'
@@ -89,7 +96,7 @@ FROM room LEFT OUTER JOIN claimed ON true
 --   param_6 = 'LeaseExpired'
 --   param_7 = 'message'
 --   param_8 = 'lease expired (worker lost)'
---   param_9 = 'attempt'
+--   param_9 = 0
 --   round_1 = 3
 --   status_1 = 'running'
 --   status_2 = 'running'
