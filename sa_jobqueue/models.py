@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0013"
+SCHEMA_REVISION: Final = "sajq_0014"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -54,6 +54,11 @@ PRUNED_STATUSES: Final = (SUCCEEDED, CANCELLED)
 #: its dependencies, or queued) until it has finished (revision sajq_0013 added ``waiting``).
 #: Once it has finished, the same key may be enqueued again.
 UNIQUE_STATUSES: Final = (WAITING, QUEUED, RUNNING)
+#: Entries kept in a job's ``attempt_history``: the oldest goes when one more comes. The
+#: default job has 5 attempts, so all of them fit; a job retried without end (a Retry that
+#: polls) keeps its last 20. At the error's bounds (2,000 + 20,000 characters, see
+#: ``_error_text``) that is at most about 440 KB a row, compressed in TOAST; a few KB usually.
+ATTEMPT_HISTORY_LIMIT: Final = 20
 
 metadata = MetaData(
     naming_convention={
@@ -124,6 +129,12 @@ class Job(Base):
     #: What the handler returned, when its task keeps results (JSON; ``null`` for None);
     #: written by the fenced completion. NULL for tasks that keep none, and until it succeeds.
     result: Mapped[Any | None] = mapped_column(JSONB)
+    #: How each attempt that did not succeed ended, oldest first, the last
+    #: :data:`ATTEMPT_HISTORY_LIMIT` of them: a JSON array of objects (``attempt``, ``at``,
+    #: ``worker``, ``duration`` in seconds, ``outcome``, ``error``), appended by the fenced
+    #: statement that ends the attempt. NULL until one has ended so; a success adds nothing
+    #: (the row itself holds its attempt, worker, start and end).
+    attempt_history: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

@@ -36,10 +36,13 @@ from sqlalchemy import (
 from sqlalchemy.sql.base import ReadOnlyColumnCollection
 
 from ..models import CANCELLED, CLAIM_ORDER, DEAD, RUNNING, claimable, jobs_table, queues_table
+from .attempt_history import appended
 from .dependencies import settled_here
 
 #: What the claim records when it takes a job back from a worker that stopped renewing it.
 LEASE_EXPIRED: Final = "lease expired (worker lost)"
+#: The outcome in ``attempt_history`` of an attempt whose lease a claim found expired.
+LEASE_EXPIRED_OUTCOME: Final = "lease_expired"
 
 j = jobs_table.c
 q = queues_table.c
@@ -234,8 +237,13 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
             started_at=case((ends, j.started_at), else_=func.now()),
             finished_at=case((ends, func.now()), else_=None),
             worker=bindparam("worker", type_=Text),
-            # A reclaimed job keeps a note of why its previous attempt ended.
+            # A reclaimed job keeps a note of why its previous attempt ended, and an entry for
+            # it in its history (its duration: from its start until this claim found it lost).
             last_error=case((j.status == RUNNING, lease_lost), else_=j.last_error),
+            attempt_history=case(
+                (j.status == RUNNING, appended(literal(LEASE_EXPIRED_OUTCOME), lease_lost)),
+                else_=j.attempt_history,
+            ),
         )
         # The payload comes back as text and each job decodes its own: a payload Python cannot
         # decode (nested deeper than its recursion limit) then fails that one job, not the

@@ -22,6 +22,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     extract,
     func,
     literal,
@@ -30,6 +31,7 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
 from ..models import (
     WAITING,
@@ -268,7 +270,42 @@ def job_detail() -> Select[Any]:
         func.length(error["traceback"].astext).label("error_traceback_length"),
         _text_head(j.backoff, limit).label("backoff"),
         _text_head(j.trace_context, limit).label("trace_context"),
+        _attempts(limit).label("attempt_history"),
     ).where(j.id == bindparam("job_id", type_=BigInteger))
+
+
+def _attempts(limit: ColumnElement[int]) -> ColumnElement[Any]:
+    """The row's ``attempt_history`` for its page: each entry's fields apart, its error's
+    message and traceback cut to ``limit`` characters with their whole lengths (20 entries
+    of 22,000 characters are not sent to show a table). NULL without a history. A row
+    written some other way may hold anything: what is not an array is no history, and a
+    field an entry lacks (or an entry that is no object) comes back NULL."""
+    history = case((func.jsonb_typeof(j.attempt_history) == "array", j.attempt_history), else_=None)
+    elements = (
+        func.jsonb_array_elements(history)
+        .table_valued(column("entry", JSONB), with_ordinality="n")
+        .render_derived(name="e")
+    )
+    entry = elements.c.entry
+    error = entry.op("->")("error")  # not entry["error"]: subscripts need PostgreSQL 14
+    fields = {
+        "attempt": func.left(entry["attempt"].astext, limit),
+        "at": func.left(entry["at"].astext, limit),
+        "worker": func.left(entry["worker"].astext, limit),
+        "duration": func.left(entry["duration"].astext, limit),
+        "outcome": func.left(entry["outcome"].astext, limit),
+        "error_type": func.left(error["type"].astext, limit),
+        "message": func.left(error["message"].astext, limit),
+        "message_length": func.length(error["message"].astext),
+        "traceback": func.left(error["traceback"].astext, limit),
+        "traceback_length": func.length(error["traceback"].astext),
+    }
+    built = func.jsonb_build_object(*(x for k, v in fields.items() for x in (literal(k), v)))
+    return (
+        select(func.jsonb_agg(aggregate_order_by(built, elements.c.n)))
+        .select_from(elements)
+        .scalar_subquery()
+    )
 
 
 @cache

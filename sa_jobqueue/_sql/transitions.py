@@ -28,11 +28,19 @@ from ..models import (
     SUCCEEDED,
     jobs_table,
 )
+from .attempt_history import appended
 from .clock import seconds
 from .dependencies import settled_here, settling
 from .fence import fenced, fenced_many
 
 j = jobs_table.c
+
+#: The outcomes an entry of ``attempt_history`` may name besides ``dead`` and ``cancelled``:
+#: failed and to run again; run again by a handler's ``Retry``; stopped part-way (by the
+#: worker's shutdown, or a group's rollback that was no fault of its own) and run again.
+RETRIED: Final = "retried"
+SNOOZED: Final = "snoozed"
+RELEASED: Final = "released"
 
 
 @cache
@@ -134,7 +142,7 @@ def release_ran() -> Update:
     return (
         update(jobs_table)
         .where(*fenced_many())
-        .values(**_requeued(func.now(), j.max_attempts + 1))
+        .values(**_requeued(func.now(), j.max_attempts + 1, RELEASED))
         .returning(j.id, settled_here())
     )
 
@@ -145,7 +153,12 @@ def finish_cancelled() -> Update:
     return fenced(
         update(jobs_table)
         .where(j.cancel_requested.is_(True))
-        .values(status=CANCELLED, finished_at=func.now(), worker=None)
+        .values(
+            status=CANCELLED,
+            finished_at=func.now(),
+            worker=None,
+            attempt_history=appended(literal(CANCELLED), None),
+        )
         .returning(settled_here())
     )
 
@@ -159,13 +172,16 @@ def fail() -> Update:
     ``:error`` is the error as JSON text. Returns the new status, or no row if stale.
     """
     exhausted = or_(j.attempts >= j.max_attempts, j.cancel_requested)
+    error = cast(bindparam("error", type_=Text), JSONB)
+    outcome = case((j.cancel_requested, CANCELLED), (exhausted, DEAD), else_=RETRIED)
     return fenced(
         update(jobs_table)
         .values(
             status=case((j.cancel_requested, CANCELLED), (exhausted, DEAD), else_=QUEUED),
             visible_at=func.now() + seconds("delay"),
             finished_at=case((exhausted, func.now()), else_=None),
-            last_error=cast(bindparam("error", type_=Text), JSONB),
+            last_error=error,
+            attempt_history=appended(outcome, error),
             worker=None,
         )
         .returning(j.status, j.visible_at, settled_here())
@@ -182,7 +198,9 @@ def snooze() -> Update:
     A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
     and due time, or no row if stale.
     """
-    return _requeue(func.now() + seconds("delay"), func.greatest(j.max_attempts, j.attempts + 1))
+    return _requeue(
+        func.now() + seconds("delay"), func.greatest(j.max_attempts, j.attempts + 1), SNOOZED
+    )
 
 
 @cache
@@ -196,22 +214,25 @@ def release_stopped() -> Update:
     A job whose cancellation was requested ends ``cancelled`` instead. Returns the new status
     and due time, or no row if stale.
     """
-    return _requeue(func.now(), j.max_attempts + 1)
+    return _requeue(func.now(), j.max_attempts + 1, RELEASED)
 
 
-def _requeue(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> Update:
+def _requeue(due: ColumnElement[Any], max_attempts: ColumnElement[int], outcome: str) -> Update:
     """A running attempt's job queued again at ``due`` with no error (cancelled instead if
     its cancellation was requested), fenced; returns its status and due time."""
     return fenced(
         update(jobs_table)
-        .values(**_requeued(due, max_attempts))
+        .values(**_requeued(due, max_attempts, outcome))
         .returning(j.status, j.visible_at, settled_here())
     )
 
 
-def _requeued(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> dict[str, Any]:
+def _requeued(
+    due: ColumnElement[Any], max_attempts: ColumnElement[int], outcome: str
+) -> dict[str, Any]:
     """The new values of a running attempt's job queued again at ``due`` with no error, its
-    attempt kept (``cancelled`` instead if its cancellation was requested)."""
+    attempt kept (``cancelled`` instead if its cancellation was requested), the attempt's
+    entry in its history saying ``outcome``."""
     cancelled = j.cancel_requested
     return {
         "status": case((cancelled, CANCELLED), else_=QUEUED),
@@ -219,6 +240,7 @@ def _requeued(due: ColumnElement[Any], max_attempts: ColumnElement[int]) -> dict
         "finished_at": case((cancelled, func.now()), else_=None),
         "max_attempts": max_attempts,
         "worker": None,
+        "attempt_history": appended(case((cancelled, CANCELLED), else_=outcome), None),
     }
 
 
@@ -230,12 +252,14 @@ def bury() -> Update:
     of a running attempt but a success that committed before the request; ``:error`` is kept
     in ``last_error`` either way. Returns the new status, or no row if stale.
     """
+    error = cast(bindparam("error", type_=Text), JSONB)
     return fenced(
         update(jobs_table)
         .values(
             status=case((j.cancel_requested, CANCELLED), else_=DEAD),
             finished_at=func.now(),
-            last_error=cast(bindparam("error", type_=Text), JSONB),
+            last_error=error,
+            attempt_history=appended(case((j.cancel_requested, CANCELLED), else_=DEAD), error),
             worker=None,
         )
         .returning(j.status, settled_here())

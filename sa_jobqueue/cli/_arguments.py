@@ -258,7 +258,9 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
 
-    show = actions.add_parser("show", help="one job in full, its error's traceback included")
+    show = actions.add_parser(
+        "show", help="one job in full: its attempts, its last error's traceback"
+    )
     _database_option(show)
     show.add_argument("job_id", type=int, metavar="ID")
     show.add_argument("--json", action="store_true", help="JSON instead of text")

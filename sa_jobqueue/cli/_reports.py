@@ -169,10 +169,63 @@ def job_detail(
         lines.append(f"last error:   {_error(job, width=None)}")
     # One field a line: a line feed in a name or an error cannot start a line of its own.
     text = "\n".join(visible(line, lines=False) for line in lines)
+    history = attempt_rows(job)
+    if history:
+        headers = ("ATTEMPT", "OUTCOME", "AT", "WORKER", "DURATION", "ERROR")
+        rows = table(headers, history, right=0)
+        text += "\n\nattempts (oldest first; every traceback in --json):\n"
+        text += "\n".join("  " + row for row in rows.splitlines())
     traceback = job.last_error.get("traceback") if isinstance(job.last_error, dict) else None
     if traceback:
         text += "\n\n" + visible(str(traceback).rstrip())
     return text
+
+
+def _entry_error(error: object, width: int = ERROR_WIDTH) -> str:
+    if not isinstance(error, dict):
+        return ""
+    lines = str(error.get("message", "")).splitlines()
+    text = f"{error.get('type', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+    return text[: width - 1] + "…" if len(text) > width else text
+
+
+def _moment(value: object) -> str:
+    """An entry's ``at`` to the second, as the job's own times are shown; else as it is."""
+    try:
+        return datetime.fromisoformat(str(value)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(value or "-")
+
+
+def _seconds(value: object) -> str:
+    return f"{value:.3f} s" if isinstance(value, int | float) else "-"
+
+
+def attempt_rows(job: JobInfo) -> list[tuple[str, ...]]:
+    """One row per attempt: the entries of ``attempt_history`` (whatever their shape: a row
+    written by hand may hold anything), then the job's own attempt if it succeeded or runs
+    (a success leaves no entry: its attempt is the row's). Empty for a job with neither."""
+    entries = job.attempt_history if isinstance(job.attempt_history, list) else []
+    rows: list[tuple[str, ...]] = [
+        (
+            str(e.get("attempt", "?")),
+            str(e.get("outcome", "?")),
+            _moment(e.get("at")),
+            str(e.get("worker") or "-"),
+            _seconds(e.get("duration")),
+            _entry_error(e.get("error")),
+        )
+        for e in entries
+        if isinstance(e, dict)
+    ]
+    if job.status in ("succeeded", RUNNING) and job.started_at is not None and job.attempts:
+        end = job.finished_at
+        took = "-" if end is None else _seconds((end - job.started_at).total_seconds())
+        at = job.started_at if end is None else end
+        rows.append(
+            (str(job.attempts), job.status, _moment(at.isoformat()), job.worker or "-", took, "")
+        )
+    return rows
 
 
 # -- stats -----------------------------------------------------------------------------------

@@ -63,6 +63,13 @@ class JobInfo(JobSummary):
     unique_key: str | None = None
     #: What the handler returned, for a task that keeps results, once the job succeeded.
     result: Any = None
+    #: How each attempt that did not succeed ended, oldest first (the last 20): a list of
+    #: dicts with ``attempt``, ``at`` (ISO 8601 text), ``worker``, ``duration`` (seconds),
+    #: ``outcome`` and ``error`` (``type``, ``message``, ``traceback``, or None). None until
+    #: one has ended so. A success adds no entry: its attempt is the job's own fields.
+    attempt_history: Any = None
+    #: The worker that runs the job, or ran its last attempt if it succeeded (None otherwise).
+    worker: str | None = None
 
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import Connection
 
@@ -19,11 +19,13 @@ from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
 from .._sql.stats import live_workers
+from ..models import ATTEMPT_HISTORY_LIMIT
 from ..ops.admin import JobSummary
 from ..ops.filters import check_age
 from ..ops.health import Finding, Thresholds, check
 from ..ops.stats import WorkerInfo
 from ..periodic import Schedule, latest_tick, next_tick
+from ._attempts import AttemptRow, attempt_rows
 from ._filters import JobFilter
 from ._queue_reads import CHART_MINUTES, QueueRow, queue_rows
 
@@ -260,6 +262,23 @@ class JobDetail(JobSummary):
     error_traceback_length: int | None
     backoff: str | None
     trace_context: str | None
+    #: ``attempt_history``'s entries, their fields apart and cut (see ``job_detail``).
+    attempt_history: list[Any] | None = None
+
+    #: How many entries ``attempt_history`` keeps, for the page to say so.
+    history_limit: ClassVar[int] = ATTEMPT_HISTORY_LIMIT
+
+    @property
+    def attempt_rows(self) -> list[AttemptRow]:
+        """Each attempt's outcome, oldest first: its history, then the row's own attempt."""
+        return attempt_rows(
+            self.attempt_history,
+            status=self.status,
+            attempts=self.attempts,
+            worker=self.worker,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
 
     @property
     def timeline(self) -> list[Event]:

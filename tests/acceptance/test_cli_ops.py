@@ -209,6 +209,40 @@ def test_jobs_show(run: Run, engine: sa.Engine) -> None:
     assert one_line_error(run) == "sa-jobqueue: no job with id 999999"
 
 
+def history_entry(attempt: int, outcome: str, message: str) -> dict[str, Any]:
+    """An entry of ``attempt_history`` as the fenced statements write it."""
+    return {
+        "attempt": attempt,
+        "at": "2026-11-27T02:10:45.123456+00:00",
+        "worker": f"host:{attempt}",
+        "duration": 0.25,
+        "outcome": outcome,
+        "error": {"type": "builtins.ValueError", "message": message, "traceback": f"TB {message}"},
+    }
+
+
+def test_jobs_show_prints_the_attempts(run: Run, engine: sa.Engine) -> None:
+    history = [history_entry(1, "retried", "first"), history_entry(2, "retried", "red\x1b[31m")]
+    with engine.begin() as conn:
+        job_id = add_job(conn, status="succeeded", attempts=3, started_ago=2, finished_ago=1)
+        conn.execute(
+            update(jobs_table)
+            .where(jobs_table.c.id == job_id)
+            .values(attempt_history=history, worker="host:3")
+        )
+    assert run("jobs", "show", str(job_id)) == 0
+    assert obeyed(run.out) == []
+    lines = run.out.splitlines()
+    start = lines.index("attempts (oldest first; every traceback in --json):")
+    attempts = [line.split() for line in lines[start + 2 :]]
+    assert [row[:2] for row in attempts] == [["1", "retried"], ["2", "retried"], ["3", "succeeded"]]
+    assert attempts[0][3:] == ["host:1", "0.250", "s", "builtins.ValueError:", "first"]
+    assert attempts[1][-1] == "red\\x1b[31m"  # written out, not obeyed
+    assert attempts[2][3:5] == ["host:3", "1.000"]
+    shown = run.json("jobs", "show", str(job_id))
+    assert shown["attempt_history"] == history
+
+
 #: What a terminal obeys rather than shows: BEL, ESC sequences (colour, clear screen, a window
 #: title), CR (which lets later text overwrite earlier), backspace, DEL, the C1 CSI, and a
 #: bidirectional override.

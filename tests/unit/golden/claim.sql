@@ -19,17 +19,37 @@ WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cance
 ELSE now() END, finished_at=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_4)s::VARCHAR, %(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR)
-ELSE sa_jobqueue_jobs.last_error END
+ELSE sa_jobqueue_jobs.last_error END, attempt_history=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_4)s::VARCHAR) THEN CASE
+WHEN (jsonb_array_length(CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END) >= %(jsonb_array_length_1)s::INTEGER) THEN CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END - %(param_8)s::INTEGER
+ELSE CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_9)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_10)s::VARCHAR, now(), %(param_11)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_12)s::VARCHAR, round(CAST(EXTRACT(epoch
+FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_13)s::VARCHAR, %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, jsonb_build_object(%(param_4)s::VARCHAR, %(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR)))
+ELSE sa_jobqueue_jobs.attempt_history END
 FROM picked
 WHERE sa_jobqueue_jobs.id = picked.id AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, picked.priority, picked.visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
-ELSE %(param_8)s::INTEGER END AS settled
+ELSE %(param_16)s::INTEGER END AS settled
 ;
 -- parameters the caller supplies: from_queue, limit, worker
 -- constants the statement binds:
 --   attempts_1 = 1
+--   jsonb_array_length_1 = 20
+--   jsonb_typeof_1 = 'array'
 --   param_1 = 'cancelled'
+--   param_10 = 'at'
+--   param_11 = 'worker'
+--   param_12 = 'duration'
+--   param_13 = 'outcome'
+--   param_14 = 'lease_expired'
+--   param_15 = 'error'
+--   param_16 = 0
 --   param_2 = 'dead'
 --   param_3 = 'running'
 --   param_4 = 'type'
@@ -37,6 +57,9 @@ ELSE %(param_8)s::INTEGER END AS settled
 --   param_6 = 'message'
 --   param_7 = 'lease expired (worker lost)'
 --   param_8 = 0
+--   param_9 = 'attempt'
+--   round_1 = 3
 --   status_1 = 'running'
 --   status_2 = 'running'
 --   status_3 = 'running'
+--   status_4 = 'running'

@@ -5,12 +5,12 @@ WITH state AS
 FROM sa_jobqueue_lock_queue(%(from_queue)s::VARCHAR) AS anon_1),
 room AS
 (SELECT coalesce(CASE
-WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_9)s::INTEGER
+WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_17)s::INTEGER
 ELSE greatest(least(%(limit)s::INTEGER, coalesce(state.cap - cardinality(CAST((SELECT state.live_ids
 FROM state) AS BIGINT[])), %(limit)s::INTEGER), coalesce(state.rate_left, %(limit)s::INTEGER)), %(greatest_1)s::INTEGER) END, %(coalesce_1)s::INTEGER) AS room, CASE
 WHEN state.is_paused THEN NULL
 ELSE state.rate_wait END AS wait, state.is_paused IS NOT NULL AS limited, state.key_name IS NOT NULL AS keyed
-FROM (SELECT %(param_10)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
+FROM (SELECT %(param_18)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
 picked AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
 FROM sa_jobqueue_jobs
@@ -30,12 +30,23 @@ WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cance
 ELSE now() END, finished_at=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)
-ELSE sa_jobqueue_jobs.last_error END
+ELSE sa_jobqueue_jobs.last_error END, attempt_history=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_4)s::VARCHAR) THEN CASE
+WHEN (jsonb_array_length(CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END) >= %(jsonb_array_length_1)s::INTEGER) THEN CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END - %(param_9)s::INTEGER
+ELSE CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_10)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_11)s::VARCHAR, now(), %(param_12)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_13)s::VARCHAR, round(CAST(EXTRACT(epoch
+FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, %(param_16)s::VARCHAR, jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)))
+ELSE sa_jobqueue_jobs.attempt_history END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked))) AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
-ELSE %(param_11)s::INTEGER END AS settled),
+ELSE %(param_19)s::INTEGER END AS settled),
 noted AS
 (UPDATE sa_jobqueue_queues
 SET rate_window=(SELECT state.window_start
@@ -44,12 +55,12 @@ WHEN (state.rate_left IS NULL) THEN %(param_1)s::INTEGER
 ELSE state.window_used + (SELECT count(*) AS count_1
 FROM (SELECT claimed.id AS id
 FROM claimed
-WHERE claimed.status = %(status_4)s::VARCHAR) AS anon_3) END AS anon_2
+WHERE claimed.status = %(status_5)s::VARCHAR) AS anon_3) END AS anon_2
 FROM state), holders=(SELECT CASE
 WHEN state.tracked THEN array_cat(CAST((SELECT state.live_ids
 FROM state) AS BIGINT[]), array((SELECT claimed.id
 FROM claimed
-WHERE claimed.status = %(status_4)s::VARCHAR)))
+WHERE claimed.status = %(status_5)s::VARCHAR)))
 ELSE NULL END AS anon_4
 FROM state), recount_until=(SELECT CASE
 WHEN state.tracked THEN coalesce(sa_jobqueue_queues.recount_until, now() + %(now_1)s)
@@ -64,10 +75,20 @@ FROM room LEFT OUTER JOIN claimed ON true
 --   attempts_1 = 1
 --   coalesce_1 = 0
 --   greatest_1 = 0
+--   jsonb_array_length_1 = 20
+--   jsonb_typeof_1 = 'array'
 --   now_1 = datetime.timedelta(seconds=2)
 --   param_1 = 0
---   param_10 = 1
---   param_11 = 0
+--   param_10 = 'attempt'
+--   param_11 = 'at'
+--   param_12 = 'worker'
+--   param_13 = 'duration'
+--   param_14 = 'outcome'
+--   param_15 = 'lease_expired'
+--   param_16 = 'error'
+--   param_17 = 0
+--   param_18 = 1
+--   param_19 = 0
 --   param_2 = 'cancelled'
 --   param_3 = 'dead'
 --   param_4 = 'running'
@@ -76,7 +97,9 @@ FROM room LEFT OUTER JOIN claimed ON true
 --   param_7 = 'message'
 --   param_8 = 'lease expired (worker lost)'
 --   param_9 = 0
+--   round_1 = 3
 --   status_1 = 'running'
 --   status_2 = 'running'
 --   status_3 = 'running'
 --   status_4 = 'running'
+--   status_5 = 'running'

@@ -5,21 +5,21 @@ WITH state AS
 FROM sa_jobqueue_lock_queue(%(from_queue)s::VARCHAR) AS anon_1),
 done AS
 (UPDATE sa_jobqueue_jobs
-SET status=%(param_9)s::VARCHAR, visible_at=statement_timestamp(), finished_at=statement_timestamp(), worker=sa_jobqueue_jobs.worker, result=(CAST(%(results)s::VARCHAR AS JSONB) -> CAST(sa_jobqueue_jobs.id AS TEXT))
-WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_4)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) AND sa_jobqueue_jobs.cancel_requested IS false
+SET status=%(param_17)s::VARCHAR, visible_at=statement_timestamp(), finished_at=statement_timestamp(), worker=sa_jobqueue_jobs.worker, result=(CAST(%(results)s::VARCHAR AS JSONB) -> CAST(sa_jobqueue_jobs.id AS TEXT))
+WHERE sa_jobqueue_jobs.id = ANY (%(job_ids)s::BIGINT[]) AND sa_jobqueue_jobs.status = %(status_5)s::VARCHAR AND sa_jobqueue_jobs.attempts = CAST((SELECT jsonb_object(CAST(%(job_ids)s::BIGINT[] AS TEXT[]), CAST(%(attempt_list)s::INTEGER[] AS TEXT[])) AS jsonb_object_1) ->> CAST(sa_jobqueue_jobs.id AS TEXT) AS INTEGER) AND sa_jobqueue_jobs.cancel_requested IS false
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.status, CASE
-WHEN (sa_jobqueue_jobs.result IS NOT NULL) THEN pg_notify(%(param_10)s::VARCHAR, CAST(sa_jobqueue_jobs.id AS TEXT))
+WHEN (sa_jobqueue_jobs.result IS NOT NULL) THEN pg_notify(%(param_18)s::VARCHAR, CAST(sa_jobqueue_jobs.id AS TEXT))
 ELSE NULL END AS notified),
 room AS
 (SELECT coalesce(CASE
-WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_11)s::INTEGER
+WHEN (state.is_paused OR state.key_name IS NOT NULL) THEN %(param_19)s::INTEGER
 ELSE greatest(least(%(limit)s::INTEGER, coalesce(state.cap - cardinality(CAST(array((SELECT unnest(state.live_ids) AS id
 FROM state EXCEPT
 SELECT done.id
 FROM done)) AS BIGINT[])), %(limit)s::INTEGER), coalesce(state.rate_left, %(limit)s::INTEGER)), %(greatest_1)s::INTEGER) END, %(coalesce_1)s::INTEGER) AS room, CASE
 WHEN state.is_paused THEN NULL
 ELSE state.rate_wait END AS wait, state.is_paused IS NOT NULL AS limited, state.key_name IS NOT NULL AS keyed
-FROM (SELECT %(param_12)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
+FROM (SELECT %(param_20)s::INTEGER AS one) AS one LEFT OUTER JOIN state ON true),
 picked AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
 FROM sa_jobqueue_jobs
@@ -40,12 +40,23 @@ WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cance
 ELSE now() END, finished_at=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN now() END, worker=%(worker)s::VARCHAR, last_error=CASE
 WHEN (sa_jobqueue_jobs.status = %(status_3)s::VARCHAR) THEN jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)
-ELSE sa_jobqueue_jobs.last_error END
+ELSE sa_jobqueue_jobs.last_error END, attempt_history=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_4)s::VARCHAR) THEN CASE
+WHEN (jsonb_array_length(CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END) >= %(jsonb_array_length_1)s::INTEGER) THEN CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END - %(param_9)s::INTEGER
+ELSE CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_10)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_11)s::VARCHAR, now(), %(param_12)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_13)s::VARCHAR, round(CAST(EXTRACT(epoch
+FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, %(param_16)s::VARCHAR, jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)))
+ELSE sa_jobqueue_jobs.attempt_history END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked)))
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
-ELSE %(param_13)s::INTEGER END AS settled),
+ELSE %(param_21)s::INTEGER END AS settled),
 noted AS
 (UPDATE sa_jobqueue_queues
 SET rate_window=(SELECT state.window_start
@@ -54,14 +65,14 @@ WHEN (state.rate_left IS NULL) THEN %(param_1)s::INTEGER
 ELSE state.window_used + (SELECT count(*) AS count_1
 FROM (SELECT claimed.id AS id
 FROM claimed
-WHERE claimed.status = %(status_5)s::VARCHAR) AS anon_3) END AS anon_2
+WHERE claimed.status = %(status_6)s::VARCHAR) AS anon_3) END AS anon_2
 FROM state), holders=(SELECT CASE
 WHEN state.tracked THEN array_cat(CAST(array((SELECT unnest(state.live_ids) AS id
 FROM state EXCEPT
 SELECT done.id
 FROM done)) AS BIGINT[]), array((SELECT claimed.id
 FROM claimed
-WHERE claimed.status = %(status_5)s::VARCHAR)))
+WHERE claimed.status = %(status_6)s::VARCHAR)))
 ELSE NULL END AS anon_4
 FROM state), recount_until=(SELECT CASE
 WHEN state.tracked THEN coalesce(sa_jobqueue_queues.recount_until, now() + %(now_1)s)
@@ -75,7 +86,7 @@ FROM done
 WHERE done.status IN ('succeeded', 'dead', 'cancelled'))) THEN sa_jobqueue_settle(array((SELECT done.id
 FROM done)), array((SELECT done.status
 FROM done)))
-ELSE %(param_14)s::INTEGER END AS anon_6) AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
+ELSE %(param_22)s::INTEGER END AS anon_6) AS settled_batch, claimed.id, claimed.queue, claimed.task, claimed.payload, claimed.status, claimed.attempts, claimed.max_attempts, claimed.lease, claimed.trace_context, claimed.backoff, claimed.created_at, claimed.priority, claimed.visible_at, claimed.settled
 FROM room LEFT OUTER JOIN claimed ON true
 ;
 -- parameters the caller supplies: attempt_list, from_queue, job_ids, limit, worker
@@ -83,24 +94,36 @@ FROM room LEFT OUTER JOIN claimed ON true
 --   attempts_1 = 1
 --   coalesce_1 = 0
 --   greatest_1 = 0
+--   jsonb_array_length_1 = 20
+--   jsonb_typeof_1 = 'array'
 --   now_1 = datetime.timedelta(seconds=2)
 --   param_1 = 0
---   param_10 = 'sa_jobqueue_results'
---   param_11 = 0
---   param_12 = 1
---   param_13 = 0
---   param_14 = 0
+--   param_10 = 'attempt'
+--   param_11 = 'at'
+--   param_12 = 'worker'
+--   param_13 = 'duration'
+--   param_14 = 'outcome'
+--   param_15 = 'lease_expired'
+--   param_16 = 'error'
+--   param_17 = 'succeeded'
+--   param_18 = 'sa_jobqueue_results'
+--   param_19 = 0
 --   param_2 = 'cancelled'
+--   param_20 = 1
+--   param_21 = 0
+--   param_22 = 0
 --   param_3 = 'dead'
 --   param_4 = 'running'
 --   param_5 = 'type'
 --   param_6 = 'LeaseExpired'
 --   param_7 = 'message'
 --   param_8 = 'lease expired (worker lost)'
---   param_9 = 'succeeded'
+--   param_9 = 0
 --   results = '{}'
+--   round_1 = 3
 --   status_1 = 'running'
 --   status_2 = 'running'
 --   status_3 = 'running'
 --   status_4 = 'running'
 --   status_5 = 'running'
+--   status_6 = 'running'

@@ -4,15 +4,28 @@ UPDATE sa_jobqueue_jobs
 SET status=CASE
 WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_1)s::VARCHAR
 ELSE %(param_2)s::VARCHAR END, max_attempts=greatest(sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.attempts + %(attempts_1)s::INTEGER), visible_at=(now() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, %(delay)s)), finished_at=CASE
-WHEN sa_jobqueue_jobs.cancel_requested THEN now() END, worker=%(worker)s::VARCHAR
+WHEN sa_jobqueue_jobs.cancel_requested THEN now() END, worker=%(worker)s::VARCHAR, attempt_history=(CASE
+WHEN (jsonb_array_length(CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END) >= %(jsonb_array_length_1)s::INTEGER) THEN CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END - %(param_3)s::INTEGER
+ELSE CASE
+WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
+ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_4)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_5)s::VARCHAR, now(), %(param_6)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_7)s::VARCHAR, round(CAST(EXTRACT(epoch
+FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_8)s::VARCHAR, CASE
+WHEN sa_jobqueue_jobs.cancel_requested THEN %(param_9)s::VARCHAR
+ELSE %(param_10)s::VARCHAR END, %(param_11)s::VARCHAR, NULL)))
 WHERE sa_jobqueue_jobs.id = %(job_id)s::BIGINT AND sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.attempts = %(attempt)s::INTEGER
 RETURNING sa_jobqueue_jobs.status, sa_jobqueue_jobs.visible_at, CASE
 WHEN (sa_jobqueue_jobs.status IN ('succeeded', 'dead', 'cancelled')) THEN sa_jobqueue_settle(ARRAY[sa_jobqueue_jobs.id], ARRAY[sa_jobqueue_jobs.status])
-ELSE %(param_3)s::INTEGER END AS settled
+ELSE %(param_12)s::INTEGER END AS settled
 ;
 -- parameters the caller supplies: attempt, delay, job_id
 -- constants the statement binds:
 --   attempts_1 = 1
+--   jsonb_array_length_1 = 20
+--   jsonb_typeof_1 = 'array'
 --   make_interval_1 = 0
 --   make_interval_2 = 0
 --   make_interval_3 = 0
@@ -20,7 +33,17 @@ ELSE %(param_3)s::INTEGER END AS settled
 --   make_interval_5 = 0
 --   make_interval_6 = 0
 --   param_1 = 'cancelled'
+--   param_10 = 'snoozed'
+--   param_11 = 'error'
+--   param_12 = 0
 --   param_2 = 'queued'
 --   param_3 = 0
+--   param_4 = 'attempt'
+--   param_5 = 'at'
+--   param_6 = 'worker'
+--   param_7 = 'duration'
+--   param_8 = 'outcome'
+--   param_9 = 'cancelled'
+--   round_1 = 3
 --   status_1 = 'running'
 --   worker = None
