@@ -164,10 +164,11 @@ class LaneClaimer:
         position = self._positions.pop(queue, None)
         if position is not None and now - self._head_at.get(queue, now) < HEAD_EVERY:
             params.update(claiming.position_params(position))
-            rows = self._conn.rows(claiming.claim_after(), params)
+            rows = self._conn.rows(claiming.claim_after(), params, as_text=True)
             head = False
         else:
-            rows = self._conn.rows(claiming.claim(), params)
+            # As text: an idle worker's pickup waits on this statement alone.
+            rows = self._conn.rows(claiming.claim(), params, as_text=True)
             self._head_at[queue] = now
             head = True
         jobs = Claimed.of_rows(rows)

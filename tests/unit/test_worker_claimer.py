@@ -48,7 +48,9 @@ class FakeConnection:
         self.started_past: list[tuple[Any, ...] | None] = []
         self.next_id = 1
 
-    def rows(self, statement: Any, params: dict[str, Any]) -> list[ClaimRow]:
+    def rows(
+        self, statement: Any, params: dict[str, Any], *, as_text: bool = False
+    ) -> list[ClaimRow]:
         queue, limit = params["from_queue"], params["limit"]
         self.asked.append((queue, limit))
         if statement is claiming.claim_after():
