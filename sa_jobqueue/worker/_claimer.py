@@ -321,9 +321,9 @@ class ClaimLoop:
     """Claims until ``stopping`` is set (or, in a burst, until nothing is left to run).
 
     Between rounds it sleeps until ``wake`` (a NOTIFY, a freed slot, a periodic job) or the
-    jittered poll. After each round, not before it, ``between_rounds`` runs (pruning, when due)
-    and ``limits`` are read again when due: a claim woken by a NOTIFY goes out at once, its
-    job's pickup not held up by their round trips.
+    jittered poll; ``between_rounds`` runs before each round (pruning, when due). ``limits``
+    are read again when due after each round, not before it: a claim woken by a NOTIFY goes
+    out at once, its job's pickup not held up by that round trip.
     """
 
     def __init__(
@@ -355,6 +355,7 @@ class ClaimLoop:
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
+            self._between_rounds()
             changed = False  # which queues have a limit, as read after this round
             try:
                 more = self._round()
@@ -369,7 +370,6 @@ class ClaimLoop:
                 if outage:
                     log.info("claiming again: the database is back")
                 outage = 0
-            self._between_rounds()
             if changed:
                 continue  # a limit set or removed: claim again at once, through the claim that fits
             running, room = self._leases.busy(self._lanes)
