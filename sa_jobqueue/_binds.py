@@ -38,6 +38,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
@@ -261,7 +262,7 @@ def _direct_text(conn: Connection, statement: Insert) -> _DriverText | None:
         return text
 
 
-def _driver_text(statement: Insert, dialect: Dialect) -> _DriverText | None:
+def _driver_text(statement: ClauseElement, dialect: Dialect) -> _DriverText | None:
     """What SQLAlchemy's execute would send to psycopg for ``statement``, if only that."""
     compiled = statement.compile(dialect=dialect)
     if (

@@ -33,7 +33,9 @@ OUTAGE_RETRY_CAP = 5.0
 HEAD_EVERY: Final = 1.0
 
 #: How long the worker trusts what it last read of which queues have a limit (seconds): a
-#: limit set or removed reaches its claims within this, without a restart.
+#: limit set or removed reaches its claims within this (or the poll interval, if longer),
+#: without a restart. The read is made after a claim round, never in front of one: a NOTIFY's
+#: claim does not wait behind a second round trip.
 LIMITS_EVERY: Final = 1.0
 
 #: Longest wait for a rate window a burst worker will sit out (seconds): with nothing of its
@@ -64,12 +66,14 @@ def limited_jobs(rows: list[Any]) -> list[Claimed]:
 
 
 class LimitedQueues:
-    """Which queues have a limit (a cap or a rate), read at most once per ``LIMITS_EVERY``.
+    """Which queues have a limit (a cap or a rate), read again by :meth:`refresh` once what
+    was read is ``LIMITS_EVERY`` old.
 
     Exactness does not rest on this being fresh: the plain claim takes nothing from a queue
     with a limit, so a worker that has not yet seen a new limit only claims nothing from that
-    queue for up to a second, and one that still thinks a removed limit is there claims
-    through the limited claim, which works for any queue with a settings row.
+    queue until the next refresh, and one that still thinks a removed limit is there claims
+    through the limited claim, which works for any queue with a settings row. What it does
+    not do: read on a claim's way, except the first time and after :meth:`forget`.
     """
 
     def __init__(self, conn: HeldConnection) -> None:
@@ -79,13 +83,24 @@ class LimitedQueues:
         self._read_at = float("-inf")
 
     def __contains__(self, queue: str) -> bool:
-        now = time.monotonic()
-        if now - self._read_at >= LIMITS_EVERY:
-            rows = self._conn.rows(queues_sql.limited(), {}, again=True)
-            self._names = frozenset(name for name, _ in rows)
-            self._keyed = frozenset(name for name, keyed in rows if keyed)
-            self._read_at = now
+        if self._read_at == float("-inf"):
+            self._read()
         return queue in self._names
+
+    def refresh(self) -> bool:
+        """Read the limits again if what was read is ``LIMITS_EVERY`` old (or forgotten);
+        whether which queues have a limit, or a cap per key, changed."""
+        if time.monotonic() - self._read_at < LIMITS_EVERY:
+            return False
+        before = (self._names, self._keyed)
+        self._read()
+        return (self._names, self._keyed) != before
+
+    def _read(self) -> None:
+        rows = self._conn.rows(queues_sql.limited(), {}, again=True)
+        self._names = frozenset(name for name, _ in rows)
+        self._keyed = frozenset(name for name, keyed in rows if keyed)
+        self._read_at = time.monotonic()
 
     def keyed(self, queue: str) -> bool:
         """Whether ``queue`` had a cap per key when the limits were last read."""
@@ -149,10 +164,11 @@ class LaneClaimer:
         position = self._positions.pop(queue, None)
         if position is not None and now - self._head_at.get(queue, now) < HEAD_EVERY:
             params.update(claiming.position_params(position))
-            rows = self._conn.rows(claiming.claim_after(), params)
+            rows = self._conn.rows(claiming.claim_after(), params, as_text=True)
             head = False
         else:
-            rows = self._conn.rows(claiming.claim(), params)
+            # As text: an idle worker's pickup waits on this statement alone.
+            rows = self._conn.rows(claiming.claim(), params, as_text=True)
             self._head_at[queue] = now
             head = True
         jobs = Claimed.of_rows(rows)
@@ -305,7 +321,9 @@ class ClaimLoop:
     """Claims until ``stopping`` is set (or, in a burst, until nothing is left to run).
 
     Between rounds it sleeps until ``wake`` (a NOTIFY, a freed slot, a periodic job) or the
-    jittered poll; ``between_rounds`` runs before each round (pruning, when due).
+    jittered poll; ``between_rounds`` runs before each round (pruning, when due). ``limits``
+    are read again when due after each round, not before it: a claim woken by a NOTIFY goes
+    out at once, its job's pickup not held up by that round trip.
     """
 
     def __init__(
@@ -318,8 +336,10 @@ class ClaimLoop:
         stopping: threading.Event,
         between_rounds: Callable[[], None],
         completing: Callable[[], bool] = lambda: False,
+        limits: LimitedQueues | None = None,
     ) -> None:
         self._claimers = claimers
+        self._limits = limits
         self._lanes = [c.lane for c in claimers]
         self._leases = leases
         self._poll_interval = poll_interval
@@ -336,8 +356,10 @@ class ClaimLoop:
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
             self._between_rounds()
+            changed = False  # which queues have a limit, as read after this round
             try:
                 more = self._round()
+                changed = self._limits is not None and self._limits.refresh()
             except SQLAlchemyError as exc:  # the server, the network, or a pool time-out
                 # Said once per outage, not once per try.
                 if not outage:
@@ -348,6 +370,8 @@ class ClaimLoop:
                 if outage:
                     log.info("claiming again: the database is back")
                 outage = 0
+            if changed:
+                continue  # a limit set or removed: claim again at once, through the claim that fits
             running, room = self._leases.busy(self._lanes)
             if more and room:
                 continue  # work is waiting and slots are free (fast jobs already finished)

@@ -233,6 +233,7 @@ class Worker:
             stopping=self._stopping,
             between_rounds=self._pruner.maybe,
             completing=recorder.completing,
+            limits=limits,
         )
         heartbeat = Heartbeat(self._single, self._leases, recorder, self._observe, self._halt)
         upkeep = Upkeep(

@@ -39,6 +39,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     # sent through SQLAlchemy's execution (so the engine's events begin the transaction as
     # they must) without its compiler, which would compile each freshly named one anew.
     ("worker/_sessions.py", "exec_driver_sql"): "a group transaction's first savepoint",
+    # The held connection sends a statement built in _sql as the text SQLAlchemy compiled
+    # for it (once), through SQLAlchemy's execution, so its events still fire.
+    ("database.py", "exec_driver_sql"): "a held connection's statement sent as its text",
     # The listener holds a raw psycopg connection in autocommit for its notifications
     # generator: LISTEN on the constant channel (quoted as an identifier by psycopg) and the
     # keep-alive SELECT 1 after a silence are driver calls on that connection, not statements

@@ -48,7 +48,9 @@ class FakeConnection:
         self.started_past: list[tuple[Any, ...] | None] = []
         self.next_id = 1
 
-    def rows(self, statement: Any, params: dict[str, Any]) -> list[ClaimRow]:
+    def rows(
+        self, statement: Any, params: dict[str, Any], *, as_text: bool = False
+    ) -> list[ClaimRow]:
         queue, limit = params["from_queue"], params["limit"]
         self.asked.append((queue, limit))
         if statement is claiming.claim_after():
@@ -279,3 +281,75 @@ def test_the_loop_ends_when_stopped() -> None:
     )
     loop.run(burst=False)
     assert fake.rounds == 3  # the round under way when it was stopped still ran
+
+
+class FakeLimitsConnection:
+    """Answers the read of which queues have a limit, counting the reads."""
+
+    def __init__(self, limited: list[tuple[str, bool]]) -> None:
+        self.limited = limited
+        self.reads = 0
+
+    def rows(self, statement: Any, params: dict[str, Any], *, again: bool = False) -> list[Any]:
+        self.reads += 1
+        return list(self.limited)
+
+
+def test_the_limits_are_read_after_a_round_not_in_front_of_a_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(_claimer.time, "monotonic", lambda: now[0])
+    conn = FakeLimitsConnection([("capped", False)])
+    limits = _claimer.LimitedQueues(conn)  # type: ignore[arg-type]
+    assert "capped" in limits  # the first question reads: nothing was read yet
+    assert conn.reads == 1
+    now[0] += 5 * _claimer.LIMITS_EVERY
+    assert "plain" not in limits  # stale, but a claim's question does not wait for a read
+    assert conn.reads == 1
+    conn.limited = [("capped", False), ("plain", True)]
+    assert limits.refresh()  # the read after the round: the limits changed
+    assert conn.reads == 2
+    assert "plain" in limits
+    assert limits.keyed("plain")
+    assert not limits.refresh()  # fresh: not read again
+    now[0] += _claimer.LIMITS_EVERY
+    assert not limits.refresh()  # read again, nothing changed
+    assert conn.reads == 3
+    limits.forget()  # a limited claim found the limits changed: read before the next claim
+    assert "plain" in limits
+    assert conn.reads == 4
+
+
+def test_a_limit_changed_since_the_last_read_claims_again_at_once() -> None:
+    stopping = threading.Event()
+    lane = Lane(["a"], 1, 0)
+    fake = FakeLaneClaimer(lane, [False, False])
+    refreshed: list[int] = []
+
+    class Limits:
+        def refresh(self) -> bool:
+            refreshed.append(fake.rounds)
+            if fake.rounds >= 2:
+                stopping.set()
+            return fake.rounds == 1  # a limit changed after the first round
+
+    waits: list[float] = []
+
+    class Wake(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return False
+
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(seconds=60),
+        wake=Wake(),
+        stopping=stopping,
+        between_rounds=lambda: None,
+        limits=Limits(),  # type: ignore[arg-type]
+    )
+    loop.run(burst=False)
+    assert refreshed == [1, 2]
+    assert len(waits) == 1  # the second round went out at once, not after the poll's wait
