@@ -34,7 +34,12 @@ from ..models import (
     RUNNING,
     WAITING,
 )
-from .filters import check_age, check_ids, check_limit, check_name_filter, check_statuses
+from .filters import (
+    check_ids,
+    check_limit,
+    check_statuses,
+    filter_params,
+)
 from .requeue import requeue_dead_jobs
 
 #: The most jobs one call changes. Cancelling a job settles what waits for it in the same
@@ -136,17 +141,8 @@ def _select(
     if ids is not None:
         params["b_ids"] = check_ids(ids)
         named = len(params["b_ids"])
-    if queue is not None:
-        params["b_queue"] = check_name_filter(queue, "queue")
-    if task is not None:
-        params["b_task"] = check_name_filter(task, "task")
-    if older_than is not None:
-        params["b_older_than"] = check_age(older_than)
-    flags = {
-        "queue": queue is not None,
-        "task": task is not None,
-        "older_than": older_than is not None,
-    }
+    chosen, flags = filter_params(queue, task, older_than)
+    params.update(chosen)
     return _Selection(params, flags, list(wanted), named)
 
 

@@ -114,3 +114,21 @@ def check_age(age: object, name: str = "older_than") -> float:
             f" not {value_text(age)}"
         )
     return age.total_seconds()
+
+
+def filter_params(
+    queue: str | None, task: str | None, older_than: timedelta | None
+) -> tuple[dict[str, object], dict[str, bool]]:
+    """The checked bind parameters (``b_queue``, ``b_task``, ``b_older_than``) of the filters
+    a call gave, and which were given (the flags its statement builder takes); names are
+    checked by :func:`check_name_filter`, the age by :func:`check_age`."""
+    params: dict[str, object] = {}
+    if queue is not None:
+        params["b_queue"] = check_name_filter(queue, "queue")
+    if task is not None:
+        params["b_task"] = check_name_filter(task, "task")
+    if older_than is not None:
+        params["b_older_than"] = check_age(older_than)
+    flags = {"queue": queue is not None, "task": task is not None}
+    flags["older_than"] = older_than is not None
+    return params, flags

@@ -19,10 +19,9 @@ from .._enqueue import wake
 from .._sql.finished import requeue_dead_batch
 from .filters import (
     check_after_id,
-    check_age,
     check_ids,
     check_limit,
-    check_name_filter,
+    filter_params,
     requeue_resets,
 )
 
@@ -78,23 +77,13 @@ def requeue_dead_jobs(
     """
     reset = requeue_resets(attempts)
     params: dict[str, Any] = {"b_batch": check_limit(batch, "batch"), "b_after_id": 0}
-    if queue is not None:
-        params["b_queue"] = check_name_filter(queue, "queue")
-    if task is not None:
-        params["b_task"] = check_name_filter(task, "task")
-    if older_than is not None:
-        params["b_older_than"] = check_age(older_than)
+    given, flags = filter_params(queue, task, older_than)
+    params.update(given)
     if after_id is not None:
         params["b_after_id"] = check_after_id(after_id)
     if ids is not None:
         params["b_ids"] = check_ids(ids)
-    statement = requeue_dead_batch(
-        reset,
-        queue=queue is not None,
-        task=task is not None,
-        older_than=older_than is not None,
-        ids=ids is not None,
-    )
+    statement = requeue_dead_batch(reset, ids=ids is not None, **flags)
     conn = connection_of(session)
     picked = conn.execute(statement, params).all()
     queues = sorted({q for _, q in picked if q is not None})

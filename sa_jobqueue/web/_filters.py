@@ -16,15 +16,13 @@ from typing import Final, Literal
 from .._durations import read_duration
 from ..errors import InvalidJobError
 from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
-from ..ops.filters import check_name_filter, check_statuses
+from ..ops.filters import MAX_JOB_ID, check_name_filter, check_statuses
 from ..ops.health import span
 
 #: Jobs on one page of the list, unless the query asks for another number.
 PAGE: Final = 50
 #: The most jobs one page of the list shows.
 MAX_LIMIT: Final = 500
-#: The largest id a job can have (the column is a bigint).
-MAX_ID: Final = 2**63 - 1
 
 Order = Literal["newest", "oldest"]
 
@@ -165,7 +163,7 @@ def _id(params: Mapping[str, str], name: str) -> int | None:
     if not text:
         return None
     number = _whole(text, name)
-    if not 0 <= number <= MAX_ID:
+    if not 0 <= number <= MAX_JOB_ID:
         raise InvalidJobError(f"{name} must be a job id, not {text!r}")
     return number
 

@@ -27,13 +27,13 @@ from .._sql.dashboard import page_settings
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
 from ..ops.bulk import BULK_BATCH
-from ..ops.filters import check_age
+from ..ops.filters import MAX_JOB_ID, check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
 from . import _actions, _bulk, _display, _queue_reads, _reads, _workflow_reads
 from ._db_errors import explain
-from ._filters import MAX_ID, JobFilter, age, finished_statuses, queue_name, read_filter, task_name
+from ._filters import JobFilter, age, finished_statuses, queue_name, read_filter, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
 
 T = TypeVar("T")
@@ -427,7 +427,7 @@ def _job_page(conn: Connection, job_id: int) -> tuple[Any, Any]:
 def _job_id(request: Request) -> int:
     """The id in the path; 404 for one no bigint can hold (there is no such job)."""
     job_id: int = request.path_params["job_id"]
-    if job_id > MAX_ID:
+    if job_id > MAX_JOB_ID:
         raise PageError(404, f"no job with id {job_id}")
     return job_id
 
