@@ -228,7 +228,7 @@ def _operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    jobs = commands.add_parser("jobs", help="list, show, retry, cancel or purge jobs")
+    jobs = commands.add_parser("jobs", help="list, show, retry, cancel, run now or purge jobs")
     actions = jobs.add_subparsers(dest="action", required=True)
 
     def filters(sub: argparse.ArgumentParser, age: str) -> None:
@@ -278,7 +278,23 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     cancel = actions.add_parser("cancel", help="cancel queued jobs, ask running ones to stop")
     _database_option(cancel)
-    cancel.add_argument("job_ids", type=int, nargs="+", metavar="ID")
+    cancel.add_argument("job_ids", type=int, nargs="*", metavar="ID", help="the jobs")
+    filters(cancel, "created longer ago than this")
+    cancel.add_argument(
+        "--all", action="store_true", help="every queued and running job (no IDs, no filters)"
+    )
+    cancel.add_argument("--dry-run", action="store_true", help="count them, change nothing")
+
+    run_now = actions.add_parser(
+        "run-now", help="make queued jobs that are due later due now (limits still apply)"
+    )
+    _database_option(run_now)
+    run_now.add_argument("job_ids", type=int, nargs="*", metavar="ID", help="the jobs")
+    filters(run_now, "created longer ago than this")
+    run_now.add_argument(
+        "--all", action="store_true", help="every job due later (no IDs, no filters)"
+    )
+    run_now.add_argument("--dry-run", action="store_true", help="count them, change nothing")
 
     purge_ = actions.add_parser("purge", help="delete finished jobs in batches")
     _database_option(purge_)

@@ -1,4 +1,4 @@
-"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|purge``, ``queues
+"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|run-now|purge``, ``queues
 list|pause|resume|limit`` and ``check``.
 
 Each command opens a short-lived engine of its own with time limits on its statements
@@ -42,6 +42,7 @@ from ..ops.queues import (
     set_queue_rate,
 )
 from ..ops.requeue import REQUEUE_BATCH, requeue_dead_jobs
+from . import _bulk
 from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 from ._reports import (
     findings_json,
@@ -79,6 +80,7 @@ def operate(args: argparse.Namespace) -> int:
             "show": _jobs_show,
             "retry": _jobs_retry,
             "cancel": _jobs_cancel,
+            "run-now": _bulk.run_now,
             "purge": _jobs_purge,
         }[args.action]
         return action(engine, args)
@@ -233,6 +235,13 @@ def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _jobs_cancel(engine: Engine, args: argparse.Namespace) -> int:
+    if (refused := _bulk.refuse_mixed(args)) is not None:
+        return refused
+    if args.job_ids and args.dry_run:
+        print("sa-jobqueue: --dry-run counts jobs chosen by filter, not by ID", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.job_ids:
+        return _bulk.cancel_by_filter(engine, args)
     failed = 0
     with engine.begin() as conn:
         for job_id in args.job_ids:

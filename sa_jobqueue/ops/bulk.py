@@ -35,6 +35,7 @@ from ..models import (
     WAITING,
 )
 from .filters import (
+    check_after_id,
     check_ids,
     check_limit,
     check_statuses,
@@ -86,6 +87,10 @@ class BulkBatch:
     left: int
     #: Whether the batch was full: more jobs may match (call again).
     more: bool
+    #: By filter, the highest id the batch picked (None if none): give it as the next call's
+    #: ``after_id`` to go on past the jobs this one left (a running job whose cancellation
+    #: was requested still matches a cancel, and would be picked again).
+    last_id: int | None = None
 
 
 class _Walk:
@@ -129,10 +134,14 @@ def _select(
     statuses: Iterable[str] | None,
     older_than: timedelta | None,
     batch: int,
+    after_id: int = 0,
 ) -> _Selection:
     """The checked parameters of a call: the statuses it may change (the action's, narrowed
     by ``statuses``) and the ids or filters that choose the jobs."""
-    params: dict[str, Any] = {"b_batch": check_limit(batch, "batch"), "b_after_id": 0}
+    params: dict[str, Any] = {
+        "b_batch": check_limit(batch, "batch"),
+        "b_after_id": check_after_id(after_id),
+    }
     wanted = APPLIES_TO[action] if ids is not None else _BY_FILTER[action]
     if statuses is not None:
         given = check_statuses(list(statuses))
@@ -146,10 +155,14 @@ def _select(
     return _Selection(params, flags, list(wanted), named)
 
 
-def _outcome(sel: _Selection, picked: int, done: int, requested: int = 0) -> BulkBatch:
+def _outcome(
+    sel: _Selection, picked: int, done: int, requested: int = 0, last_id: int | None = None
+) -> BulkBatch:
     seen = sel.named or picked
     more = not sel.named and picked == sel.params["b_batch"]
-    return BulkBatch(done=done, requested=requested, left=seen - done - requested, more=more)
+    left = seen - done - requested
+    last = None if sel.named else last_id  # by ids, there is no next call to start
+    return BulkBatch(done=done, requested=requested, left=left, more=more, last_id=last)
 
 
 def cancel_jobs(
@@ -161,15 +174,16 @@ def cancel_jobs(
     statuses: Iterable[str] | None = None,
     older_than: timedelta | None = None,
     batch: int = BULK_BATCH,
+    after_id: int = 0,
 ) -> BulkBatch:
     """Cancel up to ``batch`` jobs, lowest ids first, as :func:`~.admin.cancel_job` does each.
 
     A waiting or queued job ends ``cancelled`` (what waits for it is settled, as when any job
     ends); a running one has its cancellation requested and its worker ends it. Finished
     jobs are left as they are. By filter, waiting jobs are not reached (see
-    :data:`APPLIES_TO`).
+    :data:`APPLIES_TO`), and only ids above ``after_id`` are (see :attr:`BulkBatch.last_id`).
     """
-    sel = _select("cancel", ids, queue, task, statuses, older_than, batch)
+    sel = _select("cancel", ids, queue, task, statuses, older_than, batch, after_id)
     if not sel.statuses:
         return _outcome(sel, 0, 0)
     sel.params["b_statuses"] = sel.statuses
@@ -177,7 +191,8 @@ def cancel_jobs(
     rows = connection_of(session).execute(statement, sel.params).all()
     cancelled = sum(1 for row in rows if row.cancelled)
     requested = sum(1 for row in rows if row.requested)
-    return _outcome(sel, len(rows), cancelled, requested)
+    last = rows[-1].id if rows else None
+    return _outcome(sel, len(rows), cancelled, requested, last)
 
 
 def retry_jobs(
@@ -270,15 +285,16 @@ def run_jobs_now(
     statuses: Iterable[str] | None = None,
     older_than: timedelta | None = None,
     batch: int = BULK_BATCH,
+    after_id: int = 0,
 ) -> BulkBatch:
     """Make up to ``batch`` queued jobs that are due later due now, and wake their queues'
-    workers at commit.
+    workers at commit (by filter, only ids above ``after_id``).
 
     Only queued jobs: a running job's ``visible_at`` is its lease, and a waiting job starts
     when its dependencies let it. A queued job already due is left as it is. Not promised:
     that it runs at once; the queue's limits, pause and priorities still apply.
     """
-    sel = _select("run_now", ids, queue, task, statuses, older_than, batch)
+    sel = _select("run_now", ids, queue, task, statuses, older_than, batch, after_id)
     if not sel.statuses:
         return _outcome(sel, 0, 0)
     sel.params["b_statuses"] = sel.statuses
@@ -287,7 +303,8 @@ def run_jobs_now(
     picked = rows.all()
     for name in sorted({q for _, q in picked if q is not None}):
         wake(conn, name)
-    return _outcome(sel, len(picked), sum(1 for _, q in picked if q is not None))
+    moved = sum(1 for _, q in picked if q is not None)
+    return _outcome(sel, len(picked), moved, last_id=picked[-1][0] if picked else None)
 
 
 def count_matching(

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from sa_jobqueue import cli
 from sa_jobqueue._sql.claiming import rate_window
-from sa_jobqueue.cli import _jobs
+from sa_jobqueue.cli import _bulk, _jobs
 from sa_jobqueue.database import MIGRATE_HINT
 from sa_jobqueue.models import jobs_table, queues_table, workers_table
 from sa_jobqueue.ops import QueueLimits, RateLimit, paused_queues, queue_limits
@@ -376,6 +376,57 @@ def test_jobs_cancel(run: Run, engine: sa.Engine) -> None:
     assert run("jobs", "cancel", str(done)) == 1
     assert one_line_error(run) == f"sa-jobqueue: job {done}: already succeeded, left as it is"
     assert row(engine, done).status == "succeeded"
+
+
+def test_jobs_cancel_by_filter_goes_batch_by_batch_past_running_jobs(
+    run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches of 2, each its own transaction; running jobs stay matching once asked to stop,
+    # so a run that started again from the lowest id each batch would never end.
+    monkeypatch.setattr(_bulk, "BULK_BATCH", 2)
+    with engine.begin() as conn:
+        running = [
+            add_job(conn, queue="mail", status="running", attempts=1, started_ago=1, visible_in=29)
+            for _ in range(3)
+        ]
+        queued = [add_job(conn, queue="mail") for _ in range(3)]
+        other = add_job(conn, queue="other")
+    assert run("jobs", "cancel", "--queue", "mail", "--dry-run") == 0
+    assert run.out.strip() == "would cancel or stop 6 job(s)"
+    assert {status_by_id(engine)[i] for i in queued} == {"queued"}
+
+    assert run("jobs", "cancel", "--queue", "mail") == 0, run.err
+    assert run.out.splitlines() == ["cancelled 3 job(s); cancellation requested for 3"]
+    assert {status_by_id(engine)[i] for i in queued} == {"cancelled"}
+    assert {row(engine, i).cancel_requested for i in running} == {True}
+    assert status_by_id(engine)[other] == "queued"
+
+    assert run("jobs", "cancel", "7", "--queue", "mail") == 2
+    assert "give either job IDs or filters" in one_line_error(run)
+
+
+def test_jobs_run_now_by_id_and_by_filter(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        later = [add_job(conn, queue="mail", visible_in=3600) for _ in range(3)]
+        due = add_job(conn, queue="mail")
+        elsewhere = add_job(conn, queue="other", visible_in=3600)
+    assert run("jobs", "run-now", str(later[0]), str(due)) == 0
+    assert run.out.splitlines() == [
+        "made 1 job(s) due now",
+        "1 left as they were: not queued for later (already due, running, waiting or"
+        " finished), or locked meanwhile",
+    ]
+    assert run("jobs", "run-now", "--queue", "mail", "--dry-run") == 0
+    assert run.out.strip() == "would make due now 2 job(s)"
+    assert run("jobs", "run-now", "--queue", "mail") == 0
+    assert run.out.strip() == "made 2 job(s) due now"
+    with engine.connect() as conn:
+        not_due = conn.execute(
+            sa.select(j.id).where(j.visible_at > sa.func.now()).order_by(j.id)
+        ).scalars()
+        assert list(not_due) == [elsewhere]
+    assert run("jobs", "run-now") == 2
+    assert "give either job IDs or filters" in one_line_error(run)
 
 
 # -- jobs purge ------------------------------------------------------------------------------

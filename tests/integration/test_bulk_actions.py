@@ -146,7 +146,7 @@ def test_run_now_moves_only_queued_jobs_due_later(conn: sa.Connection) -> None:
     lease = conn.execute(sa.select(j.visible_at).where(j.id == running)).scalar_one()
     assert count_matching(conn, "run_now", queue="bk-n2") == 1
 
-    assert run_jobs_now(conn, queue="bk-n2") == BulkBatch(1, 0, 0, False)
+    assert run_jobs_now(conn, queue="bk-n2") == BulkBatch(1, 0, 0, False, last_id=later)
     assert run_jobs_now(conn, ids=[later, due, running]) == BulkBatch(0, 0, 3, False)
 
     due_now = sa.select(j.visible_at <= sa.func.now()).where(j.id == later)
