@@ -25,6 +25,8 @@ TASK_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,199}")
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_000_000
 PRIORITY_RANGE: Final = range(-32768, 32768)  # the column is a smallint
 MAX_ATTEMPTS: Final = 2**31 - 1  # the column is an integer
+#: The largest job id: the id column is a bigint.
+MAX_JOB_ID: Final = 2**63 - 1
 #: Longest delay a job may be scheduled ahead by (a thousand years is "never" in practice and
 #: stays far inside PostgreSQL's timestamp range).
 MAX_DELAY: Final = timedelta(days=365_000)
@@ -314,6 +316,18 @@ def check_run_at(run_at: datetime | timedelta | None) -> datetime | timedelta | 
             f"run_at must be a timezone-aware datetime or a timedelta, not {type(run_at).__name__}"
         )
     return run_at
+
+
+def check_job_id(job_id: object) -> int:
+    """``job_id`` if it is an int the id column can be compared with; InvalidJobError
+    otherwise, before the server would refuse it and abort the caller's transaction."""
+    if (
+        isinstance(job_id, bool)
+        or not isinstance(job_id, int)
+        or not -MAX_JOB_ID - 1 <= job_id <= MAX_JOB_ID
+    ):
+        raise InvalidJobError(f"a job id is an int of the id column's range, not {job_id!r}"[:200])
+    return job_id
 
 
 def check_priority(priority: object) -> int:

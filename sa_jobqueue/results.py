@@ -35,6 +35,7 @@ from sqlalchemy import Connection, Engine
 
 from ._binds import SessionLike, connection_of
 from ._sql import results as results_sql
+from ._validation import check_job_id
 from .database import pooler_of
 from .errors import InvalidJobError, JobFailedError, ResultTimeoutError, UnknownJobError
 from .models import CANCELLED, DEAD, SUCCEEDED
@@ -94,12 +95,10 @@ def get_result(session: SessionLike, job_id: int) -> JobResult | None:
 
 
 def _check_ids(job_ids: Iterable[object]) -> list[int]:
-    ids = list(job_ids)
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise InvalidJobError(f"job ids are ints, not {ids!r}"[:200])
+    ids = [check_job_id(one) for one in job_ids]
     if not 1 <= len(ids) <= MAX_WAIT_JOBS:
         raise InvalidJobError(f"wait for 1 to {MAX_WAIT_JOBS} jobs, not {len(ids)}")
-    return ids  # type: ignore[return-value]
+    return ids
 
 
 def _check_timeout(timeout: float) -> float:

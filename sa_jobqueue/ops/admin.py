@@ -23,7 +23,7 @@ from .._sql import admin as admin_sql
 from .._sql import dependencies as dependencies_sql
 from .._sql.finished import requeue_dead
 from .._sql.listing import select_jobs
-from .._validation import check_queue_name, check_task_name
+from .._validation import check_job_id, check_queue_name, check_task_name
 from ..models import Job
 from .filters import check_after_id, check_age, check_limit, check_statuses, requeue_resets
 
@@ -89,6 +89,7 @@ class Edge:
 
 def job_edges(session: SessionLike, job_id: int) -> tuple[list[Edge], list[Edge]]:
     """What job ``job_id`` waits for, and what waits for it (see :mod:`sa_jobqueue.workflows`)."""
+    job_id = check_job_id(job_id)
     rows = connection_of(session).execute(dependencies_sql.edges_of(), {"job_id": job_id})
     edges = [Edge(*row) for row in rows]
     return [e for e in edges if e.job_id == job_id], [e for e in edges if e.job_id != job_id]
@@ -98,7 +99,7 @@ def get_job(session: SessionLike, job_id: int) -> JobInfo | None:
     """Read job ``job_id`` as it is in the caller's transaction; None if there is no such id."""
     row = (
         connection_of(session)
-        .execute(admin_sql.job_by_id(_JOB_INFO_FIELDS), {"job_id": job_id})
+        .execute(admin_sql.job_by_id(_JOB_INFO_FIELDS), {"job_id": check_job_id(job_id)})
         .one_or_none()
     )
     return JobInfo(**row._asdict()) if row is not None else None
@@ -165,8 +166,8 @@ def cancel_job(session: SessionLike, job_id: int) -> bool:
     requested, and its worker ends it ``cancelled`` (see :meth:`JobQueue.cancel`). A finished
     job is left as it is (False).
     """
+    params = {"job_id": check_job_id(job_id)}
     conn = connection_of(session)
-    params = {"job_id": job_id}
     if conn.execute(admin_sql.cancel_queued(), params).first() is not None:
         return True
     return conn.execute(admin_sql.request_cancel(), params).first() is not None
@@ -184,8 +185,9 @@ def requeue_job(
     One NOTIFY wakes the queue's workers at commit.
     """
     reset = requeue_resets(attempts)
+    params = {"job_id": check_job_id(job_id)}
     conn = connection_of(session)
-    queue = conn.execute(requeue_dead(reset), {"job_id": job_id}).scalar_one_or_none()
+    queue = conn.execute(requeue_dead(reset), params).scalar_one_or_none()
     if queue is None:
         return False
     wake(conn, queue)

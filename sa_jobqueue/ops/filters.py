@@ -12,7 +12,8 @@ from datetime import timedelta
 from typing import Final, Literal
 
 from .._durations import duration_text, value_text
-from .._validation import MAX_DELAY
+from .._validation import MAX_DELAY, check_job_id
+from .._validation import MAX_JOB_ID as MAX_JOB_ID  # where ops and the dashboard read it
 from ..errors import InvalidJobError
 from ..models import STATUSES
 
@@ -20,8 +21,6 @@ from ..models import STATUSES
 MAX_PAGE: Final = 10_000
 #: The longest queue and task names the table holds (its columns' lengths).
 NAME_LENGTHS: Final = {"queue": 64, "task": 200}
-#: The largest job id: the id column is a bigint.
-MAX_JOB_ID: Final = 2**63 - 1
 #: The most job ids one call acting on chosen jobs takes (:mod:`sa_jobqueue.ops.bulk`): the
 #: dashboard's longest page (500 rows) twice over, sent as one array parameter of a few
 #: kilobytes, and no more than one batch of those calls changes, so a call by ids and a call
@@ -89,13 +88,10 @@ def check_after_id(after_id: object) -> int:
     """``after_id`` (where a page or a batch starts: past that id) if it is an int the id
     column can be compared with; InvalidJobError otherwise, before the server would refuse it
     and abort the caller's transaction."""
-    if (
-        isinstance(after_id, bool)
-        or not isinstance(after_id, int)
-        or not -MAX_JOB_ID - 1 <= after_id <= MAX_JOB_ID
-    ):
-        raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}")
-    return after_id
+    try:
+        return check_job_id(after_id)
+    except InvalidJobError:
+        raise InvalidJobError(f"after_id must be a job id (an int), not {after_id!r}") from None
 
 
 def check_age(age: object, name: str = "older_than") -> float:

@@ -61,3 +61,21 @@ def test_list_jobs_newest_first_pages_by_id(conn: sa.Connection, queue: JobQueue
     # The same cursor read oldest first goes the other way from it.
     later = queue.list_jobs(conn, task="send", status="dead", after_id=first[-1].id)
     assert [job.id for job in later] == [dead[4]]
+
+
+@pytest.mark.parametrize("job_id", [2**63, -(2**63) - 1, 2**70, True, "12", 1.5])
+def test_a_job_id_the_column_cannot_hold_is_refused_before_the_caller_transaction_aborts(
+    conn: sa.Connection, session: Session, queue: JobQueue, job_id: Any
+) -> None:
+    with session.begin():
+        queue.enqueue(session, "send", {})
+        for call in (
+            lambda: queue.get_job(session, job_id),
+            lambda: queue.cancel(session, job_id),
+            lambda: queue.requeue(session, job_id),
+            lambda: queue.get_result(session, job_id),
+        ):
+            with pytest.raises(InvalidJobError, match="job id"):
+                call()
+        queue.enqueue(session, "send", {})  # the transaction is still usable
+    assert count(conn) == 2
