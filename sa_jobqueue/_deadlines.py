@@ -223,16 +223,18 @@ def socket_of(dbapi_connection: Any) -> int | None:
 
 
 def guard_statements(
-    engine: Engine, seconds: float = STATEMENT_DEADLINE, clock: StopClock | None = None
+    engine: Engine, seconds: float | None = None, clock: StopClock | None = None
 ) -> None:
-    """Give every statement run through ``engine`` a client-side deadline.
+    """Give every statement run through ``engine`` a client-side deadline (``seconds``,
+    :data:`STATEMENT_DEADLINE` unless given).
 
     ``engine`` may be an option engine (``engine.execution_options(...)``): the deadline then
     holds for its connections only, not for the engine it was made from. A connection's own
     ``execution_options(sa_jobqueue_deadline=...)`` overrides ``seconds``. With ``clock``, a
     stopping worker's statements are hurried (see :class:`StopClock`).
     """
-    engine.update_execution_options(**{DEADLINE_OPTION: seconds})
+    limit = STATEMENT_DEADLINE if seconds is None else seconds
+    engine.update_execution_options(**{DEADLINE_OPTION: limit})
 
     @event.listens_for(engine, "before_cursor_execute")
     def arm(conn: Any, cursor: Any, *_: Any) -> None:

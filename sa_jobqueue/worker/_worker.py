@@ -138,7 +138,11 @@ class Worker:
         self._halt = threading.Event()  # run() is over: stop renewing leases
         self._leases = LeaseTable()  # until run() makes its own, for a burst or not
         self._claimer = HeldConnection(self._single)
-        self._pruner = Pruner(engine, retention, poll_interval)
+        # Pruning runs on the claim loop's thread, between rounds, on the handlers' engine: its
+        # statements get the same deadline, so a connection gone silent cannot stop claiming.
+        pruning = engine.execution_options()
+        guard_statements(pruning, clock=self._clock)
+        self._pruner = Pruner(pruning, retention, poll_interval)
         # Observers see each attempt's outcome once it is recorded (see Reports).
         self._observe = Observers(observers)
 

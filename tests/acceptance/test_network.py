@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import collections
 import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobQueue, Worker
+from sa_jobqueue import JobQueue, Worker, _deadlines
 from sa_jobqueue._deadlines import guard_statements
 from sa_jobqueue._sql.retention import PRUNE_LOCK
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create_engine
@@ -180,6 +181,45 @@ def test_pruning_is_one_at_a_time_behind_a_transaction_pooler(
     finally:
         engine.dispose()
         direct.dispose()
+
+
+def test_pruning_on_a_connection_gone_silent_is_cut_at_the_statement_deadline(
+    tables: sa.Engine, database_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning runs on the claim loop's thread, between claim rounds: a pruning statement
+    that waits for ever on a silent connection would stop the worker claiming. It is cut
+    at the worker's statement deadline, as every statement of the worker's own is."""
+    monkeypatch.setattr(_deadlines, "STATEMENT_DEADLINE", 1.0)
+    queue = JobQueue()
+    proxy = SilentProxy(database_url)
+    engine = create_engine(proxy.url(database_url), pool_size=1, max_overflow=0)
+    try:
+        worker = Worker(queue, engine, retention=timedelta(0))
+
+        # The network goes silent inside the pruning transaction, once its lock is taken
+        # (before that, the pool's ping at checkout finds a connection gone silent).
+        @sa.event.listens_for(engine, "before_cursor_execute")
+        def silence_at_the_delete(*args: object) -> None:
+            if "DELETE" in str(args[2]):
+                proxy.silence()
+
+        pruned: list[BaseException | int] = []
+        pruning = threading.Thread(target=lambda: pruned.append(_outcome(worker.prune)))
+        pruning.start()
+        assert proxy.swallowed.wait(10), "no pruning statement was sent"
+        pruning.join(10)
+        assert not pruning.is_alive(), "pruning still waits on its silent connection"
+        assert isinstance(pruned[0], sa.exc.OperationalError)
+    finally:
+        engine.dispose()
+        proxy.close()
+
+
+def _outcome(call: Callable[[], int]) -> BaseException | int:
+    try:
+        return call()
+    except BaseException as exc:  # what the pruning thread met, for the test to look at
+        return exc
 
 
 @needs_pgbouncer
