@@ -4,4 +4,8 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+# Guarded: a child process of the forkserver or spawn start methods (a hard-limited attempt,
+# or a handler's own multiprocessing) imports the parent's main module, and must not run
+# the command again.
+if __name__ == "__main__":
+    sys.exit(main())

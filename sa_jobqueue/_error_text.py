@@ -29,8 +29,30 @@ def _clean(text: str, limit: int) -> str:
     return text
 
 
+class RemoteError(Exception):
+    """A handler's exception raised in another process (an attempt's child), carried back
+    as its type's name, its message and its traceback, which ``last_error`` keeps as they
+    were."""
+
+    def __init__(self, kind: str, message: str, trace: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.trace = trace
+
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[str, str, str]]:
+        return (RemoteError, (self.kind, str(self), self.trace))
+
+
 def error_json(exc: BaseException) -> str:
     """``last_error`` for a failure: type, message and traceback, cleaned and bounded."""
+    if isinstance(exc, RemoteError):
+        return json.dumps(
+            {
+                "type": exc.kind,
+                "message": _clean(str(exc), MAX_ERROR_MESSAGE),
+                "traceback": _clean(exc.trace, MAX_ERROR_TRACEBACK),
+            }
+        )
     kind = type(exc)
     try:
         message = str(exc)

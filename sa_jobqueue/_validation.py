@@ -418,12 +418,12 @@ def check_lease(lease: object) -> timedelta:
     return lease
 
 
-def check_timeout(timeout: object) -> timedelta | None:
+def check_timeout(timeout: object, name: str = "timeout") -> timedelta | None:
     """None (no time limit on an attempt), or a timedelta above 0."""
     if timeout is None:
         return None
     if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
         raise InvalidScheduleError(
-            f"timeout must be a timedelta above 0s (or None), not {value_text(timeout)}"
+            f"{name} must be a timedelta above 0s (or None), not {value_text(timeout)}"
         )
     return timeout

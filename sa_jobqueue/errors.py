@@ -14,6 +14,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      ├── UnknownJobError (LookupError)       no job has that id (a wait for a result)
      ├── ResultTimeoutError (TimeoutError)   a wait for a result ran out of time
      ├── JobFailedError                      a result asked of a job that did not succeed
+     ├── HardTimeoutError (TimeoutError)     an attempt was killed at its task's hard_timeout
      ├── TaskDefinitionError (ValueError)    a task is declared twice, or with bad options
      ├── SchemaError                         the database lacks the schema this version needs
      │    ├── SchemaMissingError
@@ -104,6 +105,15 @@ class JobFailedError(JobQueueError):
         self.job_id = job_id
         self.status = status
         self.error = error
+
+
+class HardTimeoutError(JobQueueError, TimeoutError):
+    """The attempt was killed at its task's hard time limit.
+
+    Never raised to a caller: a worker records it as the attempt's error (``last_error``,
+    the attempt history) when it kills an attempt of a task with a ``hard_timeout``, or when
+    such an attempt's process dies; the job is retried under its task's policy.
+    """
 
 
 class TaskDefinitionError(JobQueueError, ValueError):

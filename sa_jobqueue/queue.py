@@ -140,6 +140,7 @@ class JobQueue(JobAdmin):
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
         keep_result: bool = False,
+        hard_timeout: timedelta | None = None,
     ) -> Callable[[Callable[[JobContext, P], object]], Task[P]]: ...
 
     def task(
@@ -158,11 +159,13 @@ class JobQueue(JobAdmin):
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
         keep_result: bool = False,
+        hard_timeout: timedelta | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
         The task's name defaults to the function's ``__name__``; names are unique per queue
-        object. ``timeout`` bounds one attempt's run time (see :class:`Task`). ``lease`` is
+        object. ``timeout`` bounds one attempt's run time, and ``hard_timeout`` kills an
+        attempt that runs that long, in a child process (see :class:`Task`). ``lease`` is
         how long a worker may go without renewing its claim before the
         job is taken from it and run elsewhere; the worker renews it while the handler runs.
         ``unique_key(payload)`` gives each job's unique key (see :meth:`enqueue`);
@@ -194,6 +197,7 @@ class JobQueue(JobAdmin):
                 unique_period=unique_period,
                 debounce=debounce,
                 keep_result=keep_result,
+                hard_timeout=hard_timeout,
             )
             return self._registry.add(task)
 

@@ -128,6 +128,11 @@ class Retry(Exception):
         self.after = after
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[timedelta, str]]:
+        # Pickled as its arguments (the default would call Retry(message)): an attempt run
+        # in a child process sends it to its worker.
+        return (type(self), (self.after, self.reason))
+
 
 class Discard(Exception):
     """Raised by a handler: give this job up now; it goes to ``dead`` with ``reason``.
@@ -154,6 +159,16 @@ class Task(Generic[P]):
     running thread, so a sync handler must look at ``ctx.stop_requested`` between steps of
     long work and return (or raise); whatever it does after the timeout cannot complete the
     job, and its ``ctx.session`` writes roll back.
+
+    ``hard_timeout`` kills an attempt that runs that long: each attempt then runs in a child
+    process of its own (sync handlers defined at a module's top level only), which its worker
+    kills (SIGKILL) at the limit, terminating its server session so that its ``ctx.session``
+    writes roll back and its row locks go at once; the attempt is recorded as failed with
+    :class:`~sa_jobqueue.errors.HardTimeoutError` and retried under the task's policy. The child
+    also kills itself at the limit should its worker be stopped, and dies with its worker. A
+    cancellation, a lost lease or a passed ``timeout`` kills it too. It costs a process start
+    per attempt (tens of milliseconds): it is for long jobs that must not overrun. Middleware
+    runs in the worker, around the child's attempt, and must not use ``ctx.session`` there.
 
     ``unique_key``, if given, maps a payload to the job's unique key (a str, or None for no
     uniqueness): while a waiting, queued or running job of this task holds a key, enqueueing
@@ -197,6 +212,7 @@ class Task(Generic[P]):
     unique_period: timedelta | None = None
     debounce: timedelta | None = None
     keep_result: bool = False
+    hard_timeout: timedelta | None = None
     #: How typed payloads are checked and rebuilt; None for a plain JSON payload. Made from
     #: the handler's annotation (see :attr:`payload_type`).
     payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
@@ -220,6 +236,7 @@ class Task(Generic[P]):
             check_lease(self.lease)
             check_backoff(self.backoff)
             check_timeout(self.timeout)
+            check_timeout(self.hard_timeout, "hard_timeout")
             check_unique_mode(self.unique_mode)
             check_unique_period(self.unique_period)
             if self.debounce is not None:
@@ -227,6 +244,8 @@ class Task(Generic[P]):
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
+        if self.hard_timeout is not None:
+            _check_isolatable(self.name, self.handler)
         object.__setattr__(self, "payload_codec", codec_for(self.name, self.handler))
 
     @property
@@ -237,6 +256,23 @@ class Task(Generic[P]):
 
     def __call__(self, ctx: JobContext, payload: P) -> object:
         return self.handler(ctx, payload)
+
+
+def _check_isolatable(name: str, handler: object) -> None:
+    """Refuse a hard-limited handler its attempt's child process could not run: an ``async
+    def`` one, or one it could not import (it is found there by module and qualified name)."""
+    if inspect.iscoroutinefunction(handler):
+        raise TaskDefinitionError(
+            f"task {name!r}: hard_timeout runs each attempt in a child process, for sync"
+            " handlers; an async handler is cancelled at its timeout instead"
+        )
+    qualname = getattr(handler, "__qualname__", "")
+    if not getattr(handler, "__module__", None) or "<" in qualname:
+        raise TaskDefinitionError(
+            f"task {name!r}: hard_timeout runs each attempt in a child process, which imports"
+            " the handler by its module and name: define it at the top level of a module"
+            f" ({qualname or type(handler).__name__} is not)"
+        )
 
 
 def _check_handler(name: str, handler: object) -> None:

@@ -5,13 +5,19 @@ from __future__ import annotations
 from functools import cache
 
 from psycopg import sql
-from sqlalchemy import Select, Text, bindparam, func, literal, literal_column, select
+from sqlalchemy import Integer, Select, Text, bindparam, func, literal, literal_column, select
 
 
 @cache
 def ping() -> Select[int]:
     """``SELECT 1``: proves that a connection works, and nothing else."""
     return select(literal_column("1"))
+
+
+@cache
+def terminate_backend() -> Select[bool]:
+    """End the server session ``:pid`` (rolling its transaction back, freeing its locks)."""
+    return select(func.pg_terminate_backend(bindparam("pid", type_=Integer)))
 
 
 @cache

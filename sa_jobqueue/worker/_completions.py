@@ -46,6 +46,22 @@ log = logging.getLogger("sa_jobqueue.worker")
 _Key = tuple[int, int]  # (job id, attempt)
 
 
+def encode_result(task: Task, value: object, max_bytes: int) -> str | None:
+    """What a handler returned, as the JSON text its completion stores, if its task keeps
+    results (None otherwise). A value payloads could not carry raises UnstorableResult (a
+    PayloadError; the job goes to dead at once, as no attempt could store it)."""
+    if not task.keep_result:
+        return None
+    try:
+        return encode_payload(value, max_bytes=max_bytes)
+    except PayloadError as exc:
+        # Every message of encode_payload starts with "payload": here it is the result.
+        why = str(exc).removeprefix("payload")
+        raise UnstorableResult(
+            f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
+        ) from None
+
+
 class HeldResults:
     """What handlers of tasks that keep results returned (JSON text), per attempt, until the
     attempt's completion statement takes it; dropped when the attempt ends otherwise."""
@@ -57,15 +73,13 @@ class HeldResults:
         """A task that keeps results: hold what its handler returned, as JSON, for the
         completion to store. A value payloads could not carry raises UnstorableResult (a
         PayloadError; the job goes to dead at once, as no attempt could store it)."""
-        if task.keep_result:
-            try:
-                text = encode_payload(value, max_bytes=max_bytes)
-            except PayloadError as exc:
-                # Every message of encode_payload starts with "payload": here it is the result.
-                why = str(exc).removeprefix("payload")
-                raise UnstorableResult(
-                    f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
-                ) from None
+        text = encode_result(task, value, max_bytes)
+        if text is not None:
+            self._held[(job.id, job.attempts)] = text
+
+    def hold(self, job: Claimed, text: str | None) -> None:
+        """Hold a result already encoded (by :func:`encode_result`, elsewhere)."""
+        if text is not None:
             self._held[(job.id, job.attempts)] = text
 
     def take(self, job_id: int, attempt: int) -> str | None:

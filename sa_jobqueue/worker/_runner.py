@@ -31,6 +31,7 @@ from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, supervised
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
+from ._isolation import Isolation, child_session
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
@@ -78,6 +79,10 @@ class Runner:
         self._stopping = stopping
         self._wake = wake
         self._durations: dict[str, float] = {}  # task -> moving average of its run time
+        # Hard-limited tasks' attempts run in child processes, forked from a forkserver that
+        # is started with the worker.
+        hard = any(t.hard_timeout is not None for t in queue.tasks.values())
+        self._isolation = Isolation(queue, engine) if hard else None
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
@@ -156,6 +161,11 @@ class Runner:
             # No later attempt could do better: straight to dead, with the reason.
             self._recorder.unrunnable(job, exc)
             return None
+        if task.hard_timeout is not None:  # in a child process of its own (see _isolation)
+            self._groups.commit(here)
+            drop_connection(here)
+            self._run_isolated(job, task, payload)
+            return None
         is_async = inspect.iscoroutinefunction(task.handler)
         # A slow task runs in a transaction of its own: commit the group before it starts, or
         # the group's row locks would be held for as long as it runs.
@@ -211,6 +221,27 @@ class Runner:
         else:
             self._settle_alone(job, task, ctx, failure)
         return None
+
+    def _run_isolated(self, job: Claimed, task: Task, payload: Any) -> None:
+        """A hard-limited task's attempt, run in a child (see :mod:`._isolation`)."""
+        assert self._isolation is not None
+        ctx = JobContext(
+            job_id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            created_at=job.created_at,
+            priority=job.priority,
+            session=child_session,
+        )
+        run = job.run() if self._observe else None
+        self._starting(job, task, ctx, run)
+        started = time.monotonic()
+        with self._observe.running(run) if run is not None else contextlib.nullcontext():
+            end = self._isolation.attempt(job, task, payload, ctx)
+        self._ran(job, run, time.monotonic() - started)
+        self._isolation.record(job, task, ctx, end, self._recorder)
 
     def _handler(self, task: Task) -> ProceedRun:
         """The task's handler, inside the queue's middleware (none: the handler itself)."""
