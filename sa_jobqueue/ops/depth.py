@@ -59,6 +59,7 @@ def depth_query(queues: Iterable[str]) -> str:
     names = [check_queue_name(q) for q in queues]
     statement = depth_total().params(queues=names)
     compiled = statement.compile(
-        dialect=postgresql.psycopg.dialect(), compile_kwargs={"literal_binds": True}
+        dialect=postgresql.dialect(),  # type: ignore[no-untyped-call]  # SQLAlchemy's own
+        compile_kwargs={"literal_binds": True},
     )
     return " ".join(str(compiled).split())
