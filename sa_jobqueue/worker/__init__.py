@@ -40,6 +40,7 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 from __future__ import annotations
 
 from ._claimer import OUTAGE_RETRY_CAP
+from ._lanes import undeclared_queues
 from ._upkeep import (
     PERIODIC_INTERVAL,
     PRESENCE_INTERVAL,
@@ -48,7 +49,7 @@ from ._upkeep import (
     PRUNE_MAX_BATCHES,
     WORKER_STALE,
 )
-from ._worker import STOP_MARGIN, Worker, undeclared_queues
+from ._worker import STOP_MARGIN, Worker
 
 __all__ = [
     "OUTAGE_RETRY_CAP",
