@@ -3,6 +3,8 @@ reads the claim index only, however much finished history the table holds."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +86,11 @@ def test_depth_reads_the_claim_index_not_the_history(conn: sa.Connection) -> Non
     # The backlog's index pages (and, in this transaction, before a vacuum marks them all
     # visible, the backlog's heap pages); the 30,000 finished rows take some 600 pages.
     assert _buffers(plan) < 200, _buffers(plan)
+
+
+def test_the_keda_recipe_sends_the_statement_depth_query_builds() -> None:
+    """The query in the deployment recipe is ``depth_query``'s text for its queues, word for
+    word: a change to the statement fails here until the recipe is regenerated."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "deploy-workers.md"
+    found = re.findall(r'^ +query: "(.*)"$', page.read_text(), flags=re.MULTILINE)
+    assert found == [depth_query(["default", "emails"])]
