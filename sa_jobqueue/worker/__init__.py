@@ -30,7 +30,9 @@ modules are internal, not a stable API:
 - ``_leases``: the lease table, the one place that knows which attempts are still held (and
   the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
-- ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN.
+- ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN;
+- ``_pulse``: when the claim loop and the heartbeat last went round (``Worker.stalled``, the
+  liveness probe); ``_embedding``: the engines ``Worker.from_url`` builds, and ``arun``.
 
 What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
 lease or loses its connection while completing runs again elsewhere. Writes through
