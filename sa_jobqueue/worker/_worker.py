@@ -61,9 +61,9 @@ class Worker:
     ``retention`` is how long succeeded and cancelled jobs are kept (``None``: for ever; zero:
     deleted at the next poll); dead jobs are kept until requeued or purged.
 
-    The worker's own statements use ``control_engine`` (default: ``engine``); the CLI passes
-    one from :func:`sa_jobqueue.database.create_control_engine`, whose statement and lock
-    timeouts keep a stuck lock or server from hanging the claim loop or the heartbeat.
+    The worker's own statements use ``control_engine`` (default: ``engine``); :meth:`from_url`
+    (and so the CLI) makes one with :func:`sa_jobqueue.database.create_control_engine`, whose
+    statement and lock timeouts keep a stuck lock or server from hanging the claim loop.
 
     Raises :class:`~sa_jobqueue.errors.WorkerConfigError` (a ValueError) for an option out of
     range. What it does not promise: that a handler runs once (see :mod:`sa_jobqueue.worker`).
