@@ -18,6 +18,7 @@ from . import results
 from ._binds import SessionLike, run_async
 from .ops import admin
 from .ops.admin import JobInfo
+from .ops.depth import queue_depth
 from .results import JobResult
 
 if TYPE_CHECKING:
@@ -178,5 +179,18 @@ class JobAdmin:
         return await results.await_results(engine, job_id, timeout)
 
     def counts(self, session: SessionLike) -> dict[str, dict[str, int]]:
-        """Job counts as ``{queue: {status: n}}``."""
+        """Job counts as ``{queue: {status: n}}``.
+
+        It reads the whole table, finished history included; :meth:`depth` is the cheap read
+        of the backlog for pollers."""
         return admin.count_jobs(session)
+
+    def depth(
+        self, bind: SessionLike | Engine, queues: Iterable[str] | None = None
+    ) -> dict[str, int]:
+        """Jobs a claim could take now, per queue, in one index-only statement.
+
+        See :func:`sa_jobqueue.ops.queue_depth`: with ``queues`` each is present (0 if
+        empty); a pause, a cap or a rate does not lower the count; jobs scheduled for later,
+        waiting for dependencies or running are not counted."""
+        return queue_depth(bind, queues)

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Text,
     and_,
     any_,
+    bindparam,
     func,
     literal,
     select,
@@ -52,6 +53,38 @@ def due_per_queue() -> Select[str, int, timedelta]:
         .group_by(j.queue)
         .order_by(j.queue)
     )
+
+
+def _ready_now(filtered: bool) -> list[ColumnElement[bool]]:
+    """The rows a claim could take now: in the claim index and due (queued jobs whose time
+    has come, running jobs whose lease has expired); in ``:queues`` if ``filtered``."""
+    # claimable() is the claim index's predicate word for word and visible_at one of its
+    # columns: the count is an index-only scan of the backlog, never a read of finished history.
+    where: list[ColumnElement[bool]] = [claimable(), j.visible_at <= func.now()]
+    if filtered:
+        where.append(j.queue == any_(bindparam("queues", type_=ARRAY(Text))))
+    return where
+
+
+@cache
+def depth_per_queue(filtered: bool) -> Select[str, int]:
+    """Per queue with any: jobs a claim could take now (see :func:`_ready_now`), as ``jobs``.
+
+    Not held back by a pause, a cap, a rate or a dependency: those are read by the claim,
+    and a queue held back still counts its waiting jobs."""
+    return (
+        select(j.queue, func.count().label("jobs"))
+        .where(*_ready_now(filtered))
+        .group_by(j.queue)
+        .order_by(j.queue)
+    )
+
+
+@cache
+def depth_total() -> Select[int]:
+    """The jobs a claim could take now in ``:queues``, as one number ``jobs`` (the form an
+    autoscaler's query takes: one row, one column)."""
+    return select(func.count().label("jobs")).where(*_ready_now(True))
 
 
 @cache

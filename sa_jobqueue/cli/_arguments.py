@@ -201,6 +201,26 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="ADDRESS",
         help="address the metrics endpoint listens on (default 0.0.0.0, every interface)",
     )
+    worker.add_argument(
+        "--health-port",
+        type=_values.port,
+        metavar="PORT",
+        help="serve liveness (/livez) and readiness (/readyz) probes on this port (0: any)",
+    )
+    worker.add_argument(
+        "--health-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the probes listen on (default 0.0.0.0, every interface)",
+    )
+    worker.add_argument(
+        "--stalled-after",
+        type=_values.seconds,
+        default=None,
+        metavar="DURATION",
+        help="/livez fails once the claim loop or the heartbeat has not gone round for this"
+        " long (default: 2 x (the longer of 1.2 x --poll-interval and 5s, + 30s): 70s at 1s)",
+    )
 
 
 def _operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -20,13 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 from sqlalchemy.pool import NullPool
 
-from ..database import (
-    CONNECT_TIMEOUT,
-    create_control_engine,
-    create_engine,
-    ping,
-    pooler_of,
-)
+from ..database import CONNECT_TIMEOUT, create_engine, ping, pooler_of
 from ..errors import DatabaseUnavailableError, JobQueueError
 from ..observability import Observer
 from ..queue import JobQueue
@@ -34,7 +28,9 @@ from ._app import load_app
 from ._exit import EXIT_ERROR, EXIT_USAGE
 
 if TYPE_CHECKING:
+    from ..observability.health import HealthServer
     from ..observability.metrics import MetricsServer
+    from ..worker import Worker
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -48,29 +44,27 @@ def run_worker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     app = load_app(args.app)
     queues = lanes(args.queues, args.concurrency)
-    threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
-    # One connection per handler thread; the worker's own statements use a second engine.
-    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=threads, max_overflow=2)
-    control = create_control_engine(args.database_url, threads, pooler=args.pooler)
-    _wait_for_database(control, args.wait_for_database)
     observers = _observers(args, app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
         metrics = _metrics_server(args, _queue_names(queues, app))
         observers.append(metrics.observer)
-    worker = Worker(
+    # The engines as an application embedding a worker gets them (one way to build them).
+    worker = Worker.from_url(
+        args.database_url,
         app,
-        engine,
+        pooler=args.pooler,
         concurrency=args.concurrency,
         queues=queues,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         listen=args.listen,
-        control_engine=control,
         prefetch=args.prefetch,
         retention=args.retention,
         observers=observers,
     )
+    health = None if args.health_port is None else _health_server(args, worker)
+    _wait_for_database(worker.control_engine, args.wait_for_database)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if worker._stopping.is_set():
@@ -87,12 +81,12 @@ def run_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        clean = worker.run(burst=args.burst)
+        clean = worker.run(burst=args.burst)  # disposes of the worker's engines as it returns
     finally:
         if metrics is not None:
             metrics.close()
-    engine.dispose()
-    control.dispose()
+        if health is not None:
+            health.close()
     if not clean:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
@@ -195,4 +189,29 @@ def _metrics_server(args: argparse.Namespace, queues: list[str]) -> MetricsServe
         engine.dispose()
         raise JobQueueError(
             f"cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {exc}"
+        ) from None
+
+
+def _health_server(args: argparse.Namespace, worker: Worker) -> HealthServer:
+    """Start the /livez and /readyz endpoint, its readiness query on a connection of its own
+    (a pool of one, connecting within 2 s: a probe never waits behind the worker's)."""
+    from ..observability.health import start_health_server
+
+    engine = create_engine(
+        args.database_url,
+        pooler=args.pooler,
+        pool_size=1,
+        max_overflow=0,
+        pool_pre_ping=False,  # the probe's query is the ping
+        connect_args={"connect_timeout": 2},
+    )
+    try:
+        return start_health_server(
+            args.health_port, worker, engine, addr=args.health_address,
+            stalled_after=args.stalled_after,
+        )  # fmt: skip
+    except OSError as exc:
+        engine.dispose()
+        raise JobQueueError(
+            f"cannot serve probes on {args.health_address}:{args.health_port}: {exc}"
         ) from None

@@ -14,6 +14,9 @@ The public operator API is what this package exports (``__all__``):
   in the caller's transaction.
 * :func:`requeue_dead_jobs` (returning :class:`RequeuedBatch`): retry the dead jobs
   matching a filter, one bounded batch per call, in the caller's transaction.
+* :func:`queue_depth`: jobs a claim could take now, per queue, in one index-only statement
+  (for pollers and dashboards); :func:`depth_query`, the same count as SQL text for an
+  autoscaler (KEDA's PostgreSQL scaler).
 * :func:`stats` and its result types :class:`Stats`, :class:`QueueStats`,
   :class:`TaskRunTimes` and :class:`WorkerInfo`: a read-only snapshot.
 * :func:`purge` and its dry run :func:`count_purge`: deleting finished jobs in batches.
@@ -21,10 +24,11 @@ The public operator API is what this package exports (``__all__``):
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``requeue``, ``stats``, ``purge``, ``health``, ``queues`` (the functions above), ``filters``
-(checks of the filters callers pass), ``workers`` (each worker's row in the registry) and ``verify``
-(the run behind ``sa-jobqueue verify``). Their statements are in :mod:`sa_jobqueue._sql`;
-rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the dashboard's.
+``requeue``, ``stats``, ``depth``, ``purge``, ``health``, ``queues`` (the functions above),
+``filters`` (checks of the filters callers pass), ``workers`` (each worker's row in the
+registry) and ``verify`` (the run behind ``sa-jobqueue verify``). Their statements are in
+:mod:`sa_jobqueue._sql`; rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the
+dashboard's.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
@@ -43,6 +47,7 @@ from .admin import (
     list_jobs,
     requeue_job,
 )
+from .depth import depth_query, queue_depth
 from .health import Finding, Severity, Thresholds, check, worst
 from .purge import count_purge, purge
 from .queues import (
@@ -83,6 +88,7 @@ __all__ = [
     "clear_queue_limits",
     "count_jobs",
     "count_purge",
+    "depth_query",
     "get_job",
     "job_edges",
     "list_jobs",
@@ -90,6 +96,7 @@ __all__ = [
     "pause_queue",
     "paused_queues",
     "purge",
+    "queue_depth",
     "queue_limits",
     "requeue_dead_jobs",
     "requeue_job",

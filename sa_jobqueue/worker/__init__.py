@@ -30,7 +30,9 @@ modules are internal, not a stable API:
 - ``_leases``: the lease table, the one place that knows which attempts are still held (and
   the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
-- ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN.
+- ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN;
+- ``_pulse``: when the claim loop and the heartbeat last went round (``Worker.stalled``, the
+  liveness probe); ``_embedding``: the engines ``Worker.from_url`` builds, and ``arun``.
 
 What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
 lease or loses its connection while completing runs again elsewhere. Writes through
@@ -40,6 +42,7 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 from __future__ import annotations
 
 from ._claimer import OUTAGE_RETRY_CAP
+from ._lanes import undeclared_queues
 from ._upkeep import (
     PERIODIC_INTERVAL,
     PRESENCE_INTERVAL,
@@ -48,7 +51,7 @@ from ._upkeep import (
     PRUNE_MAX_BATCHES,
     WORKER_STALE,
 )
-from ._worker import STOP_MARGIN, Worker, undeclared_queues
+from ._worker import STOP_MARGIN, Worker
 
 __all__ = [
     "OUTAGE_RETRY_CAP",

@@ -337,8 +337,10 @@ class ClaimLoop:
         between_rounds: Callable[[], None],
         completing: Callable[[], bool] = lambda: False,
         limits: LimitedQueues | None = None,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._claimers = claimers
+        self._beat = beat  # each turn, for the liveness probe (see _pulse)
         self._limits = limits
         self._lanes = [c.lane for c in claimers]
         self._leases = leases
@@ -352,6 +354,7 @@ class ClaimLoop:
         """Claim and wait, round after round."""
         outage = 0  # claims failed in a row
         while not self._stopping.is_set():
+            self._beat()
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Connection, Engine
 
@@ -47,8 +47,10 @@ class Heartbeat:
         recorder: Recorder,
         observe: Observers,
         halt: threading.Event,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._single = single
+        self._beat = beat  # each turn, for the liveness probe (see _pulse)
         self._leases = leases
         self._recorder = recorder
         self._observe = observe
@@ -64,6 +66,7 @@ class Heartbeat:
         """
         failing = False
         while not self._halt.wait(HEARTBEAT_TICK):
+            self._beat()
             held = self._leases.snapshot()
             now = time.monotonic()
             for job_id in overdue(held, now):

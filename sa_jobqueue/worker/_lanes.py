@@ -1,14 +1,16 @@
-"""Lanes: queues that share job threads and a claim buffer, and the buffer's adaptive size."""
+"""Lanes: queues that share job threads and a claim buffer, and the buffer's adaptive size;
+which queues a worker serves by default, and which of them no task declares."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..queue import JobQueue
     from ._claimed import Claimed
     from ._leases import Ticket
 
@@ -222,3 +224,24 @@ class Intake:
         if self._submit is None:
             raise RuntimeError(f"job {job.id} claimed before a runner was attached")
         self._submit(lane, job)
+
+
+def default_queues(queue: JobQueue) -> list[str]:
+    """The queues a worker serves when told none: those the tasks declare, and the default."""
+    return sorted(_declared_queues(queue))
+
+
+def _declared_queues(queue: JobQueue) -> set[str]:
+    """The queues the tasks declare, and the default queue (where undeclared ones go)."""
+    return {task.queue for task in queue.tasks.values()} | {queue.default_queue}
+
+
+def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
+    """The queues of ``served`` that no task of ``queue`` declares, in order.
+
+    The JobQueue's ``default_queue`` is not counted: it is where a task declared without a
+    queue goes. A queue listed here is not necessarily wrong (enqueue's ``queue=`` can send
+    any task's jobs anywhere), which is why the worker warns and does not refuse.
+    """
+    declared = _declared_queues(queue)
+    return [name for name in served if name not in declared]

@@ -11,25 +11,29 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
+from typing import Unpack
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._binds import transient
 from .._deadlines import StopClock, guard_statements
 from .._error_text import one_line
 from .._pooler import TRANSACTION_POOLER_HINT, on_prepared_statement_clash
-from ..database import HeldConnection, check_schema, pooler_of
+from ..database import HeldConnection, Pooler, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
 from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
+from ._embedding import CONCURRENCY, WorkerOptions, engines_for, run_on_loop
 from ._event_loop import EventLoopThread
 from ._groups import Groups
 from ._heartbeat import Heartbeat
-from ._lanes import Intake, Lane
+from ._lanes import Intake, Lane, default_queues, undeclared_queues
 from ._leases import LeaseTable, Ticket
 from ._listener import listen
+from ._pulse import CLAIM_LOOP, HEARTBEAT, Pulse, stall_bound
 from ._recorder import Recorder
 from ._reports import Reports
 from ._retries import retrying
@@ -57,9 +61,9 @@ class Worker:
     ``retention`` is how long succeeded and cancelled jobs are kept (``None``: for ever; zero:
     deleted at the next poll); dead jobs are kept until requeued or purged.
 
-    The worker's own statements use ``control_engine`` (default: ``engine``); the CLI passes
-    one from :func:`sa_jobqueue.database.create_control_engine`, whose statement and lock
-    timeouts keep a stuck lock or server from hanging the claim loop or the heartbeat.
+    The worker's own statements use ``control_engine`` (default: ``engine``); :meth:`from_url`
+    (and so the CLI) makes one with :func:`sa_jobqueue.database.create_control_engine`, whose
+    statement and lock timeouts keep a stuck lock or server from hanging the claim loop.
 
     Raises :class:`~sa_jobqueue.errors.WorkerConfigError` (a ValueError) for an option out of
     range. What it does not promise: that a handler runs once (see :mod:`sa_jobqueue.worker`).
@@ -70,7 +74,7 @@ class Worker:
         queue: JobQueue,
         engine: Engine,
         *,
-        concurrency: int = 10,
+        concurrency: int = CONCURRENCY,
         queues: Iterable[str] | Mapping[str, int] | None = None,
         poll_interval: timedelta = timedelta(seconds=1),
         shutdown_grace: timedelta = timedelta(seconds=30),
@@ -87,6 +91,8 @@ class Worker:
             raise WorkerConfigError("prefetch must not be negative")
         self.queue = queue
         self.engine = engine
+        self.control_engine = control_engine or engine
+        self._owned: tuple[Engine, ...] = ()  # engines from_url made, disposed after run()
         async_tasks = [t for t in queue.tasks.values() if inspect.iscoroutinefunction(t.handler)]
         self._has_async = bool(async_tasks)
         # Async handlers beside sync ones: each kind gets the room of a whole lane (see Lane).
@@ -96,7 +102,7 @@ class Worker:
                 raise WorkerConfigError("each queue's concurrency must be at least 1")
             self._lanes = [Lane([q], n, prefetch, kinds) for q, n in queues.items()]
         else:
-            names = list(queues) if queues else _default_queues(queue)
+            names = list(queues) if queues else default_queues(queue)
             self._lanes = [Lane(names, concurrency, prefetch, kinds)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
         # Not ``name``: that is the worker's own name, read below.
@@ -136,6 +142,7 @@ class Worker:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._halt = threading.Event()  # run() is over: stop renewing leases
+        self._pulse = Pulse()  # the loops' last turns, for stalled()
         self._leases = LeaseTable()  # until run() makes its own, for a burst or not
         self._claimer = HeldConnection(self._single)
         # Pruning runs on the claim loop's thread, between rounds, on the handlers' engine: its
@@ -145,6 +152,43 @@ class Worker:
         self._pruner = Pruner(pruning, retention, poll_interval)
         # Observers see each attempt's outcome once it is recorded (see Reports).
         self._observe = Observers(observers)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | URL,
+        queue: JobQueue,
+        *,
+        pooler: Pooler = "session",
+        **options: Unpack[WorkerOptions],
+    ) -> Worker:
+        """A worker and its engines, from a database URL, as ``sa-jobqueue worker`` builds them.
+
+        The handlers' engine gets a connection per job thread (two more at most), the worker's
+        own statements a control engine with statement and lock timeouts
+        (:func:`~sa_jobqueue.database.create_control_engine`); ``pooler`` is
+        :func:`~sa_jobqueue.database.create_engine`'s, ``options`` the constructor's keywords
+        (all but ``control_engine``). The worker owns both engines: :meth:`run` disposes of
+        their pooled connections as it returns. Connects to nothing until :meth:`run`.
+        """
+        engine, control = engines_for(url, options, pooler)
+        try:
+            worker = cls(queue, engine, control_engine=control, **options)
+        except BaseException:
+            engine.dispose()
+            control.dispose()
+            raise
+        worker._owned = (engine, control)
+        return worker
+
+    async def arun(self, *, burst: bool = False) -> bool:
+        """:meth:`run` for an asyncio application: awaits the worker without blocking the loop.
+
+        The worker runs on a thread of its own. Cancelling the awaiting task stops it as
+        :meth:`stop` does (running jobs get the shutdown grace), waits for that, then lets the
+        cancellation go on; :meth:`stop` from anywhere makes it return :meth:`run`'s result.
+        """
+        return await run_on_loop(self, burst)
 
     @property
     def _tickets(self) -> dict[Ticket, None]:
@@ -238,8 +282,16 @@ class Worker:
             between_rounds=self._pruner.maybe,
             completing=recorder.completing,
             limits=limits,
+            beat=lambda: self._pulse.beat(CLAIM_LOOP),
         )
-        heartbeat = Heartbeat(self._single, self._leases, recorder, self._observe, self._halt)
+        heartbeat = Heartbeat(
+            self._single,
+            self._leases,
+            recorder,
+            self._observe,
+            self._halt,
+            beat=lambda: self._pulse.beat(HEARTBEAT),
+        )
         upkeep = Upkeep(
             self.queue,
             self._single,
@@ -299,6 +351,7 @@ class Worker:
             self._halt.set()
             for thread in helpers:
                 thread.join(timeout=min(5.0, self._clock.left()))
+            self._pulse.clear()
             if not_done:
                 log.warning(
                     "worker %s stopped with %d job(s) still running; they will be"
@@ -313,6 +366,8 @@ class Worker:
                     self.name,
                     unwritten,
                 )
+            for owned in self._owned:
+                owned.dispose()
         if self._fatal is not None:
             raise self._fatal
         return not not_done and not unwritten
@@ -324,6 +379,24 @@ class Worker:
             self._fatal = DatabaseUnavailableError(TRANSACTION_POOLER_HINT)
             log.error("stopping: %s", TRANSACTION_POOLER_HINT)
             self.stop()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the worker was told to stop (or its run ended): it claims no more."""
+        return self._stopping.is_set()
+
+    def stalled(self, after: timedelta | None = None) -> dict[str, float]:
+        """The worker's loops (claim loop, heartbeat) that have not gone round for ``after``,
+        with how long since they did, in seconds: empty while the worker is alive.
+
+        ``after`` defaults to a bound derived from ``poll_interval`` (70 s at 1 s; see
+        ``_pulse.stall_bound``). Empty, too, before :meth:`run` starts its loops and once
+        :meth:`stop` was called (a stopping worker's claim loop is over by design). What it
+        does not tell: whether the database answers (the loops go on through an outage).
+        """
+        if self._stopping.is_set():
+            return {}
+        return self._pulse.stalled(after or stall_bound(self.poll_interval))
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once running jobs finish (or the grace ends).
@@ -355,23 +428,3 @@ class Worker:
         unstarted = self._leases.hand_back_waiting()
         if unstarted:
             recorder.hand_back(unstarted, "they had not started")
-
-
-def _default_queues(queue: JobQueue) -> list[str]:
-    return sorted(_declared_queues(queue))
-
-
-def _declared_queues(queue: JobQueue) -> set[str]:
-    """The queues the tasks declare, and the default queue (where undeclared ones go)."""
-    return {task.queue for task in queue.tasks.values()} | {queue.default_queue}
-
-
-def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
-    """The queues of ``served`` that no task of ``queue`` declares, in order.
-
-    The JobQueue's ``default_queue`` is not counted: it is where a task declared without a
-    queue goes. A queue listed here is not necessarily wrong (enqueue's ``queue=`` can send
-    any task's jobs anywhere), which is why the worker warns and does not refuse.
-    """
-    declared = _declared_queues(queue)
-    return [name for name in served if name not in declared]

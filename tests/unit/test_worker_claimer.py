@@ -353,3 +353,25 @@ def test_a_limit_changed_since_the_last_read_claims_again_at_once() -> None:
     loop.run(burst=False)
     assert refreshed == [1, 2]
     assert len(waits) == 1  # the second round went out at once, not after the poll's wait
+
+
+def test_the_loop_beats_each_turn_failed_claims_included() -> None:
+    """The liveness probe's pulse: a turn whose claim failed (the database out) is a turn."""
+    from sqlalchemy.exc import OperationalError
+
+    stopping = threading.Event()
+    lane = Lane(["a"], 1, 0)
+    down = OperationalError("claim", {}, Exception("down"))
+    fake = FakeLaneClaimer(lane, [down, False, down])
+    beats: list[int] = []
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=stopping,
+        between_rounds=lambda: stopping.set() if fake.rounds >= 3 else None,
+        beat=lambda: beats.append(fake.rounds),
+    )
+    loop.run(burst=False)
+    assert beats == [0, 1, 2, 3]  # before every round, and before the one that stopped
