@@ -142,6 +142,12 @@ class Completions:
         else:
             self._completer.add(job.id, job.attempts)
 
+    def try_batch(self, job: Claimed) -> bool:
+        """:meth:`batch` if it would not wait; False (nothing queued) if it would: the job
+        holds a slot of a queue's cap (its completion is waited for), or the batches are held
+        back (see ``Completer.try_add``)."""
+        return not job.holds_slot and self._completer.try_add(job.id, job.attempts)
+
     def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """The fenced completion in the handler's own transaction, committed with its writes.
 

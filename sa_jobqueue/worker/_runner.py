@@ -15,7 +15,7 @@ import inspect
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Coroutine
 from queue import Empty
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,12 +29,19 @@ from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
-from ._event_loop import EventLoopThread, supervised
+from ._event_loop import EventLoopThread
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
-from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
+from ._sessions import (
+    GroupSession,
+    HandlerSession,
+    aborted,
+    decode,
+    handler_session,
+    pending_writes,
+)
 from ._settlement import ABANDON, Complete, settle, shutting_down
 
 if TYPE_CHECKING:
@@ -90,13 +97,21 @@ class Runner:
             # Straight to the event loop: an async handler needs no thread, so it starts even
             # while every thread is busy.
             self._leases.take(ticket)
-            pending = self._execute(job, ThreadState(lane))
-            if pending is None:
+            attempt = self._execute(job, ThreadState(lane))
+            if attempt is None:
                 self._finished(ticket)
             else:
-                pending.add_done_callback(lambda _: self._finished(ticket))
+                assert self._loop is not None
+                self._loop.start_soon(self._on_loop(attempt, ticket))
             return
         lane.put(ticket)
+
+    async def _on_loop(self, attempt: Coroutine[Any, Any, None], ticket: Ticket) -> None:
+        """An async handler's attempt, on the event loop; its slot is free once it is over."""
+        try:
+            await attempt
+        finally:
+            self._finished(ticket)
 
     def _finished(self, ticket: Ticket) -> None:
         if self._leases.let_go(ticket):
@@ -127,7 +142,7 @@ class Runner:
             finally:
                 self._finished(ticket)
 
-    def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
+    def _execute(self, job: Claimed, here: ThreadState) -> Coroutine[Any, Any, None] | None:
         try:
             return self._execute_fenced(job, here)
         except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
@@ -141,8 +156,8 @@ class Runner:
             log.exception("job %d: internal error while running it", job.id)
         return None
 
-    def _execute_fenced(self, job: Claimed, here: ThreadState) -> Future[None] | None:
-        """Run one attempt; for an async handler, start it and return its future."""
+    def _execute_fenced(self, job: Claimed, here: ThreadState) -> Coroutine[Any, Any, None] | None:
+        """Run one attempt; for an async handler, return it, to run on the event loop."""
         try:
             task = self._queue.get_task(job.task)
         except UnknownTaskError as exc:
@@ -188,8 +203,7 @@ class Runner:
         )
         run = job.run() if self._observe else None
         if is_async:
-            assert self._loop is not None
-            return self._loop.submit(self._run_async(job, task, payload, ctx, run, here.lane))
+            return self._run_async(job, task, payload, ctx, run, here.lane)
         self._starting(job, task, ctx, run)
         failure: Exception | None = None
         started = time.monotonic()
@@ -330,8 +344,10 @@ class Runner:
         """An async handler's attempt, on the event loop: up to the lane's concurrency at once.
 
         Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
-        one job's database round trip never stalls the other handlers on the loop.
+        one job's database round trip never stalls the other handlers on the loop; a success
+        with nothing to commit joins the next batch of completions from the loop itself.
         """
+        assert self._loop is not None
         try:
             async with lane.async_slots():
                 if self._stopping.is_set():
@@ -349,8 +365,8 @@ class Runner:
                     ):
                         if task.payload_codec is not None:
                             payload = task.payload_codec.rebuild(payload)  # as for a sync one
-                        value = await supervised(self._ahandler(task)(ctx, payload), ctx)
-                        if ctx.async_session_used:
+                        value = await self._loop.supervised(self._ahandler(task)(ctx, payload), ctx)
+                        if ctx.async_session_used and pending_writes(ctx.async_session):
                             await ctx.async_session.flush()
                     self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
                 except Exception as exc:
@@ -358,7 +374,9 @@ class Runner:
                 self._ran(job, run, time.monotonic() - started)
                 await self._settle_async(job, task, ctx, failure)
         except (SQLAlchemyError, psycopg.Error) as exc:
-            self._recorder.unrecorded([job], exc)
+            # A statement of its own, off the loop (like recording any other outcome).
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._recorder.unrecorded, [job], exc)
         except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
             log.exception("job %d: internal error while running it", job.id)
 
@@ -367,8 +385,8 @@ class Runner:
     ) -> None:
         loop = asyncio.get_running_loop()
         session = ctx.async_session if ctx.async_session_used else None
-        if session is None or ctx.session_used:
-            # No async session, or a sync one beside it: settle as a sync handler's job, on a
+        if ctx.session_used:
+            # A sync session (beside an async one or not): settle as a sync handler's job, on a
             # thread of the loop's pool (a sync session blocks).
             if session is not None:
                 await session.rollback()
@@ -376,17 +394,23 @@ class Runner:
             both = session is not None
             await loop.run_in_executor(None, self._settle_alone, job, task, ctx, failure, both)
             return
-        verdict = settle(failure, wrote=session.in_transaction(), shutting_down=shutting_down(ctx))
-        try:
-            if isinstance(verdict, Complete):
-                if verdict.batched:
-                    self._recorder.record(job, verdict, task)
-                    return
-                # The fenced completion in the handler's own transaction, as for a sync one.
-                if await self._recorder.complete_in_async(session, job):
-                    return
-                verdict = ABANDON
-            await session.rollback()
-        finally:
-            await session.close()
+        wrote = session is not None and session.in_transaction()
+        verdict = settle(failure, wrote=wrote, shutting_down=shutting_down(ctx))
+        if session is not None:
+            try:
+                if isinstance(verdict, Complete) and not verdict.batched:
+                    # The fenced completion in the handler's own transaction, as for a sync
+                    # one.
+                    if await self._recorder.complete_in_async(session, job):
+                        return
+                    verdict = ABANDON
+            finally:
+                # Closing rolls back what was not committed: a failed handler's writes, a
+                # stale attempt's, or a transaction that only read.
+                await session.close()
+        # The session's connection is back in its pool before the outcome is recorded, as
+        # for a sync handler. A success joins the next batch from here: no statement to wait
+        # for (unless the batches are held back: see try_batch).
+        if isinstance(verdict, Complete) and self._recorder.try_batch(job):
+            return
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)
