@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
+import logging
 import threading
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
@@ -16,6 +18,8 @@ from ..tasks import JobContext
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+log = logging.getLogger("sa_jobqueue.worker")
 
 #: How often an async handler's stop flag is checked (seconds).
 ASYNC_STOP_CHECK = 0.05
@@ -30,15 +34,57 @@ class AttemptStopped(Exception):
 AttemptStopped.__module__ = "sa_jobqueue.execution"
 
 
+class Slots:
+    """Runs coroutines on the event loop, at most ``size`` at once, in the order they came.
+
+    Each runs in one of up to ``size`` tasks, which takes the next waiting coroutine as soon
+    as its own ends, in the same step of the loop: no task is made, and none woken, for each
+    coroutine (a semaphore would wake a waiting task for each, a step later, and each such
+    step of the loop may hand the GIL to another thread). A task ends once nothing waits.
+    Made and used on the loop's thread only (see :meth:`EventLoopThread.start_soon`).
+    """
+
+    __slots__ = ("_running", "_spawn", "_waiting", "size")
+
+    def __init__(self, size: int, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.size = size
+        self._spawn = spawn
+        self._waiting: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
+        self._running = 0
+
+    def add(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` once fewer than ``size`` others run."""
+        self._waiting.append(coroutine)
+        if self._running < self.size:
+            self._running += 1
+            self._spawn(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                try:
+                    await self._waiting.popleft()
+                except Exception:  # pragma: no cover - a bug of ours; the others still run
+                    log.exception("an async job's attempt failed unexpectedly")
+        finally:
+            self._running -= 1
+
+    def close(self) -> None:
+        """Close the coroutines still waiting (after the loop stopped): never started."""
+        while self._waiting:
+            self._waiting.popleft().close()
+
+
 class EventLoopThread:
     """The worker's event loop, on a thread of its own, where ``async def`` handlers run.
 
     Made only for a queue with async handlers. Their sessions come from an async engine on
     the worker's database URL, made on first use; :meth:`close` disposes of it.
 
-    What a job costs the loop is one task: coroutines started from other threads wake the
-    loop once for as many as arrive before it wakes (:meth:`start_soon`), and one watch on a
-    timer, not one per handler, cancels the handlers that should stop (:meth:`supervised`).
+    What a job costs the loop is no task of its own: coroutines started from other threads
+    wake the loop once for as many as arrive before it wakes (:meth:`start_soon`), run in
+    long-lived tasks, a set of :class:`Slots` each, and one watch on a timer, not one per
+    handler, cancels the handlers that should stop (:meth:`supervised`).
     """
 
     def __init__(self, url: URL, pool_size: int, pooler: Pooler = "session") -> None:
@@ -48,7 +94,8 @@ class EventLoopThread:
         self._engine: AsyncEngine | None = None
         # Coroutines on their way to the loop, and whether the loop has been woken for them.
         self._incoming_lock = threading.Lock()
-        self._incoming: list[Coroutine[Any, Any, None]] = []
+        self._incoming: list[tuple[Coroutine[Any, Any, None], Slots]] = []
+        self._slots: list[Slots] = []
         # The loop's own (touched on its thread only): the tasks it runs, which asyncio holds
         # only weakly; the handlers watched, and those cancelled by the watch.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -84,16 +131,22 @@ class EventLoopThread:
             )
         return self._engine
 
-    def start_soon(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run a coroutine on the loop, from any thread; nothing says when it is done (the
-        coroutine says so itself).
+    def slots(self, size: int) -> Slots:
+        """A set of ``size`` slots to start coroutines in (see :meth:`start_soon`)."""
+        slots = Slots(size, self._spawn)
+        self._slots.append(slots)
+        return slots
+
+    def start_soon(self, coroutine: Coroutine[Any, Any, None], slots: Slots) -> None:
+        """Run a coroutine on the loop in one of ``slots``, from any thread; nothing says when
+        it is done (the coroutine says so itself).
 
         The first of a burst wakes the loop (a write to its self-pipe, taken by the loop in
         turn); those that arrive before the loop has woken join it, so a claim of many jobs
         costs the claim loop and the event loop one hand-off, not one per job.
         """
         with self._incoming_lock:
-            self._incoming.append(coroutine)
+            self._incoming.append((coroutine, slots))
             first = len(self._incoming) == 1
         if first:
             self.loop.call_soon_threadsafe(self._start_incoming)
@@ -101,10 +154,13 @@ class EventLoopThread:
     def _start_incoming(self) -> None:
         with self._incoming_lock:
             incoming, self._incoming = self._incoming, []
-        for coroutine in incoming:
-            task = self.loop.create_task(coroutine)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        for coroutine, slots in incoming:
+            slots.add(coroutine)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coroutine)
+        self._tasks.add(task)  # asyncio keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
 
     async def supervised(self, coroutine: Awaitable[object], ctx: JobContext) -> object:
         """Await an ``async def`` handler's coroutine in the calling task, cancelling it once
@@ -162,7 +218,12 @@ class EventLoopThread:
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
-        with self._incoming_lock:  # never started: closed, so no warning says never awaited
+        if self._thread.is_alive():
+            return
+        # Never started: closed, so that no warning says they were never awaited.
+        with self._incoming_lock:
             incoming, self._incoming = self._incoming, []
-        for coroutine in incoming:
+        for coroutine, _ in incoming:
             coroutine.close()
+        for slots in self._slots:
+            slots.close()

@@ -29,7 +29,7 @@ from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
-from ._event_loop import EventLoopThread
+from ._event_loop import EventLoopThread, Slots
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
@@ -88,6 +88,7 @@ class Runner:
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
+        self._async_slots: dict[Lane, Slots] = {}
         intake.attach(self.submit)  # the port the recorder's hand-off submits through
 
     def submit(self, lane: Lane, job: Claimed) -> None:
@@ -102,7 +103,10 @@ class Runner:
                 self._finished(ticket)
             else:
                 assert self._loop is not None
-                self._loop.start_soon(self._on_loop(attempt, ticket))
+                slots = self._async_slots.get(lane)
+                if slots is None:  # up to the lane's concurrency of its async jobs at once
+                    slots = self._async_slots.setdefault(lane, self._loop.slots(lane.concurrency))
+                self._loop.start_soon(self._on_loop(attempt, ticket), slots)
             return
         lane.put(ticket)
 
@@ -203,7 +207,7 @@ class Runner:
         )
         run = job.run() if self._observe else None
         if is_async:
-            return self._run_async(job, task, payload, ctx, run, here.lane)
+            return self._run_async(job, task, payload, ctx, run)
         self._starting(job, task, ctx, run)
         failure: Exception | None = None
         started = time.monotonic()
@@ -339,9 +343,9 @@ class Runner:
         payload: Any,
         ctx: JobContext,
         run: JobRun | None,
-        lane: Lane,
     ) -> None:
-        """An async handler's attempt, on the event loop: up to the lane's concurrency at once.
+        """An async handler's attempt, on the event loop, in one of its lane's slots (up to
+        the lane's concurrency at once).
 
         Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
         one job's database round trip never stalls the other handlers on the loop; a success
@@ -349,30 +353,27 @@ class Runner:
         """
         assert self._loop is not None
         try:
-            async with lane.async_slots():
-                if self._stopping.is_set():
-                    # Shutting down before it could start: back to the queue uncounted, as
-                    # a buffered sync job is.
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
-                    return
-                self._starting(job, task, ctx, run)
-                failure: Exception | None = None
-                started = time.monotonic()
-                try:
-                    with (
-                        self._observe.running(run) if run is not None else contextlib.nullcontext()
-                    ):
-                        if task.payload_codec is not None:
-                            payload = task.payload_codec.rebuild(payload)  # as for a sync one
-                        value = await self._loop.supervised(self._ahandler(task)(ctx, payload), ctx)
-                        if ctx.async_session_used and pending_writes(ctx.async_session):
-                            await ctx.async_session.flush()
-                    self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
-                except Exception as exc:
-                    failure = exc
-                self._ran(job, run, time.monotonic() - started)
-                await self._settle_async(job, task, ctx, failure)
+            if self._stopping.is_set():
+                # Shutting down before it could start: back to the queue uncounted, as
+                # a buffered sync job is.
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
+                return
+            self._starting(job, task, ctx, run)
+            failure: Exception | None = None
+            started = time.monotonic()
+            try:
+                with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                    if task.payload_codec is not None:
+                        payload = task.payload_codec.rebuild(payload)  # as for a sync one
+                    value = await self._loop.supervised(self._ahandler(task)(ctx, payload), ctx)
+                    if ctx.async_session_used and pending_writes(ctx.async_session):
+                        await ctx.async_session.flush()
+                self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
+            except Exception as exc:
+                failure = exc
+            self._ran(job, run, time.monotonic() - started)
+            await self._settle_async(job, task, ctx, failure)
         except (SQLAlchemyError, psycopg.Error) as exc:
             # A statement of its own, off the loop (like recording any other outcome).
             loop = asyncio.get_running_loop()

@@ -42,7 +42,7 @@ def run(loop: EventLoopThread, body: Callable[[], Coroutine[Any, Any, object]]) 
         finally:
             done.set()
 
-    loop.start_soon(job())
+    loop.start_soon(job(), loop.slots(1))
     assert done.wait(10)
     return outcome[0]
 
@@ -51,6 +51,7 @@ def test_coroutines_started_from_many_threads_all_run_once(loop: EventLoopThread
     ran: list[int] = []
     all_ran = threading.Event()
     total = 4 * 250
+    slots = loop.slots(16)
 
     async def job(n: int) -> None:
         ran.append(n)
@@ -59,7 +60,7 @@ def test_coroutines_started_from_many_threads_all_run_once(loop: EventLoopThread
 
     def starter(first: int) -> None:
         for n in range(first, first + 250):
-            loop.start_soon(job(n))
+            loop.start_soon(job(n), slots)
 
     threads = [threading.Thread(target=starter, args=(i * 250,)) for i in range(4)]
     for thread in threads:
@@ -68,6 +69,32 @@ def test_coroutines_started_from_many_threads_all_run_once(loop: EventLoopThread
         thread.join()
     assert all_ran.wait(10)
     assert sorted(ran) == list(range(total))
+
+
+def test_slots_run_at_most_their_size_at_once_in_the_order_started(
+    loop: EventLoopThread,
+) -> None:
+    slots = loop.slots(3)
+    started: list[int] = []
+    running = 0
+    most = 0
+    all_done = threading.Event()
+
+    async def job(n: int) -> None:
+        nonlocal running, most
+        started.append(n)
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.001)
+        running -= 1
+        if len(started) == 20 and running == 0:
+            all_done.set()
+
+    for n in range(20):
+        loop.start_soon(job(n), slots)
+    assert all_done.wait(10)
+    assert started == list(range(20))
+    assert most == 3
 
 
 def test_a_handler_told_to_stop_is_cancelled_at_its_next_await(loop: EventLoopThread) -> None:
