@@ -216,10 +216,9 @@ class EventLoopThread:
                 asyncio.run_coroutine_threadsafe(self._engine.dispose(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
         if self._thread.is_alive():
             return
+        self.loop.close()
         # Never started: closed, so that no warning says they were never awaited.
         with self._incoming_lock:
             incoming, self._incoming = self._incoming, []

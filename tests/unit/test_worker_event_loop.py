@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 from sa_jobqueue import JobContext
-from sa_jobqueue.worker._event_loop import AttemptStopped, EventLoopThread
+from sa_jobqueue.worker._event_loop import AttemptStopped, EventLoopThread, Slots
 
 
 @pytest.fixture
@@ -182,3 +182,20 @@ def test_a_handler_that_is_not_told_to_stop_runs_to_its_end(loop: EventLoopThrea
         return await loop.supervised(handler(), context())
 
     assert run(loop, body) == 7
+
+
+def test_slots_close_the_coroutines_that_never_started() -> None:
+    spawned: list[Coroutine[Any, Any, None]] = []
+    slots = Slots(1, spawned.append)  # a loop that never runs what it is given
+
+    async def job() -> None:  # pragma: no cover - never runs
+        pass
+
+    waiting = [job(), job()]
+    for coroutine in waiting:
+        slots.add(coroutine)
+    assert len(spawned) == 1  # one slot: one task for both
+    spawned[0].close()
+    slots.close()
+    # Closed: no warning at collection that they were never awaited.
+    assert [c.cr_frame for c in waiting] == [None, None]
