@@ -68,8 +68,19 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     # procrastinate is left out: at about 200 jobs/s its drains of 20,000 are all cut at the
     # time cap, and with its million-job preload they took four of the scenario's six minutes.
     "backlog": ("sa_jobqueue", "pgqueuer_b100", "reference"),
+    # sa_jobqueue's async def handlers beside the same handlers written sync: no peer.
+    "async": ("sa_jobqueue",),
 }
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
+#: Scenarios run only when named with --scenarios (not part of a full run).
+OPT_IN_SCENARIOS = ("async",)
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in OPT_IN_SCENARIOS)
+#: The async scenario's pairs: (measure, sync kind, async kind), each the same handler.
+ASYNC_PAIRS = (
+    ("noop", "noop", "noop_async"),
+    ("write", "write", "write_async"),
+    ("1ms", "sleep_1ms", "sleep_1ms_async"),
+)
 #: Systems run only when named with --systems (the configuration earlier runs used).
 OPT_IN = ("pgqueuer_psycopg",)
 DEFAULT_SYSTEMS = tuple(k for k in SYSTEMS if k not in OPT_IN)
@@ -86,7 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of minutes")
     p.add_argument("--repeat", type=int, help="repetitions per measurement (default 3; quick 1)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
+    p.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                   help="comma-separated subset (opt-in:"
+                   f" {', '.join(OPT_IN_SCENARIOS)})")  # fmt: skip
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated subset (opt-in: {', '.join(OPT_IN)})")  # fmt: skip
     p.add_argument("--single", type=int, help="single-row enqueues (default 2000)")
@@ -120,6 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    " figures; refused unless this is a full run")  # fmt: skip
     p.add_argument("--sa-concurrency", type=int, default=10,
                    help="sa_jobqueue worker --concurrency (default 10: the CLI's)")  # fmt: skip
+    p.add_argument("--async-concurrency", type=int, default=16,
+                   help="--concurrency in the async scenario (default 16)")  # fmt: skip
     args = p.parse_args(argv)
     quick = args.quick
     defaults = {
@@ -451,6 +466,27 @@ def scenario_backlog(run: Run, row: Row, dsn: str) -> None:
                 return
 
 
+def scenario_async(run: Run, row: Row, dsn: str) -> None:
+    # One worker process, --async-concurrency handlers at once, each pair's sync and async
+    # drains one after the other, the pairs in turn in each repetition: a change of the
+    # machine's load over the run falls on both sides of each pair alike.
+    system = row.system
+    usual = system.concurrency  # type: ignore[attr-defined]
+    system.concurrency = run.args.async_concurrency  # type: ignore[attr-defined]
+    try:
+        for _ in range(run.args.repeat):
+            for measure, sync_kind, async_kind in ASYNC_PAIRS:
+                for side, kind in (("sync", sync_kind), ("async", async_kind)):
+                    result = harness.drain(
+                        system, dsn, run.args.drain, kind=kind, cap=run.args.max_drain_seconds
+                    )
+                    run.record_drain(row, f"{measure} {side}", result)
+                    if result.error is not None:
+                        return
+    finally:
+        system.concurrency = usual  # type: ignore[attr-defined]
+
+
 SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "enqueue": scenario_enqueue,
     "bulk": scenario_bulk,
@@ -460,6 +496,7 @@ SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "history": scenario_history,
     "pinned": scenario_pinned,
     "backlog": scenario_backlog,
+    "async": scenario_async,
 }
 
 
@@ -476,6 +513,7 @@ def describe_sizes(args: argparse.Namespace) -> dict[str, str]:
         "pinned": f"({args.pinned:,} jobs, {args.procs} processes, {r})",
         "backlog": f"({args.backlog_drain:,} jobs out of each larger backlog, {args.procs}"
         " processes, one run each; a smaller one drained whole, median of up to 5)",
+        "async": f"({args.drain:,} jobs, 1 process, --concurrency {args.async_concurrency}, {r})",
     }
 
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from bench import cpu
-from bench.adapters.base import Kind, System
+from bench.adapters.base import WRITING, Kind, System
 from bench.record import RECORD_DIR_ENV, Records, Tail
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -373,7 +373,7 @@ def drain(
         result.finished = len(finished)
         result.duplicates = sum(c - 1 for k, c in records.runs.items() if c > 1 and 0 <= k < jobs)
         result.missing = len(finished - ran)
-        if kind == "write":
+        if kind in WRITING:
             counts = dict(
                 watch.execute(
                     "SELECT n, count(*) FROM bench_results WHERE n >= 0 GROUP BY n"

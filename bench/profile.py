@@ -1,6 +1,6 @@
 """What one job costs the worker: CPU per job and the statements each job sends.
 
-    bench/.venv/bin/python bench/profile.py [--jobs N] [--concurrency C] [--handler write|noop]
+    bench/.venv/bin/python bench/profile.py [--jobs N] [--concurrency C] [--handler KIND]
 
 Uses $DATABASE_URL's server (a database ``bench_profile`` is created and dropped). Enqueues the
 jobs in bulk, drains them with one in-process ``Worker`` (run as a deployed worker runs, not in
@@ -9,12 +9,15 @@ prints the drain's
 rate, the process's CPU time per job (user + system, from getrusage: the worker's whole cost on
 the client side, its threads together) and how many statements of each kind the worker sent
 per job. The ``write`` handler inserts one row through ``ctx.session``, the exactly-once path;
-``noop`` does nothing. Run it under ``py-spy record --gil`` to see where the CPU goes.
+``noop`` does nothing; ``sleep_1ms`` waits a millisecond. Each has an ``async def`` twin
+(``write_async`` writes through ``ctx.async_session``), run on the worker's event loop. Run it
+under ``py-spy record --gil`` to see where the CPU goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import os
 import resource
@@ -65,6 +68,18 @@ class Statements:
             return execute(cursor, query, *args, **kwargs)
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+        aexecute = psycopg.AsyncCursor.execute
+
+        async def counted_aexecute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(query, sql.Composable):
+                query = query.as_string(cursor.connection)
+            elif isinstance(query, bytes):
+                query = query.decode()
+            words = str(query).split()
+            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            return await aexecute(cursor, query, *args, **kwargs)
+
+        psycopg.AsyncCursor.execute = counted_aexecute  # type: ignore[method-assign]
         for name in ("commit", "rollback"):
             self._wrap(name)
 
@@ -82,13 +97,23 @@ class Statements:
             return method(connection)
 
         setattr(psycopg.Connection, name, counted)
+        amethod = getattr(psycopg.AsyncConnection, name)
+
+        async def acounted(connection: Any) -> Any:
+            self._add(name.upper())
+            return await amethod(connection)
+
+        setattr(psycopg.AsyncConnection, name, acounted)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--handler", choices=("write", "noop"), default="write")
+    kinds = ("write", "noop", "sleep_1ms")
+    parser.add_argument(
+        "--handler", choices=(*kinds, *(f"{k}_async" for k in kinds)), default="write"
+    )
     args = parser.parse_args()
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     dsn = harness.recreate_database(admin, "bench_profile")
@@ -103,13 +128,29 @@ def main() -> int:
             conn.exec_driver_sql("CREATE TABLE profile_results (job_id bigint PRIMARY KEY, n int)")
         queue = JobQueue()
 
-        @queue.task
         def write(ctx: JobContext, payload: dict[str, int]) -> None:
             ctx.session.execute(sa.insert(RESULTS).values(job_id=ctx.job_id, n=payload["n"]))
 
-        @queue.task
         def noop(ctx: JobContext, payload: dict[str, int]) -> None:
             pass
+
+        def sleep_1ms(ctx: JobContext, payload: dict[str, int]) -> None:
+            time.sleep(0.001)
+
+        async def write_async(ctx: JobContext, payload: dict[str, int]) -> None:
+            values = {"job_id": ctx.job_id, "n": payload["n"]}
+            await ctx.async_session.execute(sa.insert(RESULTS).values(**values))
+
+        async def noop_async(ctx: JobContext, payload: dict[str, int]) -> None:
+            pass
+
+        async def sleep_1ms_async(ctx: JobContext, payload: dict[str, int]) -> None:
+            await asyncio.sleep(0.001)
+
+        # Only the handler profiled: a queue with an async handler runs an event loop beside
+        # its threads, and each kind gets a lane's room.
+        handlers = (write, noop, sleep_1ms, write_async, noop_async, sleep_1ms_async)
+        queue.task({h.__name__: h for h in handlers}[args.handler])
 
         with Session(engine) as session, session.begin():
             queue.enqueue_many(session, args.handler, [{"n": n} for n in range(args.jobs)])

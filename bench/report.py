@@ -15,7 +15,7 @@ from typing import Any
 Document = dict[str, Any]
 
 #: Scenarios whose rows are drains: one line per measure, with CPU per job.
-DRAINS = ("drain", "write", "history", "pinned", "backlog")
+DRAINS = ("drain", "write", "history", "pinned", "backlog", "async")
 
 TITLES = {
     "enqueue": "1. single-row enqueue, one commit each",
@@ -26,6 +26,7 @@ TITLES = {
     "history": "6. drain with finished history in the table",
     "pinned": "7. sustained drain while a REPEATABLE READ snapshot is held open",
     "backlog": "8. drain out of a backlog of queued jobs, by backlog size",
+    "async": "async def handlers next to the same handlers written sync (opt-in)",
 }
 
 FOOTNOTES = {
@@ -53,6 +54,11 @@ FOOTNOTES = {
     " pgqueuer_log rows). 'change' = rate with history / rate on the empty table - 1.",
     "pinned": "'slowdown' = no-snapshot rate / pinned rate. The snapshot is taken after the"
     " jobs are loaded and held until the drain ends: no dead row version can be vacuumed.",
+    "async": "sa_jobqueue alone. noop: the handler records itself; write: it also inserts"
+    " one row through ctx.session (sync) or ctx.async_session (async), committed with the"
+    " job's completion; 1ms: it waits a millisecond, time.sleep(0.001) on its thread (sync)"
+    " or await asyncio.sleep(0.001) on the event loop (async). The async handlers are a"
+    " JobQueue of their own (bench.async_tasks). 'vs sync' = async rate / sync rate.",
     "backlog": "Each size: a fresh table, the backlog enqueued in one bulk call, ANALYZE, then"
     " the workers drain it whole if it holds no more than --backlog-drain jobs, else are"
     " stopped once that many have started and the jobs finished by then count. 'PG change' ="
@@ -96,6 +102,12 @@ def measures(name: str, options: dict[str, Any]) -> list[Measure]:
         return [Measure("free", "no snapshot"), Measure("pinned", "pinned")]
     if name == "backlog":
         return [Measure(backlog_key(b), f"{b:,} queued") for b in options["backlog"]]
+    if name == "async":
+        return [
+            Measure(f"{handler} {side}", f"{handler}, {side}")
+            for handler in ("noop", "write", "1ms")
+            for side in ("sync", "async")
+        ]
     raise KeyError(name)
 
 
@@ -176,8 +188,13 @@ def render_scenario(name: str, document: Document) -> str:
     if name in DRAINS:
         header = ["system", "run", "jobs/s", "vs best peer", "vs loop", "worker us/job",
                   "PG us/job", "RSS MiB", "verified"]  # fmt: skip
-        if name in ("history", "pinned", "backlog"):
-            header.insert(-1, {"history": "change", "pinned": "slowdown"}.get(name, "PG change"))
+        if name in ("history", "pinned", "backlog", "async"):
+            header.insert(
+                -1,
+                {"history": "change", "pinned": "slowdown", "async": "vs sync"}.get(
+                    name, "PG change"
+                ),
+            )
         for row in rows:
             label = labels[row["system"]]
             if row.get("error"):
@@ -202,6 +219,13 @@ def render_scenario(name: str, document: Document) -> str:
                     if i > 0 and first and not math.isnan(first + this):
                         change = f"{(this / first - 1) * 100:+.0f}%"
                     cells.append(change)
+                elif name == "async":
+                    ratio = None
+                    if m.key.endswith(" async"):
+                        sync = _value(row, m.key.removesuffix(" async") + " sync")
+                        this = _value(row, m.key)
+                        ratio = this / sync if sync and not math.isnan(sync + this) else None
+                    cells.append(fmt(ratio, "x"))
                 elif name in ("history", "pinned"):
                     first, this = _value(row, ms[0].key), _value(row, m.key)
                     change = "-"

@@ -30,3 +30,10 @@ def sleep(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Waits ``payload["ms"]`` milliseconds, as a job calling a remote service would."""
     record(payload["n"])
     time.sleep(payload["ms"] / 1000)
+
+
+@queue.task
+def sleep_1ms(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Waits a millisecond, blocking its thread: the twin of ``bench.async_tasks``'s."""
+    record(payload["n"])
+    time.sleep(0.001)

@@ -5,10 +5,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from bench.adapters.base import Kind, Producer, System, chunks, install_results_table
+
+if TYPE_CHECKING:
+    from sa_jobqueue import JobQueue
+
+
+def _app(kind: Kind) -> tuple[str, JobQueue]:
+    """The worker's application for a kind of handler, and its JobQueue: ``bench.tasks``, or
+    for the ``async def`` handlers ``bench.async_tasks`` (a queue of their own: see there)."""
+    if kind.endswith("_async"):
+        from bench.async_tasks import queue as async_queue
+
+        return "bench.async_tasks:queue", async_queue
+    from bench.tasks import queue
+
+    return "bench.tasks:queue", queue
 
 
 class SaJobqueue(System):
@@ -45,9 +61,9 @@ class SaJobqueue(System):
 
     @contextmanager
     def producer(self, dsn: str, kind: Kind) -> Iterator[Producer]:
-        from bench.tasks import queue
         from sa_jobqueue.database import create_engine
 
+        _, queue = _app(kind)
         engine = create_engine(dsn)
         task = queue.get_task(kind)
 
@@ -63,9 +79,9 @@ class SaJobqueue(System):
     def enqueue_bulk(
         self, dsn: str, keys: Sequence[int], kind: Kind, batch: int | None = None
     ) -> None:
-        from bench.tasks import queue
         from sa_jobqueue.database import create_engine
 
+        _, queue = _app(kind)
         engine = create_engine(dsn)
         try:
             with Session(engine) as session:
@@ -83,7 +99,7 @@ class SaJobqueue(System):
             "--log-level",
             "WARNING",
             "worker",
-            "bench.tasks:queue",
+            _app(kind)[0],
             "--concurrency",
             str(self.concurrency),
         ]

@@ -97,6 +97,25 @@ class Completer:
             self._in_flight += 1
         self._pending.put((job_id, attempt))
 
+    def try_add(self, job_id: int, attempt: int) -> bool:
+        """:meth:`add` if it would not block; False (nothing queued) if it would: a failed
+        batch is being retried, or MAX_PENDING completions are waiting.
+
+        The check of the retry and the queueing are not one step: a batch that fails just
+        then may get one more completion, as :meth:`add` would have given it.
+        """
+        if not self._flowing.is_set():
+            return False
+        with self._lock:
+            self._in_flight += 1
+        try:
+            self._pending.put_nowait((job_id, attempt))
+        except queue.Full:
+            with self._lock:
+                self._in_flight -= 1
+            return False
+        return True
+
     def pending(self) -> bool:
         """Whether completions were added that are not written yet: a burst worker does not
         stop on them, since writing one may make more work due (a job that waited for it)."""

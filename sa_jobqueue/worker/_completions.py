@@ -15,10 +15,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import Connection, CursorResult, Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from .._binds import transient
 from .._deadlines import StopClock
@@ -156,6 +157,12 @@ class Completions:
         else:
             self._completer.add(job.id, job.attempts)
 
+    def try_batch(self, job: Claimed) -> bool:
+        """:meth:`batch` if it would not wait; False (nothing queued) if it would: the job
+        holds a slot of a queue's cap (its completion is waited for), or the batches are held
+        back (see ``Completer.try_add``)."""
+        return not job.holds_slot and self._completer.try_add(job.id, job.attempts)
+
     def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """The fenced completion in the handler's own transaction, committed with its writes.
 
@@ -176,10 +183,17 @@ class Completions:
     async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
         """:meth:`complete_in`, for an async handler's session."""
         params = {"job_id": job.id, "attempt": job.attempts, "result": self._result(job)}
-        result = await session.execute(transitions.complete(), params)
-        if cast(CursorResult[Any], result).rowcount != 1:
+
+        def complete(sync: Session) -> bool:
+            # The statement and the commit in one pass on the session's sync side: one hop
+            # into SQLAlchemy's greenlet, not one each.
+            done = sync.connection().execute(transitions.complete(), params).rowcount == 1
+            if done:
+                cast(HandlerSession, sync).commit_for_real()
+            return done
+
+        if not await session.run_sync(complete):
             return False
-        await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
         self._reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
         return True
 

@@ -3,7 +3,6 @@ which queues a worker serves by default, and which of them no task declares."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterable
 from queue import SimpleQueue
@@ -63,8 +62,6 @@ class Lane:
         self._held = 0  # claimed and not finished
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
         self._ready: SimpleQueue[Ticket | None] = SimpleQueue()
-        # How many of the lane's async handlers run at once (made on the event loop).
-        self._async_slots: asyncio.Semaphore | None = None
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -191,13 +188,6 @@ class Lane:
         """Tell each of the lane's threads to finish once the jobs ahead of it are taken."""
         for _ in range(self.concurrency):
             self._ready.put(None)
-
-    def async_slots(self) -> asyncio.Semaphore:
-        """Up to the lane's concurrency of its async handlers at once (call on the event loop,
-        which the semaphore is made on)."""
-        if self._async_slots is None:
-            self._async_slots = asyncio.Semaphore(self.concurrency)
-        return self._async_slots
 
 
 class Intake:

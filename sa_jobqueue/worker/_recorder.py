@@ -117,6 +117,16 @@ class Recorder:
         else:
             self._control_flow(job, verdict)
 
+    def try_batch(self, job: Claimed) -> bool:
+        """Queue an attempt's completion for the next batch if that needs no waiting (see
+        :meth:`Completions.try_batch`); False if it would wait: :meth:`record` it then, on a
+        thread that may block.
+
+        For the event loop, where a wait would stall every other handler: recording a
+        success this way touches no connection and takes no lock held across I/O.
+        """
+        return self._completions.try_batch(job)
+
     # -- success: see Completions -----------------------------------------------------------
 
     def complete_in(self, session: HandlerSession, job: Claimed) -> bool:

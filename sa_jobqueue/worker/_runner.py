@@ -15,7 +15,7 @@ import inspect
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Coroutine
 from queue import Empty
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,13 +29,20 @@ from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
-from ._event_loop import EventLoopThread, supervised
+from ._event_loop import EventLoopThread, Slots
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._isolation import Isolation, child_session
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
-from ._sessions import GroupSession, HandlerSession, aborted, decode, handler_session
+from ._sessions import (
+    GroupSession,
+    HandlerSession,
+    aborted,
+    decode,
+    handler_session,
+    pending_writes,
+)
 from ._settlement import ABANDON, Complete, settle, shutting_down
 
 if TYPE_CHECKING:
@@ -86,6 +93,7 @@ class Runner:
         self._async_tasks = {
             name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
         }
+        self._async_slots: dict[Lane, Slots] = {}
         intake.attach(self.submit)  # the port the recorder's hand-off submits through
 
     def submit(self, lane: Lane, job: Claimed) -> None:
@@ -95,13 +103,24 @@ class Runner:
             # Straight to the event loop: an async handler needs no thread, so it starts even
             # while every thread is busy.
             self._leases.take(ticket)
-            pending = self._execute(job, ThreadState(lane))
-            if pending is None:
+            attempt = self._execute(job, ThreadState(lane))
+            if attempt is None:
                 self._finished(ticket)
             else:
-                pending.add_done_callback(lambda _: self._finished(ticket))
+                assert self._loop is not None
+                slots = self._async_slots.get(lane)
+                if slots is None:  # up to the lane's concurrency of its async jobs at once
+                    slots = self._async_slots.setdefault(lane, self._loop.slots(lane.concurrency))
+                self._loop.start_soon(self._on_loop(attempt, ticket), slots)
             return
         lane.put(ticket)
+
+    async def _on_loop(self, attempt: Coroutine[Any, Any, None], ticket: Ticket) -> None:
+        """An async handler's attempt, on the event loop; its slot is free once it is over."""
+        try:
+            await attempt
+        finally:
+            self._finished(ticket)
 
     def _finished(self, ticket: Ticket) -> None:
         if self._leases.let_go(ticket):
@@ -132,7 +151,7 @@ class Runner:
             finally:
                 self._finished(ticket)
 
-    def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
+    def _execute(self, job: Claimed, here: ThreadState) -> Coroutine[Any, Any, None] | None:
         try:
             return self._execute_fenced(job, here)
         except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
@@ -146,8 +165,8 @@ class Runner:
             log.exception("job %d: internal error while running it", job.id)
         return None
 
-    def _execute_fenced(self, job: Claimed, here: ThreadState) -> Future[None] | None:
-        """Run one attempt; for an async handler, start it and return its future."""
+    def _execute_fenced(self, job: Claimed, here: ThreadState) -> Coroutine[Any, Any, None] | None:
+        """Run one attempt; for an async handler, return it, to run on the event loop."""
         try:
             task = self._queue.get_task(job.task)
         except UnknownTaskError as exc:
@@ -198,8 +217,7 @@ class Runner:
         )
         run = job.run() if self._observe else None
         if is_async:
-            assert self._loop is not None
-            return self._loop.submit(self._run_async(job, task, payload, ctx, run, here.lane))
+            return self._run_async(job, task, payload, ctx, run)
         self._starting(job, task, ctx, run)
         failure: Exception | None = None
         started = time.monotonic()
@@ -356,40 +374,41 @@ class Runner:
         payload: Any,
         ctx: JobContext,
         run: JobRun | None,
-        lane: Lane,
     ) -> None:
-        """An async handler's attempt, on the event loop: up to the lane's concurrency at once.
+        """An async handler's attempt, on the event loop, in one of its lane's slots (up to
+        the lane's concurrency at once).
 
         Sync work it cannot avoid (recording a failure) goes to the loop's thread pool, so
-        one job's database round trip never stalls the other handlers on the loop.
+        one job's database round trip never stalls the other handlers on the loop; a success
+        with nothing to commit joins the next batch of completions from the loop itself.
         """
+        assert self._loop is not None
         try:
-            async with lane.async_slots():
-                if self._stopping.is_set():
-                    # Shutting down before it could start: back to the queue uncounted, as
-                    # a buffered sync job is.
-                    loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
-                    return
-                self._starting(job, task, ctx, run)
-                failure: Exception | None = None
-                started = time.monotonic()
-                try:
-                    with (
-                        self._observe.running(run) if run is not None else contextlib.nullcontext()
-                    ):
-                        if task.payload_codec is not None:
-                            payload = task.payload_codec.rebuild(payload)  # as for a sync one
-                        value = await supervised(self._ahandler(task)(ctx, payload), ctx)
-                        if ctx.async_session_used:
-                            await ctx.async_session.flush()
-                    self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
-                except Exception as exc:
-                    failure = exc
-                self._ran(job, run, time.monotonic() - started)
-                await self._settle_async(job, task, ctx, failure)
+            if self._stopping.is_set():
+                # Shutting down before it could start: back to the queue uncounted, as
+                # a buffered sync job is.
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
+                return
+            self._starting(job, task, ctx, run)
+            failure: Exception | None = None
+            started = time.monotonic()
+            try:
+                with self._observe.running(run) if run is not None else contextlib.nullcontext():
+                    if task.payload_codec is not None:
+                        payload = task.payload_codec.rebuild(payload)  # as for a sync one
+                    value = await self._loop.supervised(self._ahandler(task)(ctx, payload), ctx)
+                    if ctx.async_session_used and pending_writes(ctx.async_session):
+                        await ctx.async_session.flush()
+                self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
+            except Exception as exc:
+                failure = exc
+            self._ran(job, run, time.monotonic() - started)
+            await self._settle_async(job, task, ctx, failure)
         except (SQLAlchemyError, psycopg.Error) as exc:
-            self._recorder.unrecorded([job], exc)
+            # A statement of its own, off the loop (like recording any other outcome).
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._recorder.unrecorded, [job], exc)
         except Exception:  # pragma: no cover - a bug of ours; keep the loop alive
             log.exception("job %d: internal error while running it", job.id)
 
@@ -398,8 +417,8 @@ class Runner:
     ) -> None:
         loop = asyncio.get_running_loop()
         session = ctx.async_session if ctx.async_session_used else None
-        if session is None or ctx.session_used:
-            # No async session, or a sync one beside it: settle as a sync handler's job, on a
+        if ctx.session_used:
+            # A sync session (beside an async one or not): settle as a sync handler's job, on a
             # thread of the loop's pool (a sync session blocks).
             if session is not None:
                 await session.rollback()
@@ -407,17 +426,23 @@ class Runner:
             both = session is not None
             await loop.run_in_executor(None, self._settle_alone, job, task, ctx, failure, both)
             return
-        verdict = settle(failure, wrote=session.in_transaction(), shutting_down=shutting_down(ctx))
-        try:
-            if isinstance(verdict, Complete):
-                if verdict.batched:
-                    self._recorder.record(job, verdict, task)
-                    return
-                # The fenced completion in the handler's own transaction, as for a sync one.
-                if await self._recorder.complete_in_async(session, job):
-                    return
-                verdict = ABANDON
-            await session.rollback()
-        finally:
-            await session.close()
+        wrote = session is not None and session.in_transaction()
+        verdict = settle(failure, wrote=wrote, shutting_down=shutting_down(ctx))
+        if session is not None:
+            try:
+                if isinstance(verdict, Complete) and not verdict.batched:
+                    # The fenced completion in the handler's own transaction, as for a sync
+                    # one.
+                    if await self._recorder.complete_in_async(session, job):
+                        return
+                    verdict = ABANDON
+            finally:
+                # Closing rolls back what was not committed: a failed handler's writes, a
+                # stale attempt's, or a transaction that only read.
+                await session.close()
+        # The session's connection is back in its pool before the outcome is recorded, as
+        # for a sync handler. A success joins the next batch from here: no statement to wait
+        # for (unless the batches are held back: see try_batch).
+        if isinstance(verdict, Complete) and self._recorder.try_batch(job):
+            return
         await loop.run_in_executor(None, self._recorder.record, job, verdict, task)

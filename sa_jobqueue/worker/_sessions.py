@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
@@ -22,6 +22,9 @@ from sqlalchemy.orm import Session, SessionTransaction
 from .._deadlines import DEADLINES, socket_of
 from .._sql import session as session_sql
 from ..errors import PayloadError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 
 class HandlerSession(Session):
@@ -194,6 +197,12 @@ def group_engine(engine: Engine) -> Engine:
     copy.__dict__.update(dialect.__dict__)
     view.dialect = copy
     return view
+
+
+def pending_writes(session: AsyncSession) -> bool:
+    """Whether flushing ``session`` would write anything: ORM objects added, changed or
+    deleted (what ``Session.flush`` looks at before it does nothing)."""
+    return bool(session.new or session.dirty or session.deleted)
 
 
 def decode(payload: str) -> Any:

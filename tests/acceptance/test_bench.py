@@ -138,6 +138,27 @@ def test_a_failed_or_broken_peer_is_never_the_best_one() -> None:
     assert math.isclose(document["scenarios"]["drain"][0]["ratios"]["1p"]["vs_best_peer"], 3.0)
 
 
+def test_the_async_scenario_is_opt_in_and_shows_each_async_rate_against_its_sync_twin() -> None:
+    from bench import bench as runner
+
+    assert "async" not in runner.parse_args([]).scenarios  # not part of a full run
+    assert not runner.is_full_run(runner.parse_args(["--scenarios", "drain,async"]))
+    medians = {"noop sync": 2_000.0, "noop async": 3_000.0, "write sync": 400.0,
+               "write async": 100.0, "1ms sync": 1_000.0, "1ms async": 1_000.0}  # fmt: skip
+    document = _document(sa_jobqueue=1.0)
+    document["scenarios"] = {
+        "async": [{"system": "sa_jobqueue", "error": None, "failures": 0, "notes": [],
+                   "medians": medians}]
+    }  # fmt: skip
+    document["sizes"] = {"async": "(3,000 jobs)"}
+    report.add_ratios(document)
+    lines = report.render_scenario("async", document).splitlines()
+    # (jobs/s, vs sync) of each line: the rate is 8th from the end, before the ratios and CPU.
+    cells = [(line.split()[-8], line.split()[-2]) for line in lines if line.endswith(" ok")]
+    assert cells == [("2,000", "-"), ("3,000", "1.50x"), ("400", "-"), ("100", "0.25x"),
+                     ("1,000", "-"), ("1,000", "1.00x")]  # fmt: skip
+
+
 def test_only_a_full_run_feeds_the_docs() -> None:
     document = _document(sa_jobqueue=1.0, pgqueuer=1.0)
     partial = copy.deepcopy(document)

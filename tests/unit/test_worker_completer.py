@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from sa_jobqueue._deadlines import StopClock
 from sa_jobqueue.worker._completer import Completer
 
@@ -168,3 +170,51 @@ def test_a_stopping_worker_retries_no_longer_than_its_clock_allows() -> None:
     completer.add(1, 1)
     assert completer.close(timeout=5) == 0  # given up within the clock's 0.3 s, not 60 s
     assert recording.unrecorded == [(1, 1)]
+
+
+def test_try_add_queues_at_once_and_refuses_while_a_failed_batch_is_retried() -> None:
+    seen = FailingFor(failures=2)
+    (first, fail_first), (second, fail_second) = seen.tries
+    completer = Completer(
+        seen.flush,
+        lambda job_id, attempt: seen.not_completed.append((job_id, attempt)),
+        seen.completed.extend,
+        seen.unrecorded.extend,
+        max_delay=0.0,
+        retry_for=10.0,
+    )
+    assert completer.try_add(1, 1)
+    assert first.wait(10)
+    fail_first.set()
+    assert second.wait(10)  # the batch is being retried
+    # Where add would wait, try_add refuses, and queues nothing.
+    assert not completer.try_add(2, 1)
+    fail_second.set()
+    completer.close()
+    assert seen.completed == [(1, 1)]
+    assert seen.not_completed == seen.unrecorded == []
+
+
+def test_try_add_refuses_once_max_pending_completions_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("sa_jobqueue.worker._completer.MAX_PENDING", 2)
+    flushing = threading.Event()
+    go_on = threading.Event()
+    flushed: list[list[Pair]] = []
+
+    def flush(batch: list[Pair]) -> set[int]:
+        flushing.set()
+        assert go_on.wait(10)
+        flushed.append(list(batch))
+        return {job_id for job_id, _ in batch}
+
+    completer = Completer(flush, lambda job_id, attempt: None, max_delay=0.0)
+    assert completer.try_add(1, 1)
+    assert flushing.wait(10)  # the first batch is out, its statement hanging
+    assert completer.try_add(2, 1)
+    assert completer.try_add(3, 1)
+    assert not completer.try_add(4, 1)  # two wait already
+    go_on.set()
+    completer.close()
+    assert sorted(pair for batch in flushed for pair in batch) == [(1, 1), (2, 1), (3, 1)]
