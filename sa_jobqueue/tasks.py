@@ -15,6 +15,8 @@ from typing_extensions import TypeVar
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from .batching import Batching
+
 from ._durations import duration_text, value_text
 from ._payload_types import PayloadCodec, codec_for
 from ._sql import dependencies as dependencies_sql
@@ -197,6 +199,9 @@ class Task(Generic[P]):
     unique_period: timedelta | None = None
     debounce: timedelta | None = None
     keep_result: bool = False
+    #: How a batch task forms its batches (``JobQueue.batch_task``); None for a task whose
+    #: handler takes one job at a time.
+    batching: Batching | None = None
     #: How typed payloads are checked and rebuilt; None for a plain JSON payload. Made from
     #: the handler's annotation (see :attr:`payload_type`).
     payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
@@ -227,7 +232,10 @@ class Task(Generic[P]):
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
-        object.__setattr__(self, "payload_codec", codec_for(self.name, self.handler))
+        if self.batching is not None:
+            self.batching.check(self.name, self.lease)
+        codec = codec_for(self.name, self.handler, batch=self.batching is not None)
+        object.__setattr__(self, "payload_codec", codec)
 
     @property
     def payload_type(self) -> type | None:

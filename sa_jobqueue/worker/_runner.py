@@ -28,6 +28,7 @@ from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
 from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
+from ._batches import Batches
 from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, supervised
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
@@ -66,6 +67,7 @@ class Runner:
         stopping: threading.Event,
         wake: threading.Event,
         intake: Intake,
+        batches: Batches | None = None,
     ) -> None:
         self._queue = queue
         self._engine = engine
@@ -78,8 +80,12 @@ class Runner:
         self._stopping = stopping
         self._wake = wake
         self._durations: dict[str, float] = {}  # task -> moving average of its run time
+        # A batch task's jobs go to a thread whatever its handler: the thread forms the batch.
+        self._batches = batches
         self._async_tasks = {
-            name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
+            name
+            for name, t in queue.tasks.items()
+            if inspect.iscoroutinefunction(t.handler) and t.batching is None
         }
         intake.attach(self.submit)  # the port the recorder's hand-off submits through
 
@@ -129,6 +135,12 @@ class Runner:
 
     def _execute(self, job: Claimed, here: ThreadState) -> Future[None] | None:
         try:
+            if self._batches is not None and job.task in self._batches.tasks:
+                # A batch runs in a transaction of its own, as a slow task does.
+                self._groups.commit(here)
+                drop_connection(here)
+                self._batches.run(job, here.lane)
+                return None
             return self._execute_fenced(job, here)
         except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
             # Most likely the connection was lost: the thread must go on serving jobs with a

@@ -23,6 +23,7 @@ from ..database import HeldConnection, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
+from ._batches import Batches
 from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._event_loop import EventLoopThread
 from ._groups import Groups
@@ -211,6 +212,17 @@ class Worker:
         loop = None
         if self._has_async:
             loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
+        batches = Batches(
+            self.queue,
+            self.engine,
+            self._single,
+            self._leases,
+            recorder,
+            worker=self.name,
+            loop=loop,
+            stopping=self._stopping,
+            wake=self._wake,
+        )
         runner = Runner(
             self.queue,
             self.engine,
@@ -221,6 +233,7 @@ class Worker:
             stopping=self._stopping,
             wake=self._wake,
             intake=intake,
+            batches=batches if batches.tasks else None,
         )
         claims = ClaimLoop(
             [
