@@ -68,6 +68,11 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     # procrastinate is left out: at about 200 jobs/s its drains of 20,000 are all cut at the
     # time cap, and with its million-job preload they took four of the scenario's six minutes.
     "backlog": ("sa_jobqueue", "pgqueuer_b100", "reference"),
+    # Handlers that take their jobs in batches and write each batch with one INSERT. No peer
+    # offers such a handler: PgQueuer's batch_size batches its dequeue and acknowledgements,
+    # but calls its handler once per job; procrastinate and Chancy have none either. The
+    # reference loop's write drain is one already (a claimed batch, one INSERT, one commit).
+    "batch-write": ("sa_jobqueue", "reference"),
 }
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
 #: Systems run only when named with --systems (the configuration earlier runs used).
@@ -390,6 +395,11 @@ def scenario_write(run: Run, row: Row, dsn: str) -> None:
         run.drain(row, dsn, f"{procs}p", run.args.drain, kind="write", procs=procs)
 
 
+def scenario_batch_write(run: Run, row: Row, dsn: str) -> None:
+    for procs in run.args.write_procs:
+        run.drain(row, dsn, f"{procs}p", run.args.drain, kind="batch_write", procs=procs)
+
+
 def scenario_latency(run: Run, row: Row, dsn: str) -> None:
     for _ in range(run.args.repeat):
         result = harness.pickup_latency(
@@ -460,6 +470,7 @@ SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "history": scenario_history,
     "pinned": scenario_pinned,
     "backlog": scenario_backlog,
+    "batch-write": scenario_batch_write,
 }
 
 
@@ -470,6 +481,7 @@ def describe_sizes(args: argparse.Namespace) -> dict[str, str]:
         "bulk": f"({args.bulk:,} jobs, {r})",
         "drain": f"({args.drain:,} jobs, {r})",
         "write": f"({args.drain:,} jobs, {r})",
+        "batch-write": f"({args.drain:,} jobs, {r})",
         "latency": f"({args.latency_jobs} jobs at {args.latency_rate:g}/s, 1 process, {r})",
         "history": f"({args.history_drain:,} jobs over {args.history:,} finished rows,"
         f" {args.procs} processes, {r})",

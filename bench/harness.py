@@ -373,7 +373,7 @@ def drain(
         result.finished = len(finished)
         result.duplicates = sum(c - 1 for k, c in records.runs.items() if c > 1 and 0 <= k < jobs)
         result.missing = len(finished - ran)
-        if kind == "write":
+        if kind in ("write", "batch_write"):
             counts = dict(
                 watch.execute(
                     "SELECT n, count(*) FROM bench_results WHERE n >= 0 GROUP BY n"

@@ -13,7 +13,10 @@ from typing import ClassVar, Literal
 import psycopg
 
 #: What a handler does besides recording itself: nothing, or write one row.
-Kind = Literal["noop", "write"]
+#: What a drain's handlers do: nothing, write one row each, or (``batch_write``) write one row
+#: per job with one multi-row INSERT per batch, where the system has batch handlers (the others
+#: run it as ``write``).
+Kind = Literal["noop", "write", "batch_write"]
 #: The table a writing handler inserts its key into (one per database).
 RESULTS_DDL = "CREATE TABLE IF NOT EXISTS bench_results (n integer NOT NULL)"
 #: The queue (or queue-like name) every system's benchmark jobs go to.
