@@ -32,7 +32,8 @@ def batch_write(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None
     ns = [job.payload["n"] for job in jobs]
     for n in ns:
         record(n)
-    ctx.session.execute(text("INSERT INTO bench_results (n) SELECT unnest(CAST(:ns AS integer[]))"), {"ns": ns})
+    insert = text("INSERT INTO bench_results (n) SELECT unnest(CAST(:ns AS integer[]))")
+    ctx.session.execute(insert, {"ns": ns})
 
 
 @queue.task
