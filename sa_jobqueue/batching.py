@@ -19,7 +19,7 @@ timed out): then the batch commits nothing and its other jobs run again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic
@@ -119,14 +119,17 @@ class BatchContext:
         *,
         task: str,
         queue: str,
+        job_ids: Iterable[int],
         members: list[JobContext],
         session: Session | Callable[[], Session],
         async_session: Callable[[], AsyncSession] | None = None,
     ) -> None:
         self.task = task
         self.queue = queue
+        # The contexts whose stop flags the worker sets (lost lease, cancellation, timeout,
+        # shutdown): one shared by all the batch's jobs, or one each.
         self._members = members
-        self._ids = {member.job_id for member in members}
+        self._ids = frozenset(job_ids)
         #: The verdicts the handler gave single jobs: the exception each stands for.
         self._marks: dict[int, Exception] = {}
         self._session: Session | None = None

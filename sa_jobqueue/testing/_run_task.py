@@ -77,7 +77,13 @@ def run_task(
             BatchJob(c.job_id, _as_run(task, p), attempt, limit, c.created_at, task.priority)
             for c, p in zip(made, payload, strict=True)
         ]
-        ctx = BatchContext(task=task.name, queue=task.queue, members=made, session=make_session)
+        ctx = BatchContext(
+            task=task.name,
+            queue=task.queue,
+            job_ids=[c.job_id for c in made],
+            members=made,
+            session=make_session,
+        )
     else:
         decoded = _as_run(task, payload)
         ctx = _context(task, job_id, attempt, limit, make_session)

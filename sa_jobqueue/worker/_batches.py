@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
@@ -40,7 +41,7 @@ from ..middleware import arun_chain, run_chain
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
 from ._claimed import Claimed, policy
-from ._claimer import limited_jobs, runnable
+from ._claimer import runnable
 from ._event_loop import ASYNC_STOP_CHECK, AttemptStopped, EventLoopThread
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
@@ -115,9 +116,8 @@ class Batches:
         except Exception:  # pragma: no cover - a bug of ours; the leases settle the jobs
             log.exception("batch of %d job(s) of %s: internal error", len(members), task.name)
         finally:
-            for ticket in tickets:
-                if self._leases.let_go(ticket):
-                    self._wake.set()
+            if self._leases.let_go_many(tickets):
+                self._wake.set()
 
     def _fill(
         self, leader: Claimed, task: Task, lane: Lane, tickets: list[Ticket]
@@ -143,12 +143,12 @@ class Batches:
                 )
             if rows[0].keyed is not None and bool(rows[0].keyed) != keyed:
                 self._keyed[leader.queue] = bool(rows[0].keyed)  # its limits per key changed
-            for job in limited_jobs(rows):
-                if runnable(job):
-                    ticket = self._leases.hold(lane, job)
-                    self._leases.take(ticket)
-                    tickets.append(ticket)
-                    found.append(job)
+            # Not limited_jobs(): a member's completion is the batch's, never a batched one
+            # that waits to free its slot (what ``holds_slot`` is for).
+            jobs = Claimed.of_rows([r for r in rows if r.id is not None])
+            jobs = [job for job in jobs if runnable(job)]
+            tickets += self._leases.hold_running(lane, jobs)
+            found += jobs
             if rows[0].keyed is not None and bool(rows[0].keyed) != keyed:
                 continue  # claimed with the variant the queue's limits need, at once
             left = until - time.monotonic()
@@ -163,12 +163,9 @@ class Batches:
         """Run the batch's handler once, and settle every member."""
         jobs: list[BatchJob[Any]] = []
         ready: list[Claimed] = []
-        contexts: list[JobContext] = []
-        for job in members:
-            try:
-                payload = decode(job.payload)
-            except PayloadError as exc:
-                self._recorder.unrunnable(job, exc)  # as for a single job: dead at once
+        for job, payload in zip(members, _decoded(members), strict=True):
+            if isinstance(payload, PayloadError):
+                self._recorder.unrunnable(job, payload)  # as for a single job: dead at once
                 continue
             if task.payload_codec is not None:
                 try:
@@ -183,23 +180,31 @@ class Batches:
                 )
             )
             ready.append(job)
-            contexts.append(_member_context(job))
         if not ready:
             return
+        # One context shared by the batch's jobs, which the lease table and the heartbeat keep
+        # for each: a lost lease, a cancellation or a timeout of any job stops the batch.
+        shared = _member_context(ready[0])
+        contexts = [shared] * len(ready)
         is_async = self._loop is not None and asyncio.iscoroutinefunction(task.handler)
         until = None if task.timeout is None else time.monotonic() + task.timeout.total_seconds()
         ctx = BatchContext(
             task=task.name,
             queue=ready[0].queue,
-            members=contexts,
+            job_ids=[job.id for job in ready],
+            members=[shared],
             session=functools.partial(handler_session, self._engine, until),
             async_session=self._async_session if is_async else None,
         )
         runs = [job.run() if self._observe else None for job in ready]
-        for job, member, run in zip(ready, contexts, runs, strict=True):
-            self._leases.start(job, member, task, run, policy(job, task))
-            if run is not None:
-                self._observe.started(run)
+        if self._observe:
+            for job, member, run in zip(ready, contexts, runs, strict=True):
+                self._leases.start(job, member, task, run, policy(job, task))
+                if run is not None:
+                    self._observe.started(run)
+        else:
+            backoffs = [policy(job, task) for job in ready]
+            self._leases.start_many(ready, contexts, task, backoffs)
         failure: Exception | None = None
         started = time.monotonic()
         leader_run = runs[0]
@@ -373,8 +378,25 @@ class Batches:
             self._loop.submit(discard()).result()
 
 
+def _decoded(jobs: list[Claimed]) -> list[Any]:
+    """Each job's payload decoded, or the PayloadError its JSON text raised: all in one call
+    to the JSON decoder when they all decode (the texts are JSON values the database wrote),
+    else one by one."""
+    try:
+        return list(json.loads("[" + ",".join(job.payload for job in jobs) + "]"))
+    except (ValueError, RecursionError):
+        pass
+    found: list[Any] = []
+    for job in jobs:
+        try:
+            found.append(decode(job.payload))
+        except PayloadError as exc:
+            found.append(exc)
+    return found
+
+
 def _member_context(job: Claimed) -> JobContext:
-    """The context the lease table and the heartbeat keep for one member of a batch: its stop
+    """The context the lease table and the heartbeat keep for the jobs of a batch: their stop
     flags (lost lease, cancellation, timeout, shutdown). It has no session: the batch's is
     :class:`BatchContext`'s."""
     return JobContext(
