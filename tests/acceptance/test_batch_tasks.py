@@ -21,6 +21,7 @@ from sa_jobqueue.models import Job
 from sa_jobqueue.testing import drain
 from tests.apps import batches
 from tests.apps.batches import async_queue, queue
+from tests.helpers.observers import Outcomes
 from tests.helpers.processes import WorkerApp, Workers
 from tests.helpers.waiting import running, wait_for
 
@@ -119,7 +120,15 @@ def test_an_async_batch_handler_writes_through_its_async_session(db: sa.Engine) 
 def test_a_stale_member_makes_the_batch_commit_nothing(db: sa.Engine, tmp_path: Path) -> None:
     hold = tmp_path / "go"
     ids = enqueue(db, "write_rows", [{"hold": str(hold)}] + [{} for _ in range(4)])
-    worker = Worker(queue, db, concurrency=1, prefetch=0, poll_interval=timedelta(milliseconds=100))
+    outcomes = Outcomes()
+    worker = Worker(
+        queue,
+        db,
+        concurrency=1,
+        prefetch=0,
+        poll_interval=timedelta(milliseconds=100),
+        observers=[outcomes],
+    )
     with running(worker):
         # The batch has written its rows (uncommitted) and waits.
         wait_for(lambda: len(runs_of(db)) == 5, timeout=20)
@@ -137,6 +146,11 @@ def test_a_stale_member_makes_the_batch_commit_nothing(db: sa.Engine, tmp_path: 
     # The first batch committed none of its rows: every job's row is there once.
     assert rows_per_job(db) == dict.fromkeys(ids, 1)
     assert len(runs_of(db)) >= 10  # each job ran again after the rollback
+    # Observers (metrics, logs) hear of each job: the stale one lost, the others handed back,
+    # then each succeeded.
+    assert (ids[2], "lost") in outcomes.seen
+    assert {(i, "handed_back") for i in ids if i != ids[2]} <= set(outcomes.seen)
+    assert {(i, "succeeded") for i in ids} <= set(outcomes.seen)
 
 
 @pytest.mark.slow
@@ -145,14 +159,24 @@ def test_sigkill_mid_batch_loses_nothing_and_writes_once(
 ) -> None:
     db = tables
     hold = tmp_path / "go"
-    ids = enqueue(db, "write_rows", [{"hold": str(hold)}] + [{} for _ in range(149)])
-    first = workers.start(concurrency=1)
-    workers.wait(lambda: len(runs_of(db)) >= 50, timeout=30)
-    workers.signal(first, signal.SIGKILL)
-    workers.wait_exit(first, timeout=10)
+    ids = enqueue(db, "write_rows", [{"hold": str(hold)}] + [{} for _ in range(79)])
+    # Two workers from the start (their start-up is most of the test's time): whichever takes
+    # the first job forms its batch around it, writes the batch's rows and holds; it is killed.
+    procs = [workers.start(concurrency=1), workers.start(concurrency=1)]
+    r = batches.runs.c
+
+    def holder() -> int | None:
+        with db.connect() as conn:
+            return conn.execute(sa.select(r.pid).where(r.job_id == ids[0])).scalar()
+
+    pid = workers.wait(holder, timeout=30)
+    (killed,) = [proc for proc in procs if proc.pid == pid]
+    workers.signal(killed, signal.SIGKILL)
+    workers.wait_exit(killed, timeout=10)
     hold.touch()
-    workers.start(concurrency=2)
+    # The other worker takes the killed batch's jobs once their leases (2 s) expire.
     workers.wait(lambda: set(statuses(db).values()) == {"succeeded"}, timeout=60)
     assert rows_per_job(db) == dict.fromkeys(ids, 1)
-    killed = {job_id for job_id, attempt in runs_of(db) if attempt == 1}
-    assert ids[0] in killed
+    with db.connect() as conn:
+        again = conn.execute(sa.select(r.job_id).where(r.attempt == 2)).scalars().all()
+    assert ids[0] in again
