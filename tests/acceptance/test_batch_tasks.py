@@ -8,6 +8,7 @@ committed once, never, or twice.
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobQueue, Worker
+from sa_jobqueue import BatchContext, BatchJob, JobQueue, Worker
+from sa_jobqueue.middleware import Middleware
 from sa_jobqueue.models import Job
 from sa_jobqueue.testing import drain
 from tests.apps import batches
@@ -180,3 +182,34 @@ def test_sigkill_mid_batch_loses_nothing_and_writes_once(
     with db.connect() as conn:
         again = conn.execute(sa.select(r.job_id).where(r.attempt == 2)).scalars().all()
     assert ids[0] in again
+
+
+@dataclass
+class Point:
+    x: int
+
+
+class Calls(Middleware):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def run(self, ctx: Any, payload: Any, proceed: Any) -> Any:
+        self.calls.append((type(ctx).__name__, len(payload)))
+        return proceed(ctx, payload)
+
+
+def test_middleware_sees_the_batch_once_and_typed_payloads_are_rebuilt(db: sa.Engine) -> None:
+    pytest.importorskip("pydantic")
+    calls = Calls()
+    typed_queue = JobQueue(default_queue="typed", middleware=[calls])
+    seen: list[Any] = []
+
+    @typed_queue.batch_task(max_size=10)
+    def points(ctx: BatchContext, jobs: list[BatchJob[Point]]) -> None:
+        seen.extend(job.payload for job in jobs)
+
+    with Session(db) as session, session.begin():
+        typed_queue.enqueue_many(session, points, [Point(n) for n in range(4)])
+    assert drain(typed_queue, db).succeeded == 4
+    assert calls.calls == [("BatchContext", 4)]
+    assert seen == [Point(n) for n in range(4)]
