@@ -107,7 +107,7 @@ class Batches:
         tickets: list[Ticket] = []
         members = [leader]
         try:
-            members += self._fill(leader, task, lane, tickets)
+            self._fill(leader, task, lane, tickets, members)
             self._run(task, members)
         except (SQLAlchemyError, psycopg.Error) as exc:
             # Most likely a connection lost: what was not recorded is left to the fence, the
@@ -120,9 +120,16 @@ class Batches:
                 self._wake.set()
 
     def _fill(
-        self, leader: Claimed, task: Task, lane: Lane, tickets: list[Ticket]
-    ) -> list[Claimed]:
-        """Claim more jobs of the leader's batch until it is full or its wait is over."""
+        self,
+        leader: Claimed,
+        task: Task,
+        lane: Lane,
+        tickets: list[Ticket],
+        found: list[Claimed],
+    ) -> None:
+        """Claim more jobs of the leader's batch into ``found`` (which holds the leader) until
+        it is full or its wait is over; each is in ``found`` as soon as it is claimed, so that
+        an error later on leaves none of them unaccounted for."""
         batching = task.batching
         assert batching is not None
         until = time.monotonic() + batching.max_wait.total_seconds()
@@ -133,9 +140,8 @@ class Batches:
             "batch_key_field": batching.batch_key,
             "batch_leader": leader.id,
         }
-        found: list[Claimed] = []
-        while len(found) < batching.max_size - 1 and not self._stopping.is_set():
-            params["limit"] = batching.max_size - 1 - len(found)
+        while len(found) < batching.max_size and not self._stopping.is_set():
+            params["limit"] = batching.max_size - len(found)
             keyed = self._keyed.get(leader.queue, False)
             with self._single.connect() as conn:
                 rows = list(
@@ -152,10 +158,9 @@ class Batches:
             if rows[0].keyed is not None and bool(rows[0].keyed) != keyed:
                 continue  # claimed with the variant the queue's limits need, at once
             left = until - time.monotonic()
-            if left <= 0 or self._leases.burst or len(found) >= batching.max_size - 1:
+            if left <= 0 or self._leases.burst or len(found) >= batching.max_size:
                 break
             self._stopping.wait(min(FILL_POLL, left))
-        return found
 
     # -- running -------------------------------------------------------------------------------
 
