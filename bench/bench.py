@@ -70,7 +70,7 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "backlog": ("sa_jobqueue", "pgqueuer_b100", "reference"),
     # Handlers that take their jobs in batches and write each batch with one INSERT. No peer
     # offers such a handler: PgQueuer's batch_size batches its dequeue and acknowledgements,
-    # but calls its handler once per job; procrastinate and Chancy have none either. The
+    # but calls its handler once per job; procrastinate and Chancy document none either. The
     # reference loop's write drain is one already (a claimed batch, one INSERT, one commit).
     "batch-write": ("sa_jobqueue", "reference"),
 }

@@ -63,7 +63,7 @@ FOOTNOTES = {
     " rows with one multi-row INSERT through ctx.session, committed with the batch's fenced"
     " completions (exactly once); reference: its write loop (claim 100, one INSERT, mark them"
     " done, one commit). No peer has batch handlers: PgQueuer's batch_size batches dequeue and"
-    " acknowledgement, its handler still takes one job; procrastinate and Chancy have none.",
+    " acknowledgement, its handler still takes one job; procrastinate and Chancy document none.",
 }
 
 
