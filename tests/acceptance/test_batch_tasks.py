@@ -64,11 +64,17 @@ def runs_of(engine: sa.Engine) -> list[tuple[int, int]]:
 
 def test_a_drain_runs_jobs_in_batches_and_writes_each_once(db: sa.Engine) -> None:
     ids = enqueue(db, "write_rows", [{} for _ in range(120)])
+    payloads = [{"tenant": t} for t in ["a", "b", "a", "c", "b", "a"]] + [{}]
+    keyed = enqueue(db, "per_tenant", payloads)
     result = drain(queue, db)
-    assert result.succeeded == 120
-    assert rows_per_job(db) == dict.fromkeys(ids, 1)
+    assert result.succeeded == 127
+    assert rows_per_job(db) == dict.fromkeys(ids + keyed, 1)
+    sizes = batch_sizes(db)
     # max_size is 50: three batches, the first two full.
-    assert sorted(set(batch_sizes(db).values())) == [20, 50]
+    assert sorted({sizes[i] for i in ids}) == [20, 50]
+    # A batch key keeps each batch to one tenant (a job without the field: its own batch).
+    by_tenant = {p.get("tenant"): sizes[i] for i, p in zip(keyed, payloads, strict=True)}
+    assert by_tenant == {"a": 3, "b": 2, "c": 1, None: 1}
 
 
 def test_jobs_marked_alone_follow_their_verdict_while_the_rest_succeed(db: sa.Engine) -> None:
@@ -94,18 +100,6 @@ def test_a_raising_batch_fails_every_job_and_writes_nothing(db: sa.Engine) -> No
         jobs = list(session.scalars(sa.select(Job).where(Job.id.in_(ids))))
     assert {(job.status, job.attempts) for job in jobs} == {("queued", 1)}
     assert all("the batch failed" in str(job.last_error) for job in jobs)
-
-
-def test_a_batch_key_keeps_each_batch_to_one_tenant(db: sa.Engine) -> None:
-    payloads = [{"tenant": t} for t in ["a", "b", "a", "c", "b", "a"]] + [{}]
-    ids = enqueue(db, "per_tenant", payloads)
-    drain(queue, db)
-    r = batches.rows.c
-    with db.connect() as conn:
-        found = conn.execute(sa.select(r.job_id, r.tenant, r.batch_size)).all()
-    assert sorted(row.job_id for row in found) == ids
-    sizes = {row.tenant: row.batch_size for row in found}
-    assert sizes == {"a": 3, "b": 2, "c": 1, None: 1}
 
 
 def test_an_async_batch_handler_writes_through_its_async_session(db: sa.Engine) -> None:
