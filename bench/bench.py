@@ -70,6 +70,11 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "backlog": ("sa_jobqueue", "pgqueuer_b100", "reference"),
     # sa_jobqueue's async def handlers beside the same handlers written sync: no peer.
     "async": ("sa_jobqueue",),
+    # Handlers that take their jobs in batches and write each batch with one INSERT. No peer
+    # offers such a handler: PgQueuer's batch_size batches its dequeue and acknowledgements,
+    # but calls its handler once per job; procrastinate and Chancy document none either. The
+    # reference loop's write drain is one already (a claimed batch, one INSERT, one commit).
+    "batch-write": ("sa_jobqueue", "reference"),
 }
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
 #: Scenarios run only when named with --scenarios (not part of a full run).
@@ -405,6 +410,11 @@ def scenario_write(run: Run, row: Row, dsn: str) -> None:
         run.drain(row, dsn, f"{procs}p", run.args.drain, kind="write", procs=procs)
 
 
+def scenario_batch_write(run: Run, row: Row, dsn: str) -> None:
+    for procs in run.args.write_procs:
+        run.drain(row, dsn, f"{procs}p", run.args.drain, kind="batch_write", procs=procs)
+
+
 def scenario_latency(run: Run, row: Row, dsn: str) -> None:
     for _ in range(run.args.repeat):
         result = harness.pickup_latency(
@@ -497,6 +507,7 @@ SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "pinned": scenario_pinned,
     "backlog": scenario_backlog,
     "async": scenario_async,
+    "batch-write": scenario_batch_write,
 }
 
 
@@ -507,6 +518,7 @@ def describe_sizes(args: argparse.Namespace) -> dict[str, str]:
         "bulk": f"({args.bulk:,} jobs, {r})",
         "drain": f"({args.drain:,} jobs, {r})",
         "write": f"({args.drain:,} jobs, {r})",
+        "batch-write": f"({args.drain:,} jobs, {r})",
         "latency": f"({args.latency_jobs} jobs at {args.latency_rate:g}/s, 1 process, {r})",
         "history": f"({args.history_drain:,} jobs over {args.history:,} finished rows,"
         f" {args.procs} processes, {r})",

@@ -14,7 +14,7 @@ from bench.systems import SYSTEMS
 
 def main() -> None:
     key, kind = sys.argv[1], sys.argv[2]
-    if kind not in ("noop", "write"):
+    if kind not in ("noop", "write", "batch_write"):
         raise SystemExit(f"unknown handler kind {kind!r}")
     logging.basicConfig(level=logging.WARNING)
     system = SYSTEMS[key]

@@ -151,6 +151,7 @@ def render_table(document: report.Document, source: str) -> str:
         ),
         "drain": lambda m: f"drain {options['drain']:,} no-op jobs, {m.label}",
         "write": lambda m: f"drain {options['drain']:,} jobs writing one row, {m.label}",
+        "batch-write": lambda m: f"drain {options['drain']:,} jobs written in batches, {m.label}",
         "latency": lambda m: f"idle pickup latency {m.label}",
         "history": lambda m: (
             f"drain {options['history_drain']:,} jobs, "

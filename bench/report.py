@@ -15,7 +15,7 @@ from typing import Any
 Document = dict[str, Any]
 
 #: Scenarios whose rows are drains: one line per measure, with CPU per job.
-DRAINS = ("drain", "write", "history", "pinned", "backlog", "async")
+DRAINS = ("drain", "write", "history", "pinned", "backlog", "batch-write", "async")
 
 TITLES = {
     "enqueue": "1. single-row enqueue, one commit each",
@@ -26,6 +26,7 @@ TITLES = {
     "history": "6. drain with finished history in the table",
     "pinned": "7. sustained drain while a REPEATABLE READ snapshot is held open",
     "backlog": "8. drain out of a backlog of queued jobs, by backlog size",
+    "batch-write": "9. drain of jobs written in batches, one multi-row INSERT per batch",
     "async": "async def handlers next to the same handlers written sync (opt-in)",
 }
 
@@ -64,6 +65,11 @@ FOOTNOTES = {
     " stopped once that many have started and the jobs finished by then count. 'PG change' ="
     " PostgreSQL CPU per job / its value at the smallest backlog - 1: a queue whose per-job"
     " cost does not grow with the backlog stays near 0. Autovacuum's CPU (if on) is not counted.",
+    "batch-write": "sa_jobqueue: a batch task (max_size 500) whose handler writes its batch's"
+    " rows with one multi-row INSERT through ctx.session, committed with the batch's fenced"
+    " completions (exactly once); reference: its write loop (claim 100, one INSERT, mark them"
+    " done, one commit). No peer has batch handlers: PgQueuer's batch_size batches dequeue and"
+    " acknowledgement, its handler still takes one job; procrastinate and Chancy document none.",
 }
 
 
@@ -91,7 +97,7 @@ def measures(name: str, options: dict[str, Any]) -> list[Measure]:
     """What a scenario measures, in the order its table shows them."""
     if name in ("enqueue", "bulk"):
         return [Measure("jobs/s", "jobs/s"), Measure("cpu", "client CPU per job", "us")]
-    if name in ("drain", "write"):
+    if name in ("drain", "write", "batch-write"):
         procs = options["drain_procs" if name == "drain" else "write_procs"]
         return [Measure(f"{p}p", f"{p} process{'es' if p > 1 else ''}") for p in procs]
     if name == "latency":

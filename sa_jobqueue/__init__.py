@@ -9,7 +9,8 @@ The promise:
 * Fencing. Every transition of a running job is checked against the attempt that claimed it,
   so a stale attempt can never overwrite a newer one.
 * Exactly-once database effects. Writes a handler makes through ``ctx.session`` commit in the
-  same transaction as the job's fenced completion, or not at all.
+  same transaction as the job's fenced completion, or not at all; a batch task's, with the
+  fenced completions of all its batch's jobs that succeed, or not at all.
 
 What this module exports is what an application needs to declare, enqueue and run jobs. The
 rest has a home of its own: every exception in :mod:`sa_jobqueue.errors` (the root and the two
@@ -21,6 +22,7 @@ tests in :mod:`sa_jobqueue.testing`, observers in :mod:`sa_jobqueue.observabilit
 from importlib.metadata import PackageNotFoundError, version
 
 from ._enqueue import Enqueued
+from .batching import BatchContext, BatchJob
 from .errors import InvalidJobError, JobQueueError, SchemaError
 from .observability import Observer
 from .ops.admin import JobInfo
@@ -38,6 +40,8 @@ del PackageNotFoundError, version
 
 __all__ = [
     "Backoff",
+    "BatchContext",
+    "BatchJob",
     "Discard",
     "Enqueued",
     "InvalidJobError",

@@ -130,9 +130,14 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def codec_for(task: str, handler: Callable[..., object]) -> PayloadCodec | None:
+def codec_for(
+    task: str, handler: Callable[..., object], *, batch: bool = False
+) -> PayloadCodec | None:
     """The codec for ``handler``'s payload annotation, or None when it names no dataclass,
     TypedDict or Pydantic model (the payload is plain JSON then).
+
+    ``batch``: a batch task's handler, whose second parameter is a list of jobs annotated
+    ``list[BatchJob[T]]`` (or any ``Sequence``): the payload type is that ``T``.
 
     An annotation given as text (``from __future__ import annotations``) is resolved in the
     handler's module; one that cannot be resolved there (a name imported only under
@@ -152,9 +157,21 @@ def codec_for(task: str, handler: Callable[..., object]) -> PayloadCodec | None:
         kind = _resolve(kind, handler)
     if typing.get_origin(kind) is typing.Annotated:
         kind = typing.get_args(kind)[0]
+    if batch:
+        kind = _job_payload(kind)
     if not _is_record(kind):
         return None
     return PayloadCodec(task, kind, _adapter(task, kind))
+
+
+def _job_payload(jobs: object) -> object:
+    """``T`` of ``list[BatchJob[T]]`` (or of any generic sequence of a generic job); None
+    when ``jobs`` is not annotated so."""
+    outer = typing.get_args(jobs)
+    if len(outer) != 1:
+        return None
+    inner = typing.get_args(outer[0])
+    return inner[0] if len(inner) == 1 else None
 
 
 def _adapter(task: str, kind: type) -> TypeAdapter[Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Unpack, overload
+from typing import TYPE_CHECKING, Any, Unpack, cast, overload
 
 from ._binds import SessionLike
 from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, JobOptions
@@ -22,6 +22,7 @@ from ._enqueue.transactions import arun_in, run_in
 from ._job_admin import JobAdmin
 from ._registry import TaskRegistry, handler_name
 from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
+from .batching import BatchContext, Batching, BatchJob
 from .errors import TaskDefinitionError
 from .middleware import Middleware
 from .ops.admin import JobInfo
@@ -202,6 +203,58 @@ class JobQueue(JobAdmin):
             return self._registry.add(task)
 
         return register(fn) if fn is not None else register
+
+    def batch_task(
+        self,
+        *,
+        max_size: int = 100,
+        max_wait: timedelta = timedelta(milliseconds=200),
+        batch_key: str | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+        max_attempts: int = 5,
+        lease: timedelta = timedelta(seconds=30),
+        backoff: Backoff | None = None,
+        timeout: timedelta | None = None,
+        unique_key: Callable[[Any], str | None] | None = None,
+        unique_mode: UniqueMode = "skip",
+        unique_period: timedelta | None = None,
+        debounce: timedelta | None = None,
+        keep_result: bool = False,
+    ) -> Callable[[Callable[[BatchContext, list[BatchJob[P]]], object]], Task[P]]:
+        """Register a handler ``fn(ctx, jobs)`` that takes its jobs in batches (see
+        :mod:`sa_jobqueue.batching`).
+
+        Jobs are enqueued one per payload, as for any task. A worker hands the handler up to
+        ``max_size`` of them at once, waiting up to ``max_wait`` for a batch to fill; with
+        ``batch_key`` (a top-level payload field), a batch holds only jobs with the same value
+        of it. The other options are :meth:`task`'s, and apply to each job of a batch
+        (``timeout`` to the batch's run). With ``keep_result``, the handler returns one result
+        per job, in the order of ``jobs``. TaskDefinitionError for bad options; ``max_wait``
+        must be at most a third of ``lease``.
+        """
+
+        def register(handler: Callable[[BatchContext, list[BatchJob[P]]], object]) -> Task[P]:
+            task = Task(
+                name=name or handler_name(cast(Handler, handler)),
+                handler=cast(Handler, handler),
+                queue=queue or self.default_queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                lease=lease,
+                backoff=Backoff() if backoff is None else backoff,
+                timeout=timeout,
+                unique_key=unique_key,
+                unique_mode=unique_mode,
+                unique_period=unique_period,
+                debounce=debounce,
+                keep_result=keep_result,
+                batching=Batching(max_size, max_wait, batch_key),
+            )
+            return cast(Task[P], self._registry.add(task))
+
+        return register
 
     @property
     def tasks(self) -> dict[str, Task]:

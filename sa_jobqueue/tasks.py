@@ -15,6 +15,8 @@ from typing_extensions import TypeVar
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from .batching import Batching
+
 from ._durations import duration_text, value_text
 from ._payload_types import PayloadCodec, codec_for
 from ._sql import dependencies as dependencies_sql
@@ -213,6 +215,9 @@ class Task(Generic[P]):
     debounce: timedelta | None = None
     keep_result: bool = False
     hard_timeout: timedelta | None = None
+    #: How a batch task forms its batches (``JobQueue.batch_task``); None for a task whose
+    #: handler takes one job at a time.
+    batching: Batching | None = None
     #: How typed payloads are checked and rebuilt; None for a plain JSON payload. Made from
     #: the handler's annotation (see :attr:`payload_type`).
     payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
@@ -245,8 +250,16 @@ class Task(Generic[P]):
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
         if self.hard_timeout is not None:
+            if self.batching is not None:
+                raise TaskDefinitionError(
+                    f"task {self.name!r}: hard_timeout is for tasks that take one job at a"
+                    " time, not for batch tasks"
+                )
             _check_isolatable(self.name, self.handler)
-        object.__setattr__(self, "payload_codec", codec_for(self.name, self.handler))
+        if self.batching is not None:
+            self.batching.check(self.name, self.lease)
+        codec = codec_for(self.name, self.handler, batch=self.batching is not None)
+        object.__setattr__(self, "payload_codec", codec)
 
     @property
     def payload_type(self) -> type | None:

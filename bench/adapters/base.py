@@ -12,14 +12,16 @@ from typing import ClassVar, Literal
 
 import psycopg
 
-#: What a handler does besides recording itself: nothing, or write one row; sa_jobqueue's
-#: handlers also wait a millisecond (``sleep_1ms``), and have ``async def`` twins of all three
-#: (``*_async``, the async scenario's: see ``bench.async_tasks``), which no peer runs.
+#: What a drain's handlers do: nothing, write one row each, or (``batch_write``) write one row
+#: per job with one multi-row INSERT per batch, where the system has batch handlers (the others
+#: run it as ``write``); sa_jobqueue's handlers also wait a millisecond (``sleep_1ms``), and
+#: have ``async def`` twins of the first three (``*_async``, the async scenario's: see
+#: ``bench.async_tasks``), which no peer runs.
 Kind = Literal[
-    "noop", "write", "sleep_1ms", "noop_async", "write_async", "sleep_1ms_async"
+    "noop", "write", "batch_write", "sleep_1ms", "noop_async", "write_async", "sleep_1ms_async"
 ]  # fmt: skip
-#: The kinds whose handler writes one row (the harness checks each row is there once).
-WRITING: tuple[Kind, ...] = ("write", "write_async")
+#: The kinds whose handler writes one row per job (the harness checks each row is there once).
+WRITING: tuple[Kind, ...] = ("write", "batch_write", "write_async")
 #: The table a writing handler inserts its key into (one per database).
 RESULTS_DDL = "CREATE TABLE IF NOT EXISTS bench_results (n integer NOT NULL)"
 #: The queue (or queue-like name) every system's benchmark jobs go to.

@@ -105,7 +105,7 @@ class Reference(System):
                 for _, n in rows:
                     record(n)
                 ids = [job_id for job_id, _ in rows]
-                if kind == "write":
+                if kind in ("write", "batch_write"):  # one INSERT per claimed batch either way
                     with conn.transaction():
                         conn.execute(WRITE, ([n for _, n in rows],))
                         conn.execute(DONE, (ids,))

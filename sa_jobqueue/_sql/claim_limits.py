@@ -21,7 +21,7 @@ each one CTE of the statement and named as in its SQL, in the order it runs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cache
 from typing import Any, Final
@@ -53,6 +53,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models import RUNNING, jobs_table, queues_table
 from . import transitions
+from .claim_batches import outside_batch
 from .claim_keys import KeyRate, note_key_starts, pick_keyed
 from .claiming import pick_due, start_picked
 from .dependencies import settle
@@ -207,7 +208,7 @@ def _or_null(value: ColumnElement[Any] | None) -> ColumnElement[Any]:
 
 
 @cache
-def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
+def claim_limited(*, keyed: bool, completing: bool = False, batch: bool = False) -> Select[Any]:
     """Claim up to ``:limit`` jobs of the limited queue ``:from_queue``, within its limits.
 
     One statement in autocommit, like ``claiming.claim``. It starts with :data:`LOCK_FUNCTION`,
@@ -256,9 +257,14 @@ def claim_limited(*, keyed: bool, completing: bool = False) -> Select[Any]:
     returned (both NULL without ``completing``). A claimed job's columns follow, labelled as
     ``claiming.claim`` labels them: read them by label (``id`` is NULL in the row of a claim
     that took none).
+
+    With ``batch``, only jobs of one batch are taken (see ``claim_batches.outside_batch``):
+    the claim that fills a batch task's batch.
     """
     state = _locked_state()
     holding = _complete_first(state) if completing else _holders(state)
+    if batch:
+        holding = replace(holding, skip=outside_batch(holding.skip))
     room = _room(state, holding, keyed=keyed)
     room_left = select(room.c.room).scalar_subquery()
     key_wait: ColumnElement[Any] = null()

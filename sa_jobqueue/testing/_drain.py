@@ -184,27 +184,32 @@ class _Drainer:
     def _counted_task(self, task: Task) -> Task:
         codec = task.payload_codec
         if codec is None:
-            return dataclasses.replace(task, handler=self._counted(task.handler))
+            counted_handler = self._counted(task.handler, batch=task.batching is not None)
+            return dataclasses.replace(task, handler=counted_handler)
         # A typed payload is rebuilt before the handler runs, and may not fit any more, so the
         # handler never runs: such an attempt counts from the rebuild instead.
         counted = dataclasses.replace(task)
         object.__setattr__(counted, "payload_codec", _CountedCodec(codec, self._started))
         return counted
 
-    def _counted(self, handler: Handler) -> Handler:
-        started = self._started
+    def _counted(self, handler: Handler, *, batch: bool) -> Handler:
+        def started(payload: Any) -> None:
+            # A batch task's call starts an attempt of each of its jobs.
+            for _ in payload if batch else (None,):
+                self._started()
+
         if inspect.iscoroutinefunction(handler):
 
             @functools.wraps(handler)
             async def counted_async(ctx: JobContext, payload: Any) -> object:
-                started()
+                started(payload)
                 return await handler(ctx, payload)
 
             return counted_async
 
         @functools.wraps(handler)
         def counted(ctx: JobContext, payload: Any) -> object:
-            started()
+            started(payload)
             return handler(ctx, payload)
 
         return counted

@@ -10,12 +10,14 @@ import asyncio
 import functools
 import inspect
 import json
+from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy.orm import Session, scoped_session
 
 from .._binds import SessionLike
 from .._validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
+from ..batching import BatchContext, BatchJob
 from ..errors import InvalidJobError, JobQueueError
 from ..tasks import JobContext, Task
 from ..worker._sessions import HandlerSession
@@ -52,26 +54,39 @@ def run_task(
     pass; ``ctx.queue`` and ``ctx.priority`` are the task's; ``ctx.created_at`` is now (this
     machine's clock); ``stop_requested`` and ``cancel_requested`` stay False. The task's
     timeout is not enforced. No job row is read or written.
+
+    A batch task (``JobQueue.batch_task``) takes a list of payloads: its handler gets one
+    batch of them, as :class:`~sa_jobqueue.BatchJob` objects with ids from ``job_id`` up, and a
+    :class:`~sa_jobqueue.BatchContext` whose ``session`` is that savepoint. The verdicts the
+    handler gives single jobs (``ctx.fail`` ...) are not recorded anywhere: to see them
+    applied, run the jobs with :func:`drain`.
     """
     __tracebackhide__ = True
     limit = task.max_attempts if max_attempts is None else max_attempts
     if not 1 <= attempt <= limit:
         raise InvalidJobError(f"attempt must be from 1 to max_attempts ({limit}), not {attempt}")
-    codec = task.payload_codec
-    if codec is not None:
-        _, payload = codec.prepare(payload)  # PayloadTypeError, as enqueue would raise
-    decoded = json.loads(encode_payload(payload, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES))
-    if codec is not None:
-        decoded = codec.rebuild(decoded)  # what a worker would rebuild from the stored JSON
-    ctx = JobContext(
-        job_id=job_id,
-        task=task.name,
-        queue=task.queue,
-        attempt=attempt,
-        max_attempts=limit,
-        priority=task.priority,
-        session=functools.partial(_handler_session, session, task.name),
-    )
+    make_session = functools.partial(_handler_session, session, task.name)
+    ctx: Any  # a JobContext, or a batch task's BatchContext
+    if task.batching is not None:
+        if not isinstance(payload, list | tuple):
+            raise InvalidJobError(f"batch task {task.name!r} takes a list of payloads")
+        made = [
+            _context(task, job_id + i, attempt, limit, make_session) for i in range(len(payload))
+        ]
+        decoded: Any = [
+            BatchJob(c.job_id, _as_run(task, p), attempt, limit, c.created_at, task.priority)
+            for c, p in zip(made, payload, strict=True)
+        ]
+        ctx = BatchContext(
+            task=task.name,
+            queue=task.queue,
+            job_ids=[c.job_id for c in made],
+            members=made,
+            session=make_session,
+        )
+    else:
+        decoded = _as_run(task, payload)
+        ctx = _context(task, job_id, attempt, limit, make_session)
     try:
         if inspect.iscoroutinefunction(task.handler):
             result = asyncio.run(task.handler(ctx, decoded))
@@ -90,6 +105,31 @@ def run_task(
         if isinstance(session, Session | scoped_session):
             session.expire_all()
     return result
+
+
+def _context(
+    task: Task, job_id: int, attempt: int, limit: int, session: Callable[[], Session]
+) -> JobContext:
+    return JobContext(
+        job_id=job_id,
+        task=task.name,
+        queue=task.queue,
+        attempt=attempt,
+        max_attempts=limit,
+        priority=task.priority,
+        session=session,
+    )
+
+
+def _as_run(task: Task, payload: Any) -> Any:
+    """The payload as a worker's handler would get it: through enqueue's JSON, and rebuilt."""
+    codec = task.payload_codec
+    if codec is not None:
+        _, payload = codec.prepare(payload)  # PayloadTypeError, as enqueue would raise
+    decoded = json.loads(encode_payload(payload, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES))
+    if codec is not None:
+        decoded = codec.rebuild(decoded)  # what a worker would rebuild from the stored JSON
+    return decoded
 
 
 def _handler_session(session: SessionLike | None, task: str) -> Session:

@@ -21,6 +21,8 @@ modules are internal, not a stable API:
   ``HandOff`` that claims a freed slot's next job in the completion's own statement;
 - ``_runner``: runs a claimed attempt on a job thread or the event loop (``_event_loop``), in
   the handler's session (``_sessions``) or its thread's group transaction (``_groups``);
+- ``_batches``: a batch task's batch, formed around a claimed job on its thread (the claim
+  that fills it, its leases), run once and settled together in one transaction;
 - ``_settlement``: the one pure function from how a handler ended to a verdict, and the
   outcome names observers see;
 - ``_recorder``: the one place each verdict is written, fenced; successes through

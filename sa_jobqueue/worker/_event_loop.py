@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import inspect
 import logging
@@ -150,6 +151,11 @@ class EventLoopThread:
             first = len(self._incoming) == 1
         if first:
             self.loop.call_soon_threadsafe(self._start_incoming)
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run a coroutine on the loop, outside any slot, from a thread that waits for its
+        future (a batch task's job thread: its batch is formed and settled there)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def _start_incoming(self) -> None:
         with self._incoming_lock:

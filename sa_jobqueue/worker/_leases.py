@@ -114,6 +114,45 @@ class LeaseTable:
             self.tickets[ticket] = None
         return ticket
 
+    def hold_running(self, lane: Lane, jobs: list[Claimed]) -> list[Ticket]:
+        """:meth:`hold` and :meth:`take` for many attempts at once, under one lock: the jobs a
+        batch task's thread claimed for the batch it runs."""
+        tickets = []
+        now = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                ticket = Ticket(job, lane)
+                ticket.stage = Stage.RUNNING
+                lane.claimed()
+                self._held[job.id] = Held(
+                    job.attempts, job.lease, now + job.lease.total_seconds() / 3
+                )
+                self.tickets[ticket] = None
+                tickets.append(ticket)
+        return tickets
+
+    def start_many(
+        self, jobs: list[Claimed], contexts: list[JobContext], task: Task, backoffs: list[Backoff]
+    ) -> None:
+        """:meth:`start` for the jobs of a batch, under one lock (no observers' runs)."""
+        deadline = None if task.timeout is None else time.monotonic() + task.timeout.total_seconds()
+        with self._lock:
+            for job, ctx, backoff in zip(jobs, contexts, backoffs, strict=True):
+                held = self._current(job.id, job.attempts)
+                if held is not None:
+                    held.ctx, held.task, held.backoff = ctx, task, backoff
+                    ctx._shutdown = self._shutting_down
+                    held.deadline = deadline
+
+    def let_go_many(self, tickets: list[Ticket]) -> bool:
+        """:meth:`let_go` for many tickets, under one lock; True if the claim loop should be
+        woken."""
+        wake = False
+        with self._lock:
+            for ticket in tickets:
+                wake = self._let_go(ticket) or wake
+        return wake
+
     def take(self, ticket: Ticket) -> bool:
         """A thread takes the job to run it; False if shutdown handed it back first."""
         with self._lock:

@@ -28,6 +28,7 @@ from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
 from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
+from ._batches import Batches
 from ._claimed import Claimed, policy
 from ._event_loop import EventLoopThread, Slots
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
@@ -74,6 +75,7 @@ class Runner:
         stopping: threading.Event,
         wake: threading.Event,
         intake: Intake,
+        batches: Batches | None = None,
     ) -> None:
         self._queue = queue
         self._engine = engine
@@ -90,8 +92,12 @@ class Runner:
         # is started with the worker.
         hard = any(t.hard_timeout is not None for t in queue.tasks.values())
         self._isolation = Isolation(queue, engine) if hard else None
+        # A batch task's jobs go to a thread whatever its handler: the thread forms the batch.
+        self._batches = batches
         self._async_tasks = {
-            name for name, t in queue.tasks.items() if inspect.iscoroutinefunction(t.handler)
+            name
+            for name, t in queue.tasks.items()
+            if inspect.iscoroutinefunction(t.handler) and t.batching is None
         }
         self._async_slots: dict[Lane, Slots] = {}
         intake.attach(self.submit)  # the port the recorder's hand-off submits through
@@ -153,6 +159,12 @@ class Runner:
 
     def _execute(self, job: Claimed, here: ThreadState) -> Coroutine[Any, Any, None] | None:
         try:
+            if self._batches is not None and job.task in self._batches.tasks:
+                # A batch runs in a transaction of its own, as a slow task does.
+                self._groups.commit(here)
+                drop_connection(here)
+                self._batches.run(job, here.lane)
+                return None
             return self._execute_fenced(job, here)
         except (SQLAlchemyError, psycopg.Error) as exc:  # psycopg's own: a group's savepoints
             # Most likely the connection was lost: the thread must go on serving jobs with a

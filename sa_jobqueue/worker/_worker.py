@@ -25,6 +25,7 @@ from ..database import HeldConnection, Pooler, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
+from ._batches import Batches
 from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._embedding import CONCURRENCY, WorkerOptions, engines_for, run_on_loop
 from ._event_loop import EventLoopThread
@@ -259,6 +260,17 @@ class Worker:
         loop = None
         if self._has_async:
             loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
+        batches = Batches(
+            self.queue,
+            self.engine,
+            self._single,
+            self._leases,
+            recorder,
+            worker=self.name,
+            loop=loop,
+            stopping=self._stopping,
+            wake=self._wake,
+        )
         runner = Runner(
             self.queue,
             self.engine,
@@ -269,6 +281,7 @@ class Worker:
             stopping=self._stopping,
             wake=self._wake,
             intake=intake,
+            batches=batches if batches.tasks else None,
         )
         claims = ClaimLoop(
             [

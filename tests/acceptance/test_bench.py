@@ -48,7 +48,8 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
     document = json.loads(path.read_text())
     scenarios = document["scenarios"]
     assert set(scenarios) == {
-        "enqueue", "bulk", "drain", "write", "latency", "history", "pinned", "backlog"
+        "enqueue", "bulk", "drain", "write", "latency", "history", "pinned", "backlog",
+        "batch-write",
     }  # fmt: skip
     for rows in scenarios.values():
         for row in rows:

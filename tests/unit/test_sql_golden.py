@@ -39,6 +39,8 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "claim_limited_keyed_completing": partial(
         claim_limits.claim_limited, keyed=True, completing=True
     ),
+    # The claim that fills a batch task's batch: the limited claim, restricted to one batch.
+    "claim_limited_batch": partial(claim_limits.claim_limited, keyed=False, batch=True),
     "complete": transitions.complete,
     "complete_many": transitions.complete_many,
     "fail": transitions.fail,
