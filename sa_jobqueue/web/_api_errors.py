@@ -85,7 +85,13 @@ async def http_error(request: Request, exc: Exception) -> Response:
     headers = dict(exc.headers or {})
     if under_api(request.scope):
         kind = _BY_STATUS.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, kind, exc.detail, headers)
+        message = exc.detail
+        if exc.status_code == 404:
+            message = f"no route {request.url.path[:200]} (GET {API_PREFIX}/ answers)"
+        elif exc.status_code == 405:
+            allowed = headers.get("allow", "")
+            message = f"{request.method} is not taken here; this route takes {allowed}"
+        return error_response(exc.status_code, kind, message, headers)
     if exc.status_code in (204, 304):
         return Response(status_code=exc.status_code, headers=headers)
     return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=headers)

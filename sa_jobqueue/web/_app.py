@@ -98,7 +98,8 @@ class Guard:
     A request whose method is not safe (a POST) and that carries an ``Origin`` header is let
     through only when that origin is the address the request was sent to (its ``Host``) or one
     of ``trusted_origins``. Browsers send ``Origin`` with every POST; a request without one
-    (curl, a script) is judged by its CSRF token alone, as before. ``Origin: null`` (what a
+    (curl, a script) is judged by its CSRF token alone (a form), or its JSON body (the API,
+    whose refusals here are JSON errors). ``Origin: null`` (what a
     browser sends from a sandboxed frame, or from a page whose Referrer-Policy is
     ``no-referrer``) is refused. The scheme of the request's
     own origin is not compared: behind a proxy that ends TLS the dashboard sees ``http``
@@ -172,7 +173,10 @@ def create_app(
     the prefix. Pages: the overview (queues with their limits and what holds each back, workers,
     health findings), each queue, the jobs list (filters, keyset pages), each job (with its
     kept result and its dependencies both ways), a job's workflow (the jobs joined to it by
-    dependencies, drawn without script), the periodic schedules, the purge form.
+    dependencies, drawn without script), the periodic schedules, the purge form. Under
+    ``/api/v1/``, the same pages and actions as JSON, for scripts (see the reference page
+    "Dashboard JSON API"): an action there needs ``allow_actions`` too, and a body sent as
+    ``application/json`` in place of the forms' CSRF token.
 
     ``engine`` is a synchronous SQLAlchemy Engine on PostgreSQL (psycopg 3); each page reads in one
     read-only REPEATABLE READ transaction of its own, under ``statement_timeout``. ``allow_actions``

@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 from sqlalchemy import func, select
 from starlette.requests import Request
 from starlette.testclient import TestClient
@@ -169,7 +170,7 @@ def test_every_read_answers_the_pages_data(client: TestClient, jobs: dict[str, i
 
 
 def test_the_jobs_list_filters_and_pages_as_the_html_list(
-    client: TestClient, jobs: dict[str, int]
+    client: TestClient, engine: sa.Engine, jobs: dict[str, int]
 ) -> None:
     dead = client.get(f"{API}/jobs", params={"status": "dead"}).json()
     assert [job["id"] for job in dead["jobs"]] == [jobs["dead2"], jobs["dead"]]
@@ -191,6 +192,15 @@ def test_the_jobs_list_filters_and_pages_as_the_html_list(
     assert seen == sorted(jobs.values())
     back = client.get(page["previous"]).json()
     assert [job["id"] for job in back["jobs"]] == seen[-3:-1]
+
+    # Mounted under a prefix, the links carry it.
+    outer = FastAPI()
+    outer.mount("/ops", create_app(engine))
+    with TestClient(outer, base_url=LOCAL) as mounted:
+        first = mounted.get(f"/ops{API}/jobs", params={"limit": 2}).json()
+        assert first["next"].startswith(f"/ops{API}/jobs?")
+        assert mounted.get(first["next"]).json()["jobs"][0]["id"] < first["jobs"][-1]["id"]
+        error_of(mounted.get(f"/ops{API}/nowhere"), 404, "not_found")
 
     for path, status, kind in BAD_READS:
         error_of(client.get(path), status, kind)
