@@ -14,12 +14,13 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..models import FINISHED_STATUSES
 from ..ops.health import Finding
 from ..ops.queues import QueueLimits, RateLimit
 from ..ops.stats import WorkerInfo
 from ._attempts import AttemptRow
 from ._filters import JobFilter
-from ._queue_reads import QueuePage, QueueRow
+from ._queue_reads import CHART_MINUTES, QueuePage, QueueRow
 from ._reads import JobDetail, JobPage, ListedJob, Overview, Schedules
 from ._workflow_reads import JobLinks, Neighbour, Workflow
 
@@ -79,8 +80,11 @@ def queue(row: QueueRow) -> Json:
         "running": row.running,
         "dead": row.dead,
         "oldest_due_seconds": seconds(row.oldest_due),
-        "finished_last_hour": row.finished,
-        "finished_per_minute": row.per_minute,
+        # Every finished status, always: a queue with none in the hour has zeros, not {}.
+        "finished_last_hour": {s: row.finished.get(s, 0) for s in FINISHED_STATUSES},
+        "finished_per_minute": {
+            s: row.per_minute.get(s) or [0] * CHART_MINUTES for s in FINISHED_STATUSES
+        },
         "paused_at": moment(row.paused_at),
         "limits": limits(row.limits),
         "rate_used": row.rate_used,
@@ -222,6 +226,7 @@ def job_detail(job: JobDetail, links: JobLinks) -> Json:
     payload, payload_whole = embedded(job.payload, job.payload_length)
     result, result_whole = embedded(links.result, links.result_length)
     backoff, _ = embedded(job.backoff, None)
+    trace_context, _ = embedded(job.trace_context, None)
     error = None
     if job.error_kind is not None:
         error = {
@@ -242,6 +247,7 @@ def job_detail(job: JobDetail, links: JobLinks) -> Json:
         "payload_complete": payload_whole,
         "last_error": error,
         "backoff": backoff,
+        "trace_context": trace_context,
         "attempt_history": [_attempt(row) for row in job.attempt_rows],
         "result": result,
         "result_length": links.result_length,
