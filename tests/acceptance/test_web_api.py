@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 from sa_jobqueue.models import dependencies_table, jobs_table, periodic_table
 from sa_jobqueue.ops import paused_queues, queue_limits
 from sa_jobqueue.web import create_app
+from tests.helpers.dashboard_history import recording
 from tests.helpers.job_states import add_dead, add_job, add_worker
 from tests.helpers.pages import LOCAL
 
@@ -83,6 +84,30 @@ def client(engine: sa.Engine) -> Iterator[TestClient]:
         yield client
 
 
+def same_statements_as_the_pages(
+    client: TestClient, engine: sa.Engine, jobs: dict[str, int]
+) -> None:
+    """No second copy of a query: each read sends what its page sends, parameters included."""
+    pairs = [
+        ("/", f"{API}/overview"),
+        ("/jobs?status=dead&limit=5", f"{API}/jobs?status=dead&limit=5"),
+        ("/jobs?task=app.send&order=oldest", f"{API}/jobs?task=app.send&order=oldest"),
+        (f"/jobs/{jobs['waiting']}", f"{API}/jobs/{jobs['waiting']}"),
+        (f"/jobs/{jobs['waiting']}/workflow", f"{API}/jobs/{jobs['waiting']}/workflow"),
+        (f"/jobs/{jobs['dead']}/payload.json", f"{API}/jobs/{jobs['dead']}/payload"),
+        ("/queues?name=emails", f"{API}/queues/emails"),
+        ("/periodic", f"{API}/periodic"),
+        ("/purge?status=dead&older_than=1h", f"{API}/purge?status=dead&older_than=1h"),
+    ]
+    for page, api in pairs:
+        with recording(engine) as by_page:
+            assert client.get(page).status_code == 200
+        with recording(engine) as by_api:
+            assert client.get(api).status_code == 200
+        assert by_page
+        assert by_api == by_page, api
+
+
 def moment(text: str) -> datetime:
     """An ISO 8601 moment, which must carry its offset."""
     parsed = datetime.fromisoformat(text)
@@ -90,7 +115,9 @@ def moment(text: str) -> datetime:
     return parsed
 
 
-def test_every_read_answers_the_pages_data(client: TestClient, jobs: dict[str, int]) -> None:
+def test_every_read_answers_the_pages_data(
+    client: TestClient, engine: sa.Engine, jobs: dict[str, int]
+) -> None:
     index = client.get(f"{API}/").json()
     assert index["api_version"] == 1
     assert index["actions_allowed"] is True
@@ -167,6 +194,8 @@ def test_every_read_answers_the_pages_data(client: TestClient, jobs: dict[str, i
 
     purge = client.get(f"{API}/purge", params={"status": "dead", "older_than": "0"}).json()
     assert (purge["matching"], purge["more"], purge["statuses"]) == (2, False, ["dead"])
+
+    same_statements_as_the_pages(client, engine, jobs)
 
 
 def test_the_jobs_list_filters_and_pages_as_the_html_list(
