@@ -35,12 +35,13 @@ def fields(body: Mapping[str, Json], allowed: Iterable[str]) -> None:
 
 
 def text(body: Mapping[str, Json], name: str) -> str:
-    """A field that is text (or absent, or null: ""); a number is read as its text, for ages
-    given as seconds."""
+    """A field that is text (or absent, or null: ""); ``older_than`` may also be a number
+    of seconds, read as its text."""
     value = body.get(name)
     if value is None:
         return ""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
+    numbers = (int, float) if name == "older_than" else ()
+    if isinstance(value, bool) or not isinstance(value, (str, *numbers)):
         raise InvalidJobError(f"{name} must be text, not {type(value).__name__}")
     return str(value)
 
@@ -140,7 +141,8 @@ def limits_form(body: Mapping[str, Json]) -> _actions.LimitsForm:
     for name in ("rate", "key_field", "key_rate"):
         if body[name] is not None and not isinstance(body[name], str):
             raise InvalidJobError(f"{name} must be text or null, not {body[name]!r}")
-    return _actions.LimitsForm(**{name: text(body, name) for name in LIMIT_FIELDS})
+    typed = {name: "" if body[name] is None else str(body[name]) for name in LIMIT_FIELDS}
+    return _actions.LimitsForm(**typed)
 
 
 PURGE_FIELDS = ("statuses", "older_than")

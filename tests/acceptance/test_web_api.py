@@ -377,9 +377,14 @@ def test_queue_actions_and_purge(
         assert queue_limits(conn)["emails"].concurrency == 4  # unchanged by the refusals
     error_of(client.post(f"{API}/queues/no%20such/pause", json={}), 422, "invalid_request")
 
+    error_of(client.post(f"{API}/jobs/retry_dead", json={"queue": 5}), 422, "invalid_request")
+    retried = client.post(f"{API}/jobs/retry_dead", json={"queue": "reports", "older_than": 0})
+    assert retried.json() == {"ok": True, "message": "1 dead job(s) queued again"}
+    assert status_of(engine, jobs["dead2"]) == "queued"
+
     purged = client.post(f"{API}/purge", json={"statuses": ["dead"], "older_than": "0"})
     assert purged.status_code == 200
-    assert "purged 2" in purged.json()["message"]
+    assert "purged 1" in purged.json()["message"]
     assert status_of(engine, jobs["dead"]) is None
     error_of(
         client.post(f"{API}/purge", json={"statuses": ["queued"], "older_than": "0"}),
