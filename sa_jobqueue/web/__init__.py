@@ -3,8 +3,9 @@
 :func:`create_app` builds it from an engine as a Starlette (ASGI) application, to run alone or
 to mount in your own Starlette or FastAPI application under any prefix; ``sa-jobqueue web``
 serves it with uvicorn. Server-rendered HTML, a small script of its own for refreshing, no
-JavaScript build. Reading needs only SELECT on sa_jobqueue's tables; actions (retry, cancel,
-purge, pause and resume a queue) are off unless asked for. It answers only the host names it
+JavaScript build; every page and action also as JSON under ``/api/v1/``, for scripts. Reading
+needs only SELECT on sa_jobqueue's tables; actions (retry, cancel, purge, pause and resume a
+queue) are off unless asked for. It answers only the host names it
 is given (by default this machine's) and refuses forms posted from another origin.
 
 This package needs the ``web`` extra (Starlette, Jinja2, python-multipart, uvicorn);

@@ -40,14 +40,18 @@ from ..ops.requeue import requeue_dead_jobs
 MAX_BATCH: Final = 10_000
 
 Attempts = Literal["extend", "reset"]
+Problem = Literal["not_found", "conflict"]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What an action did, in a sentence; ``ok`` False when it did not do what was asked."""
+    """What an action did, in a sentence; ``ok`` False when it did not do what was asked,
+    and then ``problem`` says why in a word the JSON API answers with (its status code)."""
 
     ok: bool
     text: str
+    #: "not_found": no such job; "conflict": its state does not allow the action.
+    problem: Problem | None = None
 
 
 def retry(conn: Connection, job_id: int, attempts: Attempts) -> Outcome:
@@ -56,10 +60,12 @@ def retry(conn: Connection, job_id: int, attempts: Attempts) -> Outcome:
         return Outcome(True, f"job {job_id} is queued again")
     job = get_job(conn, job_id)
     if job is None:
-        return Outcome(False, f"job {job_id}: no such job")
+        return Outcome(False, f"job {job_id}: no such job", "not_found")
     if job.status != DEAD:
-        return Outcome(False, f"job {job_id} is {job.status}, not dead: left as it is")
-    return Outcome(False, f"job {job_id} stays dead: a live job of its task holds its unique key")
+        return Outcome(False, f"job {job_id} is {job.status}, not dead: left as it is", "conflict")
+    return Outcome(
+        False, f"job {job_id} stays dead: a live job of its task holds its unique key", "conflict"
+    )
 
 
 def cancel(conn: Connection, job_id: int) -> Outcome:
@@ -71,8 +77,8 @@ def cancel(conn: Connection, job_id: int) -> Outcome:
         return Outcome(True, f"job {job_id} is cancelled")
     job = get_job(conn, job_id)
     if job is None:
-        return Outcome(False, f"job {job_id}: no such job")
-    return Outcome(False, f"job {job_id} is already {job.status}: left as it is")
+        return Outcome(False, f"job {job_id}: no such job", "not_found")
+    return Outcome(False, f"job {job_id} is already {job.status}: left as it is", "conflict")
 
 
 def pause(conn: Connection, queue: str) -> Outcome:

@@ -14,15 +14,18 @@ from urllib.parse import urlsplit
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import WebConfigError
 from ..ops.health import Thresholds
 from ..queue import JobQueue
+from ._api import Api
+from ._api_errors import ApiError, api_error, error_response, http_error, under_api
 from ._pages import Dashboard, PageError
 
 #: ``authorize(request)``: True to let the request through, False to refuse it (403).
@@ -55,6 +58,10 @@ SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 #: digits, hyphens and underscores between dots. No port, no scheme, no path.
 _HOST_NAME: Final = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
 
+_OTHER_SITE_API: Final = (
+    "refused: this request was sent by a page of another site (its Origin is not this"
+    " dashboard's address); add that origin to the trusted origins if it is yours"
+)
 _OTHER_SITE: Final = """<!doctype html><title>403</title>
 <p>Refused: this request was sent by a page of another site (its Origin is not this
 dashboard's address). If the dashboard is served under another address, add that origin to
@@ -91,7 +98,8 @@ class Guard:
     A request whose method is not safe (a POST) and that carries an ``Origin`` header is let
     through only when that origin is the address the request was sent to (its ``Host``) or one
     of ``trusted_origins``. Browsers send ``Origin`` with every POST; a request without one
-    (curl, a script) is judged by its CSRF token alone, as before. ``Origin: null`` (what a
+    (curl, a script) is judged by its CSRF token alone (a form), or its JSON body (the API,
+    whose refusals here are JSON errors). ``Origin: null`` (what a
     browser sends from a sandboxed frame, or from a page whose Referrer-Policy is
     ``no-referrer``) is refused. The scheme of the request's
     own origin is not compared: behind a proxy that ends TLS the dashboard sees ``http``
@@ -110,17 +118,26 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if scope["method"] not in SAFE_METHODS and not self._same_origin(Headers(scope=scope)):
-            await HTMLResponse(_OTHER_SITE, 403)(scope, receive, send)
+            refused: Response
+            if under_api(scope):
+                refused = error_response(403, "cross_origin", _OTHER_SITE_API)
+            else:
+                refused = HTMLResponse(_OTHER_SITE, 403)
+            await refused(scope, receive, send)
             return
         if self.authorize is not None:
             allowed = self.authorize(Request(scope, receive))
             if inspect.isawaitable(allowed):
                 allowed = await allowed
             if not allowed:
-                refused = HTMLResponse(
-                    "<!doctype html><title>403</title><p>Not authorized.</p>", 403
-                )
-                await refused(scope, receive, send)
+                denied: Response
+                if under_api(scope):
+                    denied = error_response(403, "not_authorized", "not authorized")
+                else:
+                    denied = HTMLResponse(
+                        "<!doctype html><title>403</title><p>Not authorized.</p>", 403
+                    )
+                await denied(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -156,7 +173,10 @@ def create_app(
     the prefix. Pages: the overview (queues with their limits and what holds each back, workers,
     health findings), each queue, the jobs list (filters, keyset pages), each job (with its
     kept result and its dependencies both ways), a job's workflow (the jobs joined to it by
-    dependencies, drawn without script), the periodic schedules, the purge form.
+    dependencies, drawn without script), the periodic schedules, the purge form. Under
+    ``/api/v1/``, the same pages and actions as JSON, for scripts (see the reference page
+    "Dashboard JSON API"): an action there needs ``allow_actions`` too, and a body sent as
+    ``application/json`` in place of the forms' CSRF token.
 
     ``engine`` is a synchronous SQLAlchemy Engine on PostgreSQL (psycopg 3); each page reads in one
     read-only REPEATABLE READ transaction of its own, under ``statement_timeout``. ``allow_actions``
@@ -194,14 +214,19 @@ def create_app(
         statement_timeout=statement_timeout,
         title=title,
     )
+    api = Api(dashboard)
     return Starlette(
-        routes=dashboard.routes,
+        routes=[*dashboard.routes, api.mount],
         middleware=[
             Middleware(SecurityHeaders),
             Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
             Middleware(Guard, authorize=authorize, trusted_origins=origins),
         ],
-        exception_handlers={PageError: dashboard.page_error},
+        exception_handlers={
+            PageError: dashboard.page_error,
+            ApiError: api_error,
+            HTTPException: http_error,
+        },
     )
 
 

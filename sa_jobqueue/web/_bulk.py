@@ -24,6 +24,7 @@ from ..ops.bulk import (
     APPLIES_TO,
     BULK_BATCH,
     Action,
+    BulkBatch,
     cancel_jobs,
     count_matching,
     delete_jobs,
@@ -135,19 +136,22 @@ def count(conn: Connection, asked: BulkRequest) -> tuple[Any, int]:
     return as_of, count_matching(conn, asked.action, upto=COUNTED, **_filters(asked.wanted))
 
 
-def act(conn: Connection, asked: BulkRequest) -> _actions.Outcome:
-    """One batch of the action, and what it did in a sentence."""
+def apply(conn: Connection, asked: BulkRequest) -> BulkBatch:
+    """One batch of the action (:mod:`sa_jobqueue.ops.bulk`), on the ids or the filter."""
     chosen: dict[str, Any] = {"ids": asked.ids} if asked.scope != "all" else {}
     if asked.scope == "all":
         chosen.update(_filters(asked.wanted))
     if asked.action == "cancel":
-        done = cancel_jobs(conn, **chosen)
-    elif asked.action == "retry":
-        done = retry_jobs(conn, attempts=asked.attempts, **chosen)
-    elif asked.action == "delete":
-        done = delete_jobs(conn, **chosen)
-    else:
-        done = run_jobs_now(conn, **chosen)
+        return cancel_jobs(conn, **chosen)
+    if asked.action == "retry":
+        return retry_jobs(conn, attempts=asked.attempts, **chosen)
+    if asked.action == "delete":
+        return delete_jobs(conn, **chosen)
+    return run_jobs_now(conn, **chosen)
+
+
+def said(asked: BulkRequest, done: BulkBatch) -> _actions.Outcome:
+    """What one batch did, in a sentence."""
     parts = [f"{LABELS[asked.action][1]} {done.done:,}"]
     if done.requested:
         parts.append(f"cancellation requested for {done.requested:,} running")
@@ -159,6 +163,11 @@ def act(conn: Connection, asked: BulkRequest) -> _actions.Outcome:
     if done.more:
         parts.append(f"more match: run again ({BULK_BATCH:,} a click)")
     return _actions.Outcome(bool(done.done or done.requested) or not done.left, "; ".join(parts))
+
+
+def act(conn: Connection, asked: BulkRequest) -> _actions.Outcome:
+    """One batch of the action, and what it did in a sentence."""
+    return said(asked, apply(conn, asked))
 
 
 async def handle(board: Dashboard, request: Request) -> Response:

@@ -123,11 +123,14 @@ class QueuePage:
     workers: list[WorkerInfo]
 
 
+def read_live_workers(conn: Connection, stale_after: float) -> list[WorkerInfo]:
+    """The workers whose heartbeat is younger than ``stale_after`` seconds, by name."""
+    return [WorkerInfo(*row) for row in conn.execute(live_workers(), {"stale_after": stale_after})]
+
+
 def read_queue(conn: Connection, name: str, stale_after: float) -> QueuePage:
     """Queue ``name`` (any valid name: a queue may be paused or limited before its first job)."""
     as_of: datetime = conn.execute(database_now()).scalar_one()
-    workers = [
-        WorkerInfo(*row) for row in conn.execute(live_workers(), {"stale_after": stale_after})
-    ]
+    workers = read_live_workers(conn, stale_after)
     (row,) = queue_rows(conn, [name], workers)
     return QueuePage(as_of, row, [w for w in workers if name in w.queues])

@@ -18,7 +18,6 @@ from .._sql import dashboard as dashboard_sql
 from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.health import worker_freshness
-from .._sql.stats import live_workers
 from ..models import ATTEMPT_HISTORY_LIMIT
 from ..ops.admin import JobSummary
 from ..ops.filters import check_age
@@ -27,7 +26,7 @@ from ..ops.stats import WorkerInfo
 from ..periodic import Schedule, latest_tick, next_tick
 from ._attempts import AttemptRow, attempt_rows
 from ._filters import JobFilter
-from ._queue_reads import CHART_MINUTES, QueueRow, queue_rows
+from ._queue_reads import CHART_MINUTES, QueueRow, queue_rows, read_live_workers
 
 #: Characters of JSON (payload, error) a job's page shows; the rest is cut, with a note.
 MAX_CHARS: Final = 65_536
@@ -84,7 +83,7 @@ def read_overview(
     # One name more than the page shows: whether it comes says if there is a page beyond.
     shown: list[str] = names[:QUEUES_SHOWN]
     stale = {"stale_after": check_age(thresholds.stale_after, "stale_after")}
-    workers = [WorkerInfo(*row) for row in conn.execute(live_workers(), stale)]
+    workers = read_live_workers(conn, stale["stale_after"])
     queues = queue_rows(conn, shown, workers)
     registered, _ = conn.execute(worker_freshness(), stale).one()
     findings = check(conn, thresholds)

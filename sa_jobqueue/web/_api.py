@@ -1,0 +1,341 @@
+"""The JSON API: every page's data and every action under :data:`API_PREFIX` (``/api/v1``).
+
+The routes read with the pages' own readers, in the pages' one read-only transaction, and act
+with the pages' own actions, one transaction each; only the shape of the answer differs
+(:mod:`._api_shapes`). Behind the same guard as the pages (``authorize``, the Host and Origin
+checks), and for a request that changes something:
+
+* actions must be allowed (``allow_actions``), else 403 ``actions_disabled``;
+* its body must be sent as ``Content-Type: application/json``, else 415. A page of another
+  site can make a browser send a form (form-encoded, multipart or text/plain) without
+  asking, but not a JSON body: that takes a CORS preflight, which the dashboard never grants
+  (it sends no CORS header at all). This stands for the forms' CSRF token, which a script
+  has no page to take it from;
+* a browser's ``Origin``, when sent, must be the dashboard's own address or a trusted origin.
+
+Errors are JSON (:mod:`._api_errors`). See docs/reference/dashboard-api.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final, TypeVar
+from urllib.parse import urlencode
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, Router
+
+from .. import __version__
+from ..errors import InvalidJobError, InvalidLimitError, JobQueueError
+from ..ops.filters import check_age
+from . import _actions, _api_actions, _api_shapes, _bulk, _pages, _queue_reads, _reads
+from . import _workflow_reads as _workflows
+from ._api_errors import API_PREFIX, MAX_BODY, ApiError, Marked
+from ._filters import queue_name, read_filter
+
+T = TypeVar("T")
+
+#: The query parameters of ``GET /jobs``: any other is refused, so that a mistyped filter
+#: (``stauts=dead``) is said rather than ignored.
+JOB_PARAMS: Final = frozenset(
+    {"queue", "task", "status", "older_than", "order", "after", "before", "limit"}
+)
+#: Single-job actions taken by the route ``POST /jobs/{id}/{action}``.
+JOB_ACTIONS: Final = ("cancel", "retry", "delete", "run_now")
+_STATUS: Final = {"not_found": 404, "conflict": 409}
+
+
+class Api:
+    """The API's routes over the dashboard's engine and settings."""
+
+    def __init__(self, board: _pages.Dashboard) -> None:
+        self.board = board
+        routes: list[BaseRoute] = [
+            Route("/", self.index),
+            Route("/overview", self.overview),
+            Route("/workers", self.workers),
+            Route("/queues/{name}", self.queue),
+            Route("/queues/{name}/pause", self.pause, methods=["POST"]),
+            Route("/queues/{name}/resume", self.resume, methods=["POST"]),
+            Route("/queues/{name}/limits", self.set_limits, methods=["PUT"]),
+            Route("/jobs", self.jobs),
+            Route("/jobs/bulk", self.bulk, methods=["POST"]),
+            Route("/jobs/retry_dead", self.retry_dead, methods=["POST"]),
+            Route("/jobs/{job_id:int}", self.job),
+            Route("/jobs/{job_id:int}/payload", self.payload),
+            Route("/jobs/{job_id:int}/workflow", self.workflow),
+            Route("/jobs/{job_id:int}/{action}", self.job_action, methods=["POST"]),
+            Route("/periodic", self.periodic),
+            Route("/purge", self.purge_count),
+            Route("/purge", self.purge, methods=["POST"]),
+        ]
+        self.mount = Mount(API_PREFIX, app=Marked(Router(routes)))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "api_version": 1,
+                "version": __version__,
+                "actions_allowed": self.board.allow_actions,
+            }
+        )
+
+    async def overview(self, request: Request) -> Response:
+        after = _param(queue_name, request.query_params.get("queues_after", ""))
+        data = await self._read(_reads.read_overview, self.board.thresholds, after)
+        return JSONResponse(_api_shapes.overview(data))
+
+    async def workers(self, request: Request) -> Response:
+        stale = check_age(self.board.thresholds.stale_after, "stale_after")
+        as_of, live = await self._read(_live_workers, stale)
+        shaped = [_api_shapes.worker(w) for w in live]
+        return JSONResponse({"as_of": _api_shapes.moment(as_of), "workers": shaped})
+
+    async def queue(self, request: Request) -> Response:
+        name = _param(queue_name, request.path_params["name"])
+        stale = check_age(self.board.thresholds.stale_after, "stale_after")
+        data = await self._read(_queue_reads.read_queue, name, stale)
+        return JSONResponse(_api_shapes.queue_page(data))
+
+    async def jobs(self, request: Request) -> Response:
+        params = request.query_params
+        unknown = sorted(set(params) - JOB_PARAMS)
+        if unknown:
+            raise ApiError(
+                400,
+                "invalid_parameter",
+                f"unknown parameter {', '.join(map(repr, unknown))}: expected"
+                f" {', '.join(sorted(JOB_PARAMS))}",
+            )
+        wanted = _param(read_filter, params, params.getlist("status"))
+        page = await self._read(_reads.read_jobs, wanted)
+        here = request.scope.get("root_path", "") + "/jobs?"
+        forward = page.next_after
+        back = page.previous_before
+        next_url = None if forward is None else here + urlencode(wanted.query(after=forward), True)
+        back_url = None if back is None else here + urlencode(wanted.query(before=back), True)
+        return JSONResponse(_api_shapes.job_page(page, next_url, back_url))
+
+    async def job(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        job, links = await self._read(_pages._job_page, job_id)
+        if job is None:
+            raise ApiError(404, "not_found", f"no job with id {job_id}")
+        return JSONResponse(_api_shapes.job_detail(job, links))
+
+    async def payload(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        text = await self._read(_reads.read_payload, job_id)
+        if text is None:
+            raise ApiError(404, "not_found", f"no job with id {job_id}")
+        return Response(text, media_type="application/json")
+
+    async def workflow(self, request: Request) -> Response:
+        job_id = _job_id(request)
+        graph = await self._read(_workflows.read_workflow, job_id)
+        if graph is None:
+            raise ApiError(404, "not_found", f"no job with id {job_id}")
+        return JSONResponse(_api_shapes.workflow(graph))
+
+    async def periodic(self, request: Request) -> Response:
+        data = await self._read(_reads.read_schedules, self.board.schedules)
+        return JSONResponse(_api_shapes.schedules(data))
+
+    async def purge_count(self, request: Request) -> Response:
+        params = request.query_params
+        statuses, age_text = params.getlist("status"), params.get("older_than", "")
+        selection = _param(_pages._purge_selection, statuses, age_text)
+        as_of, matching = await self._read(_pages._purge_page, selection)
+        assert matching is not None  # counted: a selection was given
+        return JSONResponse(
+            {
+                "as_of": _api_shapes.moment(as_of),
+                "statuses": selection["statuses"],
+                "older_than_seconds": selection["older_than"].total_seconds(),
+                "matching": min(matching, _actions.MAX_BATCH),
+                "more": matching > _actions.MAX_BATCH,
+                "batch": _actions.MAX_BATCH,
+            }
+        )
+
+    # -- actions -----------------------------------------------------------------------------
+
+    async def job_action(self, request: Request) -> Response:
+        body = await self._body(request)
+        job_id = _job_id(request)
+        action = request.path_params["action"]
+        if action not in JOB_ACTIONS:
+            raise ApiError(404, "not_found", f"no action {action[:40]!r}: {', '.join(JOB_ACTIONS)}")
+        if action == "retry":
+            _valid(_api_actions.fields, body, ("attempts",))
+            attempts = _valid(_api_actions.attempts, body)
+            outcome = await self._act(_actions.retry, job_id, attempts)
+        else:
+            _valid(_api_actions.fields, body, ())
+            if action == "cancel":
+                outcome = await self._act(_actions.cancel, job_id)
+            else:
+                outcome = await self._act(_api_actions.on_one, action, job_id)
+        return _outcome(outcome)
+
+    async def bulk(self, request: Request) -> Response:
+        body = await self._body(request)
+        asked, confirmed = _valid(_api_actions.bulk_request, body)
+        if not confirmed:
+            as_of, matching = await self._read(_bulk.count, asked)
+            return JSONResponse(
+                {
+                    "as_of": _api_shapes.moment(as_of),
+                    "confirmed": False,
+                    "action": asked.action,
+                    "matching": min(matching, _bulk.COUNTED),
+                    "more": matching > _bulk.COUNTED,
+                    "message": "nothing changed: send the same body with"
+                    ' "confirm": true to run one batch',
+                }
+            )
+        done, outcome = await self._act(_api_actions.bulk, asked)
+        return JSONResponse(
+            {
+                "confirmed": True,
+                "action": asked.action,
+                "ok": outcome.ok,
+                "message": outcome.text,
+                "done": done.done,
+                "cancel_requested": done.requested,
+                "left": done.left,
+                "more": done.more,
+            }
+        )
+
+    async def retry_dead(self, request: Request) -> Response:
+        body = await self._body(request)
+        _valid(_api_actions.fields, body, ("queue", "task", "older_than", "attempts"))
+        chosen = {k: body.get(k) for k in ("queue", "task", "older_than")}
+        wanted = _valid(_api_actions.job_filter, chosen)
+        outcome = await self._act(
+            _actions.retry_matching,
+            queue=wanted.queue,
+            task=wanted.task,
+            older_than=wanted.older_than,
+            attempts=_valid(_api_actions.attempts, body),
+        )
+        return _outcome(outcome)
+
+    async def pause(self, request: Request) -> Response:
+        _valid(_api_actions.fields, await self._body(request), ())
+        return _outcome(await self._act(_actions.pause, request.path_params["name"]))
+
+    async def resume(self, request: Request) -> Response:
+        _valid(_api_actions.fields, await self._body(request), ())
+        return _outcome(await self._act(_actions.resume, request.path_params["name"]))
+
+    async def set_limits(self, request: Request) -> Response:
+        form = _valid(_api_actions.limits_form, await self._body(request))
+        return _outcome(await self._act(_actions.set_limits, request.path_params["name"], form))
+
+    async def purge(self, request: Request) -> Response:
+        body = await self._body(request)
+        _valid(_api_actions.fields, body, _api_actions.PURGE_FIELDS)
+        statuses = _valid(_api_actions.texts, body, "statuses")
+        age_text = _valid(_api_actions.text, body, "older_than")
+        selection = _valid(_pages._purge_selection, statuses, age_text)
+        return _outcome(await self._act(_actions.purge, **selection))
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def _read(self, reader: Callable[..., T], *args: Any) -> T:
+        """``reader`` in the pages' one read-only transaction; a 503 for what the database
+        refused."""
+        try:
+            return await self.board._read(reader, *args)
+        except _pages.PageError as exc:
+            raise ApiError(exc.status, "database_error", exc.message) from exc
+
+    async def _act(self, action: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await run_in_threadpool(self._act_sync, action, *args, **kwargs)
+
+    def _act_sync(self, action: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``action`` in a transaction of its own, committed if it returns: the pages' own,
+        but with what it refuses raised as the API's error rather than said in a message."""
+        board = self.board
+        try:
+            with board.engine.begin() as conn:
+                board._limit_time(conn)
+                return action(conn, *args, **kwargs)
+        except DBAPIError as exc:
+            raise ApiError(503, "database_error", board._explain(exc)) from exc
+        except (InvalidJobError, InvalidLimitError) as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from None
+        except JobQueueError as exc:
+            raise ApiError(503, "database_error", str(exc)) from exc
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        """The JSON object an action was sent, once actions are allowed."""
+        if not self.board.allow_actions:
+            raise ApiError(
+                403, "actions_disabled", "actions are off: the dashboard was started without them"
+            )
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "application/json":
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                "send the body as JSON, with Content-Type: application/json",
+            )
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise ApiError(413, "body_too_large", f"a body is at most {MAX_BODY:,} bytes")
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_json", "the body must be a JSON object")
+        return body
+
+
+def _param(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)`` on query parameters: a 400 for what it refuses."""
+    try:
+        return check(*args)
+    except InvalidJobError as exc:
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+
+
+def _valid(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)`` on a body: a 422 for what it refuses."""
+    try:
+        return check(*args)
+    except (InvalidJobError, InvalidLimitError) as exc:
+        raise ApiError(422, "invalid_request", str(exc)) from None
+
+
+def _outcome(outcome: _actions.Outcome) -> Response:
+    """An action's answer: 200 with what it did, or its problem's status (404, 409)."""
+    if outcome.problem is not None:
+        raise ApiError(_STATUS[outcome.problem], outcome.problem, outcome.text)
+    return JSONResponse({"ok": outcome.ok, "message": outcome.text})
+
+
+def _job_id(request: Request) -> int:
+    try:
+        return _pages._job_id(request)
+    except _pages.PageError as exc:
+        raise ApiError(404, "not_found", exc.message) from None
+
+
+def _live_workers(conn: Connection, stale_after: float) -> tuple[datetime, list[Any]]:
+    return _reads.now(conn), _queue_reads.read_live_workers(conn, stale_after)
