@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import sa_jobqueue
 from sa_jobqueue import JobContext, JobQueue, Task
 from sa_jobqueue._registry import TaskRegistry
+from sa_jobqueue.batching import Batching
 from sa_jobqueue.errors import InvalidNameError, TaskDefinitionError, UnknownTaskError
 
 
@@ -145,3 +147,24 @@ def test_the_periodic_module_does_not_import_the_queue() -> None:
         if isinstance(node, ast.ImportFrom) and node.module is not None
     }
     assert not {"queue", "sa_jobqueue.queue"} & imported
+
+
+def test_a_hard_timeout_needs_a_sync_handler_its_child_can_import() -> None:
+    queue = JobQueue()
+    limit = timedelta(seconds=5)
+    assert queue.task(hard_timeout=limit)(send).hard_timeout == limit
+
+    async def asynchronous(ctx: JobContext, payload: Any) -> None:
+        """Never run."""
+
+    def nested(ctx: JobContext, payload: Any) -> None:
+        """Never run."""
+
+    for handler, why in ((asynchronous, "for sync handlers"), (nested, "top level")):
+        with pytest.raises(TaskDefinitionError, match=why):
+            queue.task(name=handler.__name__, hard_timeout=limit)(handler)
+    with pytest.raises(TaskDefinitionError, match="hard_timeout must be a timedelta"):
+        queue.task(name="bad", hard_timeout=5)(other)  # type: ignore[arg-type]
+    with pytest.raises(TaskDefinitionError, match="not for batch tasks"):
+        Task(name="batch", handler=other, hard_timeout=limit, batching=Batching())
+    assert sorted(queue.tasks) == ["send"]
