@@ -8,6 +8,8 @@ from collections.abc import Callable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
+from ._served import Served
+
 if TYPE_CHECKING:
     from ._claimed import Claimed
     from ._leases import Ticket
@@ -27,10 +29,10 @@ class Lane:
     """Queues that share a set of job threads and a claim buffer.
 
     A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
-    queue: each then claims into its own threads and buffer, and a busy queue cannot take the
-    threads of another. ``kinds`` is 2 when async handlers run on the event loop beside sync
-    ones on threads: each kind gets the room of a whole lane, so one kind cannot fill the
-    other's slots.
+    queue (or pattern): each then claims into its own threads and buffer, and a busy queue
+    cannot take the threads of another. ``kinds`` is 2 when async handlers run on the event
+    loop beside sync ones on threads: each kind gets the room of a whole lane, so one kind
+    cannot fill the other's slots.
 
     The lane's state changes only through its methods, each named for the event that changes
     it. Who calls which: the lease table, under its lock, counts jobs in and out
@@ -46,6 +48,9 @@ class Lane:
         self, queues: list[str], concurrency: int, prefetch: int | None, kinds: int = 1
     ) -> None:
         self.queues = queues
+        #: The queues as names and patterns: a lane with a pattern, or with more than one
+        #: name, claims from all of them in one statement.
+        self.served = Served(queues)
         self.concurrency = concurrency
         self.kinds = kinds
         # Jobs claimed ahead of free threads, so that one claim brings a batch. Left unset,
