@@ -57,6 +57,7 @@ class Served:
             )
             or r"(?!)"
         )
+        self._params: dict[str, Any] | None = None
 
     @property
     def many(self) -> bool:
@@ -70,11 +71,14 @@ class Served:
         )
 
     def params(self) -> dict[str, Any]:
-        """The many-queue claim's ``:queues`` and ``:patterns``."""
-        return {
-            "queues": sorted(self.names),
-            "patterns": [like_pattern(p) for p in self.patterns],
-        }
+        """The many-queue claim's ``:queues`` (the names, comma-separated) and ``:patterns``,
+        made once."""
+        if self._params is None:
+            self._params = {
+                "queues": ",".join(sorted(self.names)),
+                "patterns": [like_pattern(p) for p in self.patterns],
+            }
+        return self._params
 
     def describe(self, most: int = 5) -> str:
         """The entries for a log line: all of them when few, else a count and the first few."""

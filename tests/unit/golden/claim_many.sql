@@ -16,9 +16,9 @@ WHERE walk.queue IS NOT NULL),
 ready AS MATERIALIZED
 (SELECT walk.queue AS queue
 FROM walk
-WHERE walk.queue IS NOT NULL AND (walk.queue = any(%(queues)s::TEXT[]) OR walk.queue LIKE any(%(patterns)s::TEXT[])) AND NOT (EXISTS (SELECT *
+WHERE walk.queue IS NOT NULL AND (walk.queue IN (SELECT unnest(string_to_array(%(queues)s::VARCHAR, ',')) AS unnest_1) OR walk.queue LIKE any(%(patterns)s::TEXT[])) AND (walk.queue NOT IN (SELECT sa_jobqueue_queues.queue
 FROM sa_jobqueue_queues
-WHERE sa_jobqueue_queues.queue = walk.queue AND (sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_field IS NOT NULL)))
+WHERE sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_field IS NOT NULL))
 LIMIT %(limit)s::INTEGER),
 picked AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, sa_jobqueue_jobs.priority AS priority, sa_jobqueue_jobs.visible_at AS visible_at
