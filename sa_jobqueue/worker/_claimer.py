@@ -153,6 +153,7 @@ class LaneClaimer:
         self.key_windows: dict[str, float] = {}
         # The many-queue claim's turn: the queue name its next claim starts past ('': the first).
         self._after_queue = ""
+        self._rounds = 0
         #: The last round found a queue at its cap (or all threads busy with a limited queue
         #: waiting): due jobs are held back, not missing. A burst does not wait for it: its
         #: own jobs holding the slots keep it running anyway, and other workers' are not its
@@ -246,7 +247,9 @@ class LaneClaimer:
         return len(jobs) >= limit or gave_all or bool(after)
 
     def claim(self) -> bool:
-        """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
+        """Claim into the lane's free slots: its one queue, or, for a lane of many queues, each
+        limited queue it serves on its own and then all the others in one statement (see
+        :meth:`_claim_many`). True if more is probably waiting.
 
         "Probably waiting" means a claim returned as many jobs as it asked for, a claim past a
         position came back short (the head has not been asked), or a queue was not asked at
@@ -266,6 +269,11 @@ class LaneClaimer:
             # claim for all the others, however many.
             limited = self._limited.names if self._limited is not None else frozenset()
             queues = [queue for queue in sorted(limited) if queue in lane.served]
+            # Each round starts one limited queue further on: none always goes first.
+            self._rounds += 1
+            if queues:
+                turn = self._rounds % len(queues)
+                queues = queues[turn:] + queues[:turn]
         for queue in queues:
             free = lane.free
             if free <= 0:

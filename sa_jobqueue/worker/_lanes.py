@@ -62,7 +62,6 @@ class Lane:
         self.max_prefetch = PREFETCH_MAX_FACTOR * concurrency
         self._filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
         self._saturated = False  # the last claim left work behind
-        self._rotation = 0
         self._held = 0  # claimed and not finished
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
         self._ready: SimpleQueue[Ticket | None] = SimpleQueue()
@@ -122,19 +121,18 @@ class Lane:
     # -- the claim round (the claim loop's thread) --------------------------------------------
 
     def round_starts(self) -> list[str]:
-        """A claim round starts: the lane's queues in the order to ask them.
+        """A claim round starts: the queues to claim from one by one (the lane's one queue;
+        none for a lane of many queues, which are claimed in one statement that keeps its own
+        turn between them: see ``claim_many``).
 
-        Each round starts one queue further on, so that no queue always goes first. Only a
-        round that starts once the buffer has run low says how fast jobs drain it (a NOTIFY
-        or a poll that arrives while the buffer is still full says nothing): then an adaptive
-        buffer is resized, and timed afresh from the next claim that fills it.
+        Only a round that starts once the buffer has run low says how fast jobs drain it (a
+        NOTIFY or a poll that arrives while the buffer is still full says nothing): then an
+        adaptive buffer is resized, and timed afresh from the next claim that fills it.
         """
         if self._held <= self.low_water:
             self._adapt()
             self._filled_at = 0.0
-        n = len(self.queues)
-        start, self._rotation = self._rotation, (self._rotation + 1) % n
-        return [self.queues[(start + i) % n] for i in range(n)]
+        return [] if self.served.many else list(self.queues)
 
     def _adapt(self) -> None:
         """Resize an adaptive buffer from how fast the last full one drained."""
