@@ -70,6 +70,19 @@ def check_queue_name(name: object) -> str:
     return name
 
 
+def check_queue_pattern(entry: object) -> str:
+    """A queue name, or a pattern of names: ``*`` for any characters, ``?`` for one, each where
+    a name's character could stand (queue names have neither, so the two never clash)."""
+    # Checked as the name it would be with each wildcard a letter (names start with one).
+    as_name = entry.replace("*", "a").replace("?", "a") if isinstance(entry, str) else ""
+    if isinstance(entry, str) and len(entry) <= 64 and QUEUE_NAME.fullmatch(as_name):
+        return entry
+    raise InvalidNameError(
+        f"invalid queue {entry!r}: a queue name (1-64 characters from A-Z a-z 0-9 _ . : -),"
+        " or a pattern of one with * (any characters) and ? (one character)"
+    )
+
+
 def check_task_name(name: object) -> str:
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
         raise InvalidNameError(

@@ -26,6 +26,8 @@ LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: The level when --log-level is not given. Alembic's own records are shown only when a level
 #: is given (see configure_logging).
 DEFAULT_LOG_LEVEL: Final = "INFO"
+#: The worker's queues when no --queues is given: for lists a command line cannot hold.
+QUEUES_ENV: Final = "SA_JOBQUEUE_QUEUES"
 
 #: Options every command takes, before its name or after it (after it, it wins): one entry
 #: each, the flag and its add_argument settings; _add_global_options puts them everywhere.
@@ -140,8 +142,17 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     worker.add_argument(
         "--queues",
         type=_values.queues,
+        default=os.environ.get(QUEUES_ENV) or None,
         help="comma-separated queues to serve, sharing --concurrency (a,b), or each with its"
-        " own threads (emails=8,reports=1)",
+        " own threads (emails=8,reports=1); a pattern serves every queue it matches (tenant-*,"
+        " or * for all). Default: $SA_JOBQUEUE_QUEUES, else the queues the tasks declare",
+    )
+    worker.add_argument(
+        "--queues-file",
+        type=_values.queues_file,
+        metavar="PATH",
+        help="more queues, as --queues takes them, one or more a line (# comments): for lists"
+        " too long for a command line",
     )
     worker.add_argument(
         "--poll-interval",

@@ -10,7 +10,7 @@ import argparse
 from datetime import timedelta
 
 from .._durations import as_timedelta, read_seconds
-from .._validation import check_queue_name, check_task_name
+from .._validation import check_queue_name, check_queue_pattern, check_task_name
 from ..errors import InvalidLimitError, JobQueueError
 from ..models import STATUSES
 from ..ops.filters import MAX_PAGE
@@ -52,12 +52,13 @@ def duration(value: str) -> timedelta:
 
 
 def queues(value: str) -> list[tuple[str, int | None]]:
-    """``a,b`` (sharing --concurrency) or ``emails=8,reports=1`` (a concurrency each)."""
+    """``a,b`` (sharing --concurrency), ``emails=8,reports=1`` (a concurrency each), and
+    patterns (``tenant-*``, ``*``) in either form."""
     found: list[tuple[str, int | None]] = []
     for item in filter(None, (part.strip() for part in value.split(","))):
         name, sep, number = item.partition("=")
         try:
-            queue = check_queue_name(name.strip())
+            queue = check_queue_pattern(name.strip())
         except JobQueueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         if not sep:
@@ -71,6 +72,18 @@ def queues(value: str) -> list[tuple[str, int | None]]:
             raise argparse.ArgumentTypeError(f"a queue's concurrency must be at least 1: {item!r}")
         found.append((queue, concurrency))
     return found
+
+
+def queues_file(path: str) -> list[tuple[str, int | None]]:
+    """A file of queues as ``--queues`` takes them, one or more a line (commas or new lines);
+    blank lines and lines starting with ``#`` are skipped."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    kept = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return queues(",".join(kept))
 
 
 def queue(value: str) -> str:

@@ -43,7 +43,7 @@ def run_worker(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     app = load_app(args.app)
-    queues = lanes(args.queues, args.concurrency)
+    queues = lanes((args.queues or []) + (args.queues_file or []), args.concurrency)
     observers = _observers(args, app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
@@ -164,9 +164,10 @@ def _observers(args: argparse.Namespace, app: JobQueue) -> list[Observer]:
 
 
 def _queue_names(queues: list[str] | dict[str, int] | None, app: JobQueue) -> list[str]:
-    """The queues whose depth the metrics report even when empty: the ones served."""
+    """The queues whose depth the metrics report even when empty: the ones served by name (a
+    pattern names no one queue)."""
     if queues:
-        return list(queues)
+        return [name for name in queues if not any(c in name for c in "*?")]
     return sorted({task.queue for task in app.tasks.values()} | {app.default_queue})
 
 

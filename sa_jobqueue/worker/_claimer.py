@@ -14,7 +14,7 @@ from typing import Any, Final
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
-from .._sql import claim_limits, claiming
+from .._sql import claim_limits, claim_many, claiming
 from .._sql import queues as queues_sql
 from .._sql.fence import held_many
 from ..database import HeldConnection
@@ -102,6 +102,13 @@ class LimitedQueues:
         self._keyed = frozenset(name for name, keyed in rows if keyed)
         self._read_at = time.monotonic()
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The queues with a limit, as last read."""
+        if self._read_at == float("-inf"):
+            self._read()
+        return self._names
+
     def keyed(self, queue: str) -> bool:
         """Whether ``queue`` had a cap per key when the limits were last read."""
         return queue in self._keyed
@@ -144,6 +151,9 @@ class LaneClaimer:
         # next window opens (time.monotonic()). Unlike ``not_before``, the queue is still
         # claimed from meanwhile: only the keys that used their window up are held.
         self.key_windows: dict[str, float] = {}
+        # The many-queue claim's turn: the queue name its next claim starts past ('': the first).
+        self._after_queue = ""
+        self._rounds = 0
         #: The last round found a queue at its cap (or all threads busy with a limited queue
         #: waiting): due jobs are held back, not missing. A burst does not wait for it: its
         #: own jobs holding the slots keep it running anyway, and other workers' are not its
@@ -206,8 +216,40 @@ class LaneClaimer:
         held_by_key = key_wait is not None and len(jobs) < limit
         return jobs, (room < limit and len(jobs) == room) or held_by_key
 
+    def _claim_many(self, limit: int) -> bool:
+        """Claim up to ``limit`` jobs from the lane's unlimited queues in one statement, the
+        queues taking turns (see ``claim_many``); whether more is probably waiting.
+
+        The turn moves on: a claim that found ``limit`` ready queues (or more) leaves the
+        next one to start past the last of them; one that found fewer reached the end of the
+        names, and the next starts from the first. More is probably waiting when the claim
+        came back full, when some queue gave its whole share, or when it started past a turn
+        (the queues before it were not asked).
+        """
+        after = self._after_queue
+        params = {
+            **self.lane.served.params(),
+            "after_queue": after,
+            "limit": limit,
+            "worker": self._worker,
+        }
+        rows = self._conn.rows(claim_many.claim_many(), params)
+        jobs = Claimed.of_rows(rows)
+        ready = rows[0].ready_queues if rows else 0
+        self._after_queue = rows[0].last_queue if rows and ready >= limit else ""
+        share = -(-limit // ready) if ready else limit
+        per_queue: dict[str, int] = {}
+        for job in jobs:
+            per_queue[job.queue] = per_queue.get(job.queue, 0) + 1
+            if runnable(job):
+                self._submit(self.lane, job)
+        gave_all = any(n >= share for n in per_queue.values())
+        return len(jobs) >= limit or gave_all or bool(after)
+
     def claim(self) -> bool:
-        """Claim into the lane's free slots, queue by queue. True if more is probably waiting.
+        """Claim into the lane's free slots: its one queue, or, for a lane of many queues, each
+        limited queue it serves on its own and then all the others in one statement (see
+        :meth:`_claim_many`). True if more is probably waiting.
 
         "Probably waiting" means a claim returned as many jobs as it asked for, a claim past a
         position came back short (the head has not been asked), or a queue was not asked at
@@ -221,7 +263,18 @@ class LaneClaimer:
             return True
         more = False
         capped = False  # a queue at its cap: only a finished job can let more start
-        for queue in lane.round_starts():
+        queues = lane.round_starts()
+        if lane.served.many:
+            # The limited queues the lane serves, one claim each (there are few), then one
+            # claim for all the others, however many.
+            limited = self._limited.names if self._limited is not None else frozenset()
+            queues = [queue for queue in sorted(limited) if queue in lane.served]
+            # Each round starts one limited queue further on: none always goes first.
+            self._rounds += 1
+            if queues:
+                turn = self._rounds % len(queues)
+                queues = queues[turn:] + queues[:turn]
+        for queue in queues:
             free = lane.free
             if free <= 0:
                 more = True
@@ -246,6 +299,8 @@ class LaneClaimer:
             for job in jobs:
                 if runnable(job):
                     self._submit(lane, job)
+        if lane.served.many and lane.free > 0:
+            more = self._claim_many(lane.free) or more
         self.capped = capped
         # Tell the lease table whether a freed slot is worth waking the claim loop for. At a
         # queue's cap, one of this lane's own jobs ending frees a slot of the cap, so it wakes
@@ -280,7 +335,7 @@ class HandOff:
         self,
         worker: str,
         limited: LimitedQueues,
-        lanes: dict[str, Lane],
+        lanes: Callable[[str], Lane],
         submit: Callable[[Lane, Claimed], None],
         stopping: threading.Event,
     ) -> None:
@@ -301,7 +356,7 @@ class HandOff:
         """Complete ``batch`` (fenced; ``results`` as ``transitions.complete_many`` takes them),
         and claim up to ``freed`` jobs of ``queue`` in the same statement; the ids completed.
         The jobs claimed are submitted to the queue's lane."""
-        lane = self._lanes[queue]
+        lane = self._lanes(queue)
         params = {
             "from_queue": queue,
             "limit": 0 if self._stopping.is_set() else freed,

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
+from ._served import Served, is_pattern
+
 if TYPE_CHECKING:
     from ..queue import JobQueue
     from ._claimed import Claimed
@@ -28,10 +30,10 @@ class Lane:
     """Queues that share a set of job threads and a claim buffer.
 
     A worker has one lane for all its queues, or, with a concurrency per queue, one lane per
-    queue: each then claims into its own threads and buffer, and a busy queue cannot take the
-    threads of another. ``kinds`` is 2 when async handlers run on the event loop beside sync
-    ones on threads: each kind gets the room of a whole lane, so one kind cannot fill the
-    other's slots.
+    queue (or pattern): each then claims into its own threads and buffer, and a busy queue
+    cannot take the threads of another. ``kinds`` is 2 when async handlers run on the event
+    loop beside sync ones on threads: each kind gets the room of a whole lane, so one kind
+    cannot fill the other's slots.
 
     The lane's state changes only through its methods, each named for the event that changes
     it. Who calls which: the lease table, under its lock, counts jobs in and out
@@ -47,6 +49,9 @@ class Lane:
         self, queues: list[str], concurrency: int, prefetch: int | None, kinds: int = 1
     ) -> None:
         self.queues = queues
+        #: The queues as names and patterns: a lane with a pattern, or with more than one
+        #: name, claims from all of them in one statement.
+        self.served = Served(queues)
         self.concurrency = concurrency
         self.kinds = kinds
         # Jobs claimed ahead of free threads, so that one claim brings a batch. Left unset,
@@ -58,7 +63,6 @@ class Lane:
         self.max_prefetch = PREFETCH_MAX_FACTOR * concurrency
         self._filled_at = 0.0  # time.monotonic() of the last claim that filled the buffer
         self._saturated = False  # the last claim left work behind
-        self._rotation = 0
         self._held = 0  # claimed and not finished
         # Claimed jobs on their way to a job thread; None tells a thread to finish.
         self._ready: SimpleQueue[Ticket | None] = SimpleQueue()
@@ -116,19 +120,18 @@ class Lane:
     # -- the claim round (the claim loop's thread) --------------------------------------------
 
     def round_starts(self) -> list[str]:
-        """A claim round starts: the lane's queues in the order to ask them.
+        """A claim round starts: the queues to claim from one by one (the lane's one queue;
+        none for a lane of many queues, which are claimed in one statement that keeps its own
+        turn between them: see ``claim_many``).
 
-        Each round starts one queue further on, so that no queue always goes first. Only a
-        round that starts once the buffer has run low says how fast jobs drain it (a NOTIFY
-        or a poll that arrives while the buffer is still full says nothing): then an adaptive
-        buffer is resized, and timed afresh from the next claim that fills it.
+        Only a round that starts once the buffer has run low says how fast jobs drain it (a
+        NOTIFY or a poll that arrives while the buffer is still full says nothing): then an
+        adaptive buffer is resized, and timed afresh from the next claim that fills it.
         """
         if self._held <= self.low_water:
             self._adapt()
             self._filled_at = 0.0
-        n = len(self.queues)
-        start, self._rotation = self._rotation, (self._rotation + 1) % n
-        return [self.queues[(start + i) % n] for i in range(n)]
+        return [] if self.served.many else list(self.queues)
 
     def _adapt(self) -> None:
         """Resize an adaptive buffer from how fast the last full one drained."""
@@ -234,4 +237,4 @@ def undeclared_queues(queue: JobQueue, served: Iterable[str]) -> list[str]:
     any task's jobs anywhere), which is why the worker warns and does not refuse.
     """
     declared = _declared_queues(queue)
-    return [name for name in served if name not in declared]
+    return [name for name in served if name not in declared and not is_pattern(name)]

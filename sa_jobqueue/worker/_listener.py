@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Container
 
 import psycopg
 from psycopg import sql
@@ -27,7 +27,7 @@ LISTEN_PING = 10.0
 
 def listen(
     engine: Engine,
-    queues: Collection[str],
+    queues: Container[str],
     wake: threading.Event,
     stopping: threading.Event,
     clock: StopClock | None = None,

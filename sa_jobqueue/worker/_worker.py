@@ -39,6 +39,7 @@ from ._recorder import Recorder
 from ._reports import Reports
 from ._retries import retrying
 from ._runner import Runner
+from ._served import Served
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -53,6 +54,11 @@ class Worker:
     """Runs the tasks of a :class:`JobQueue` against a database until stopped.
 
     ``queues`` defaults to every queue the registered tasks declare plus the default queue.
+    An entry may be a pattern: ``*`` stands for any characters and ``?`` for one, so
+    ``"tenant-*"`` serves every queue whose name starts so, and ``"*"`` every queue, without
+    listing them. A worker serving a pattern, or more than one queue in a lane, claims from all
+    of them in one statement, the queues taking turns (see "Many queues" in the flow-control
+    guide); a queue with a pause or a limit is claimed on its own, as always.
     ``poll_interval`` is the safety-net poll (jittered ±20%); with ``listen`` on, new jobs wake
     idle workers through LISTEN/NOTIFY long before it. ``shutdown_grace`` is how long
     :meth:`stop` lets running handlers finish; jobs still running after it are left to be
@@ -106,13 +112,21 @@ class Worker:
             names = list(queues) if queues else default_queues(queue)
             self._lanes = [Lane(names, concurrency, prefetch, kinds)]
         self.queues = [q for lane in self._lanes for q in lane.queues]
-        # Not ``name``: that is the worker's own name, read below.
-        for undeclared in undeclared_queues(queue, self.queues):
+        self.served = Served(self.queues)
+        # Not ``name``: that is the worker's own name, read below. One line, however many.
+        undeclared = undeclared_queues(queue, self.queues)
+        if len(undeclared) == 1:
             log.warning(
                 "serving queue %r, which no registered task declares (a typo?); only jobs"
                 " enqueued with queue=%r run there",
-                undeclared,
-                undeclared,
+                undeclared[0],
+                undeclared[0],
+            )
+        elif undeclared:
+            log.warning(
+                "serving %s that no registered task declares (typos?); only jobs enqueued"
+                " with queue= one of them run there",
+                Served(undeclared).describe(),
             )
         self.concurrency = sum(lane.concurrency for lane in self._lanes)
         if retention is not None and retention < timedelta(0):
@@ -238,7 +252,10 @@ class Worker:
         """
         self._check_schema()
         log.info(
-            "worker %s serving %s with concurrency %d", self.name, self.queues, self.concurrency
+            "worker %s serving %s with concurrency %d",
+            self.name,
+            self.served.describe(),
+            self.concurrency,
         )
         self._leases = LeaseTable(burst=burst)
 
@@ -247,13 +264,12 @@ class Worker:
         # through ``intake``, which the runner attaches to as it is built (see Intake).
         intake = Intake()
         limits = LimitedQueues(self._claimer)
-        lanes = {queue: lane for lane in self._lanes for queue in lane.queues}
         # In a burst, a written completion may make more work due (a job that waited for it):
         # the claim loop looks again once the completions are written, rather than stop.
         recorder = Recorder(
             self._single,
             Reports(self._observe),
-            handoff=HandOff(self.name, limits, lanes, intake, self._stopping),
+            handoff=HandOff(self.name, limits, self._lane_of, intake, self._stopping),
             on_flushed=self._wake.set if burst else None,
             clock=self._clock,
         )
@@ -333,7 +349,7 @@ class Worker:
             helpers.append(
                 threading.Thread(
                     target=listen,
-                    args=(self.engine, self.queues, self._wake, self._stopping, self._clock),
+                    args=(self.engine, self.served, self._wake, self._stopping, self._clock),
                     name="sa_jobqueue-listener",
                     daemon=True,
                 )
@@ -384,6 +400,10 @@ class Worker:
         if self._fatal is not None:
             raise self._fatal
         return not not_done and not unwritten
+
+    def _lane_of(self, queue: str) -> Lane:
+        """The lane that serves ``queue``: the first whose names or patterns take it."""
+        return next(lane for lane in self._lanes if queue in lane.served)
 
     def _behind_a_transaction_pooler(self) -> None:
         """Statements failed as they do behind a transaction pooler: stop, saying what to pass

@@ -212,3 +212,44 @@ def test_dependencies_the_burst_runs_release_their_dependents_and_others_end_it(
     assert statuses(tables, [upstream, dependent]) == {"succeeded": 2}
     assert statuses(tables, [later]) == {"queued": 1}
     assert statuses(tables, [blocked]) == {"waiting": 1}
+
+
+#: The most runs of queue ``limited``'s jobs that overlapped, by their start and end records.
+MOST_AT_ONCE_LIMITED = sa.text(
+    """
+    WITH spans AS (
+        SELECT r.started, coalesce(r.ended, 'infinity') AS ended
+        FROM limited_runs r JOIN sa_jobqueue_jobs j ON j.id = r.job_id
+        WHERE j.queue = 'limited'
+    )
+    SELECT coalesce(max((SELECT count(*) FROM spans b
+                         WHERE b.started <= a.started AND b.ended > a.started)), 0)
+    FROM spans a
+    """
+)
+
+
+def test_a_worker_of_every_queue_keeps_each_queues_pause_and_cap(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    # '*': one claim for the free queues, the limited claim for the capped one, none for the
+    # paused one; its cap of 1 holds although the worker has threads to spare.
+    with tables.begin() as conn:
+        set_queue_concurrency(conn, "limited", 1)
+        pause_queue(conn, "limited-paused")
+    capped = enqueue_many(tables, "work", [{"n": n, "ms": 30} for n in range(4)])
+    with Session(tables) as session, session.begin():
+        paused = limited.queue.enqueue_many(session, "work", [{"n": 9}], queue="limited-paused")
+        free = [
+            job
+            for n in range(20)
+            for job in limited.queue.enqueue_many(
+                session, "work", [{"n": 100 + n}], queue=f"limited-{n:02d}"
+            )
+        ]
+    burst(database_url, "*")
+    assert statuses(tables, capped) == {"succeeded": 4}
+    assert statuses(tables, free) == {"succeeded": 20}
+    assert statuses(tables, paused) == {"queued": 1}
+    with tables.connect() as conn:
+        assert conn.execute(MOST_AT_ONCE_LIMITED).scalar_one() == 1

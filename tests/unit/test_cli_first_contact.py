@@ -18,6 +18,7 @@ from sa_jobqueue import worker as worker_module
 from sa_jobqueue.cli._arguments import build_parser as _parser
 from sa_jobqueue.cli._arguments import parse_args as _parse
 from sa_jobqueue.database import create_engine
+from sa_jobqueue.errors import WorkerConfigError
 from sa_jobqueue.ops import RateLimit
 from tests.helpers.jobs import handler
 from tests.helpers.processes import run_cli
@@ -320,3 +321,23 @@ def test_queues_limit_options_parse_as_the_ops_api_reads_them() -> None:
     assert (args.no_concurrency, args.no_rate, args.clear) == (False, False, False)
     args = _parse(["queues", "limit", "emails", "--no-rate"])
     assert (args.concurrency, args.rate, args.no_rate) == (None, None, True)
+
+
+def test_many_undeclared_queues_give_one_warning_line_and_patterns_none(
+    mail_queue: JobQueue, unused_engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenants = [f"tenant-{n}" for n in range(10_000)]
+    with caplog.at_level(logging.INFO, logger="sa_jobqueue.worker"):
+        Worker(mail_queue, unused_engine, queues=tenants)
+        Worker(mail_queue, unused_engine, queues=["tenant-*", "*"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "10000 queues (tenant-0, tenant-1" in warnings[0]
+
+
+@pytest.mark.parametrize("bad", ["tenant-[1]", "*%", "", "-x", "a" * 65, "tenant,*"])
+def test_a_pattern_is_a_queue_name_with_wildcards_or_refused(
+    mail_queue: JobQueue, unused_engine: sa.Engine, bad: str
+) -> None:
+    with pytest.raises(WorkerConfigError, match="invalid queue"):
+        Worker(mail_queue, unused_engine, queues=[bad])

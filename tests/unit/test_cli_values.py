@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from sa_jobqueue.cli import _values
+from sa_jobqueue.cli._arguments import parse_args
+from sa_jobqueue.worker._served import Served
 
 
 @pytest.mark.parametrize(
@@ -37,3 +40,41 @@ def test_limits_of_each_option() -> None:
     assert _values.retention("forever") is None
     with pytest.raises(argparse.ArgumentTypeError, match="too long"):
         _values.duration("999999999999d")
+
+
+def test_queues_take_names_counts_and_patterns() -> None:
+    assert _values.queues("a, tenant-*=4,*") == [("a", None), ("tenant-*", 4), ("*", None)]
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid queue"):
+        _values.queues("tenant-%")
+
+
+def test_a_queues_file_holds_a_list_too_long_for_a_command_line(tmp_path: Path) -> None:
+    listed = tmp_path / "queues.txt"
+    names = [f"tenant-{n:05d}" for n in range(10_000)]  # 160 kB: more than one argument holds
+    listed.write_text("# tenants\n\n" + "\n".join(names) + "\nemails=8, reports\n")
+    read = _values.queues_file(str(listed))
+    assert [name for name, _ in read] == [*names, "emails", "reports"]
+    assert read[-2:] == [("emails", 8), ("reports", None)]
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot read"):
+        _values.queues_file(str(tmp_path / "missing.txt"))
+
+
+def test_the_queues_come_from_the_environment_unless_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SA_JOBQUEUE_QUEUES", "tenant-*,emails")
+    args = parse_args(["worker", "app:queue"])
+    assert args.queues == [("tenant-*", None), ("emails", None)]
+    assert parse_args(["worker", "app:queue", "--queues", "a"]).queues == [("a", None)]
+
+
+def test_served_matches_names_and_patterns_and_escapes_like() -> None:
+    served = Served(["emails", "tenant-*", "t_?"])
+    assert "emails" in served
+    assert "tenant-42" in served
+    assert "t_1" in served
+    assert "tx1" not in served  # _ is itself, not LIKE's any character
+    assert "reports" not in served
+    assert served.params() == {"queues": "emails", "patterns": ["tenant-%", "t\\__"]}
+    assert served.many
+    assert not Served(["emails"]).many

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 from sqlalchemy.sql import ClauseElement
 
-from sa_jobqueue._sql import claim_limits, claiming, enqueue, leases, transitions
+from sa_jobqueue._sql import claim_limits, claim_many, claiming, enqueue, leases, transitions
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
@@ -31,6 +31,8 @@ UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
 BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     "claim": claiming.claim,
     "claim_after": claiming.claim_after,
+    # The claim over many queues: the queues with due jobs, round-robin, in one statement.
+    "claim_many": claim_many.claim_many,
     # The limited claim's four variants: with or without a limit per key, alone or completing
     # the jobs that freed their slots in the same statement (the worker's HandOff).
     "claim_limited": partial(claim_limits.claim_limited, keyed=False),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import namedtuple
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import pytest
 
-from sa_jobqueue._sql import claiming
+from sa_jobqueue._sql import claim_many, claiming
 from sa_jobqueue.worker import _claimer
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._claimer import ClaimLoop, LaneClaimer
@@ -103,28 +104,63 @@ def finish(one: LaneClaimer, n: int | None = None) -> None:
         one._leases.let_go(ticket)
 
 
-def test_claims_the_free_slots_queue_by_queue_and_rotates_the_first() -> None:
-    lane = Lane(["a", "b"], 2, 0)  # capacity 2
-    conn = FakeConnection({"a": 1, "b": 5})
+#: A many-queue claim's row: a claim row, and how far the walk got.
+ManyRow = namedtuple("ManyRow", [*ClaimRow._fields, "ready_queues", "last_queue"])
+
+
+class FakeManyConnection(FakeConnection):
+    """Answers the many-queue claim as the statement does: the queues with jobs past
+    ``after_queue``, up to ``limit`` of them, an even share each, round-robin."""
+
+    def rows(self, statement: Any, params: dict[str, Any], *, as_text: bool = False) -> Any:
+        assert statement is claim_many.claim_many()
+        limit, after = params["limit"], params["after_queue"]
+        self.asked.append((after, limit))
+        ready = sorted(q for q, n in self.waiting.items() if q > after and n > 0)[:limit]
+        if not ready:
+            return []
+        share = -(-limit // len(ready))
+        taken = [(turn, q) for q in ready for turn in range(min(share, self.waiting[q]))]
+        rows = []
+        for _, queue in sorted(taken)[:limit]:
+            self.waiting[queue] -= 1
+            job = (
+                FakeConnection({queue: 1}, self.status)
+                .rows(claiming.claim(), {"from_queue": queue, "limit": 1})[0]
+                ._replace(id=self.next_id)
+            )
+            self.next_id += 1
+            rows.append(ManyRow(*job, len(ready), ready[-1]))
+        return rows
+
+
+def test_a_lane_of_many_queues_claims_them_in_one_statement_taking_turns() -> None:
+    lane = Lane(["a", "b", "c"], 2, 0)  # capacity 2: fewer slots than queues with jobs
+    conn = FakeManyConnection({"a": 1, "b": 5, "c": 1})
     one, submitted = claimer(lane, conn)
-    assert one.claim()  # b had more than the slot it was asked for
-    assert conn.asked == [("a", 2), ("b", 1)]
+    assert one.claim()  # the slots ran out before every queue had its turn
+    assert conn.asked == [("", 2)]
     assert [job.queue for job in submitted] == ["a", "b"]
-    assert lane.held == 2
-    assert lane.saturated
+    finish(one)
     conn.asked.clear()
-    assert one.claim()  # no room left: more is probably waiting, nothing asked
-    assert conn.asked == []
+    one.claim()  # the next claim starts past the last queue the walk reached
+    assert conn.asked == [("b", 2)]
+    assert [job.queue for job in submitted[2:]] == ["c"]
+    finish(one)
+    conn.asked.clear()
+    one.claim()  # the walk reached the end: from the first again
+    assert conn.asked == [("", 2)]
+    assert [job.queue for job in submitted[3:]] == ["b", "b"]
 
 
-def test_the_next_round_starts_with_the_next_queue() -> None:
-    lane = Lane(["a", "b"], 1, 0)
-    conn = FakeConnection({"a": 5, "b": 5})
-    one, _ = claimer(lane, conn)
-    one.claim()
-    finish(one)  # the job finished
-    one.claim()
-    assert [queue for queue, _ in conn.asked] == ["a", "b"]
+def test_a_pattern_lane_claims_with_one_statement_even_when_idle() -> None:
+    lane = Lane(["tenant-*"], 4, 0)
+    conn = FakeManyConnection({})
+    one, submitted = claimer(lane, conn)
+    assert not one.claim()
+    assert not one.claim()
+    assert conn.asked == [("", 4), ("", 4)]
+    assert submitted == []
 
 
 def test_a_short_answer_means_nothing_more_is_waiting() -> None:
