@@ -343,10 +343,11 @@ def test_the_jobs_list_refreshes_in_place_unless_rows_are_ticked(
     browser.execute_script("window.__kept = 1; document.getElementById('live').dataset.old = 'y'")
 
     def ids() -> set[str]:
-        return {
-            box.get_attribute("value")
-            for box in browser.find_elements(By.CSS_SELECTOR, "#bulk input[name=id]")
-        }
+        # Read in the page in one go: a refresh may replace the rows between two reads.
+        found: list[str] = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#bulk input[name=id]'), b => b.value)"
+        )
+        return set(found)
 
     with engine.begin() as conn:
         second = add_job(conn, queue="live", visible_in=600)
