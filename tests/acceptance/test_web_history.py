@@ -58,9 +58,7 @@ def test_the_overview_and_the_queue_page_show_a_day_and_a_week(
     assert ("10", "succeeded", "this hour") in bars
     assert ("1", "dead", "167 h before this hour") in bars
     assert len([b for b in bars if b[1] == "succeeded"]) == 24 + 168
-
-
-def test_a_queue_without_history_shows_empty_charts(client: TestClient) -> None:
+    # A queue without history: empty charts.
     queue = client.get("/queues", params={"name": "quiet"}).text
     assert "Last 7 days: 0 succeeded, 0 dead, 0 cancelled" in queue
     assert "<rect" not in queue.split('id="history"')[1].split("</section>")[0]
@@ -85,24 +83,25 @@ def test_search_the_jobs_by_what_their_payload_contains(
     assert {int(i) for i in re.findall(r'name="id" value="(\d+)"', deep)} == {nested}
     # The form keeps it, and the pager's links carry it on.
     assert 'value="{&#34;customer&#34;: 42}"' in listed.text
+    # The list's rows are in the part the live refresh replaces, under its pause control.
+    assert '<input type="checkbox" id="auto-refresh">' in listed.text
+    assert listed.text.index('<div id="live">') < listed.text.index('<form id="bulk"')
+    # One script, from the dashboard itself: the CSP forbids any other, inline ones too.
+    (script,) = re.findall(r"<script[^>]*>", listed.text)
+    assert re.fullmatch(r'<script src="/static/dashboard\.js\?v=[^"]+" defer>', script)
+    for search, said in MALFORMED:
+        answer = client.get("/jobs", params={"payload": search})
+        assert answer.status_code == 400
+        assert said in answer.text
+        assert "Traceback" not in answer.text
 
 
-@pytest.mark.parametrize(
-    ("search", "said"),
-    [
-        ("customer=42", "a payload search is JSON"),
-        ("42", "a payload search is a JSON object or array"),
-        ('"text"', "a payload search is a JSON object or array"),
-        ("{" + '"a": 1, ' * 400 + '"b": 2}', "at most 2,000 characters"),
-    ],
-)
-def test_a_malformed_payload_search_says_what_is_wrong(
-    client: TestClient, search: str, said: str
-) -> None:
-    answer = client.get("/jobs", params={"payload": search})
-    assert answer.status_code == 400
-    assert said in answer.text
-    assert "Traceback" not in answer.text
+MALFORMED = [
+    ("customer=42", "a payload search is JSON"),
+    ("42", "a payload search is a JSON object or array"),
+    ('"text"', "a payload search is a JSON object or array"),
+    ("{" + '"a": 1, ' * 400 + '"b": 2}', "at most 2,000 characters"),
+]
 
 
 def test_a_payload_search_acts_on_the_page_not_on_all_matching(
@@ -124,16 +123,3 @@ def test_a_payload_search_acts_on_the_page_not_on_all_matching(
     with engine.connect() as conn:
         statuses = dict(conn.execute(sa.text("SELECT id, status FROM sa_jobqueue_jobs")).all())
     assert statuses == {found: "cancelled", other: "queued"}
-
-
-def test_the_list_and_its_pause_control_are_in_the_page(
-    engine: sa.Engine, client: TestClient
-) -> None:
-    with engine.begin() as conn:
-        add_job(conn, queue="live")
-    page = client.get("/jobs", params={"queue": "live"}).text
-    assert '<input type="checkbox" id="auto-refresh">' in page
-    assert page.index('<div id="live">') < page.index('<form id="bulk"')
-    # One script, from the dashboard itself: the CSP forbids any other, inline ones too.
-    (script,) = re.findall(r"<script[^>]*>", page)
-    assert re.fullmatch(r'<script src="/static/dashboard\.js\?v=[^"]+" defer>', script)
