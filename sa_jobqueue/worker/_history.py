@@ -9,8 +9,10 @@ from .._sql import retention as retention_sql
 from ..models import HISTORY_KEPT
 
 #: Folds one round runs at most, each over at most ``history_sql.SPAN`` seconds of finishes:
-#: a worker that was away for a day catches up over a few rounds, never in one long lock.
-FOLD_MAX_ROUNDS = 10
+#: an hour of them a round (a round runs about once a minute, in the claim loop's pauses),
+#: so a worker that was away for a day catches up within half an hour, never in one long lock;
+#: pruning does not wait for it meanwhile (it counts what it deletes past the mark).
+FOLD_MAX_ROUNDS = 4
 #: Hours of history (rows: a queue's hour) one round deletes at most once they are older than
 #: HISTORY_KEPT: 10,000 queues' hours go stale an hour at a time, and a round runs a minute.
 HISTORY_PRUNE_BATCH = 20_000
