@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0014"
+SCHEMA_REVISION: Final = "sajq_0015"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -337,12 +337,47 @@ class Dependency(Base):
     )
 
 
+class HistoryHour(Base):
+    """Jobs of one queue that finished in one hour, per finished status: the long history.
+
+    Folded in from the jobs table by the workers' upkeep (``worker/_history.py``), never by the
+    completion, so finishing a job writes nothing more; the rows outlive the jobs they count,
+    which pruning deletes. Kept :data:`HISTORY_KEPT` long.
+    """
+
+    __tablename__ = "sa_jobqueue_history"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: The hour's start (UTC hours: the same buckets whatever a session's time zone).
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    succeeded: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    dead: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    cancelled: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
+class HistoryMark(Base):
+    """One row: how far the history is folded in. Jobs that finished before ``folded_to`` are
+    counted in ``sa_jobqueue_history``, those since are not yet; pruning waits for the fold."""
+
+    __tablename__ = "sa_jobqueue_history_mark"
+
+    one: Mapped[bool] = mapped_column(primary_key=True, server_default=text("true"))
+    folded_to: Mapped[datetime]
+
+    __table_args__ = (CheckConstraint("one", name="one_row"),)
+
+
+#: How long the hourly history is kept: the dashboard's week, and a day of slack.
+HISTORY_KEPT: Final = timedelta(days=8)
+
 jobs_table: Final = cast(Table, Job.__table__)
 periodic_table: Final = cast(Table, Periodic.__table__)
 workers_table: Final = cast(Table, WorkerRecord.__table__)
 queues_table: Final = cast(Table, QueueSettings.__table__)
 key_starts_table: Final = cast(Table, KeyStarts.__table__)
 dependencies_table: Final = cast(Table, Dependency.__table__)
+history_table: Final = cast(Table, HistoryHour.__table__)
+history_mark_table: Final = cast(Table, HistoryMark.__table__)
 
 
 def prunable() -> ColumnElement[bool]:

@@ -1,7 +1,8 @@
 """Every SQL statement sa_jobqueue runs, built with SQLAlchemy Core in one reviewable place.
 
 One module per concern. The worker's: ``claiming``, ``transitions``, ``leases``,
-``retention`` and ``workers`` (its row in the registry). The application's: ``enqueue``,
+``retention``, ``history`` (the hourly counts the upkeep folds in) and ``workers`` (its row
+in the registry). The application's: ``enqueue``,
 ``periodic``, ``admin``, ``listing`` (pages of jobs) and ``finished`` (requeueing dead jobs,
 purging old ones). The operator's: ``stats``, ``health`` and ``dashboard`` (the web pages).
 Around them: ``schema`` (where the database's schema stands), ``session`` (the session itself:

@@ -179,6 +179,7 @@ def job_page(
     after: bool,
     newest_first: bool,
     window: bool = False,
+    payload: bool = False,
 ) -> Select[Any]:
     """Up to ``:limit`` jobs for the list, in id order: :func:`.listing.select_jobs`'s filters.
 
@@ -191,6 +192,10 @@ def job_page(
     ``window`` bounds the ids read to ``:window_edge`` (the lowest one newest first, the
     highest oldest first): for filters no partial index serves, which would otherwise walk
     the primary key through the whole history to find a page of rare matches.
+
+    ``payload``: only jobs whose payload contains ``:payload`` (JSON text, ``@>``). No index
+    serves it (a GIN index on payloads would be paid for by every enqueue and every prune),
+    so the caller reads it with ``window``: each row of the window has its payload read.
     """
     conditions = job_filters(
         statuses=statuses,
@@ -200,6 +205,8 @@ def job_page(
         after=after,
         newest_first=newest_first,
     )
+    if payload:
+        conditions.append(j.payload.op("@>")(cast(bindparam("payload", type_=Text), JSONB)))
     if window:
         edge = bindparam("window_edge", type_=BigInteger)
         conditions.append(j.id >= edge if newest_first else j.id <= edge)

@@ -26,6 +26,7 @@ from ..models import (
     queues_table,
 )
 from .clock import seconds
+from .history import count_deleted
 
 #: The advisory lock that lets one worker at a time prune (an arbitrary constant: "sajq").
 PRUNE_LOCK: Final = 0x736A_7170
@@ -40,11 +41,14 @@ def try_prune_lock() -> Select[bool]:
 
 
 @cache
-def prune() -> Delete:
-    """Delete up to ``:limit`` succeeded or cancelled jobs finished ``:retention`` seconds ago.
+def prune() -> Select[int]:
+    """Delete up to ``:limit`` succeeded or cancelled jobs finished ``:retention`` seconds ago;
+    return how many.
 
     Dead jobs are never pruned: they wait to be requeued or purged. Bounded, so one call holds
     its locks for a short while; the oldest go first; rows locked by someone else are skipped.
+    Those the history's fold has not reached are counted into it as they go (see
+    :mod:`.history`): pruning never waits for the fold, and loses no finish from the history.
     """
     doomed = (
         select(j.id)
@@ -55,7 +59,14 @@ def prune() -> Delete:
         .cte("doomed")
         .prefix_with("MATERIALIZED")
     )
-    return delete(jobs_table).where(j.id == doomed.c.id)
+    gone = (
+        delete(jobs_table)
+        .where(j.id == doomed.c.id)
+        .returning(j.queue, j.status, j.finished_at)
+        .cte("gone")
+    )
+    counted = count_deleted(gone).cte("counted")
+    return select(func.count()).select_from(gone).add_cte(counted)
 
 
 @cache

@@ -95,6 +95,12 @@ def read_request(form: FormData) -> BulkRequest:
     scope = fields.get("scope", "") or "selected"
     if scope not in ("selected", "page", "all"):
         raise InvalidJobError(f"scope must be selected, page or all, not {scope[:40]!r}")
+    if scope == "all" and wanted.payload is not None:
+        # The operations select by queue, task, status and age; a payload search is read a
+        # window of ids at a time, so "all of them" is not one bounded statement.
+        raise InvalidJobError(
+            "a payload search acts on the ticked rows or the page, not on all matching"
+        )
     named = "page_id" if scope == "page" else "id"
     ids: list[int] = []
     if scope != "all":

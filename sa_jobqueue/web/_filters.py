@@ -8,6 +8,7 @@ found. Either way they reach the database as bound parameters only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +43,8 @@ class JobFilter:
     #: ... or ends just before it (the previous page).
     before: int | None = None
     limit: int = PAGE
+    #: Only jobs whose payload contains this JSON (``payload @> ...``), as canonical text.
+    payload: str | None = None
     #: The filter as the user typed the age, to show it back in the form.
     age_text: str = field(default="", compare=False)
 
@@ -52,6 +55,9 @@ class JobFilter:
     @property
     def within(self) -> Literal["live", "dead"] | None:
         """The partial index holding every status asked for, if one does."""
+        if self.payload is not None:
+            # No index holds payloads: a payload search always reads a window of ids.
+            return None
         wanted = set(self.statuses)
         if wanted and wanted <= {QUEUED, RUNNING}:
             return "live"
@@ -70,6 +76,7 @@ class JobFilter:
             "task": self.task,
             "status": list(self.statuses),
             "older_than": self.age_text or None,
+            "payload": self.payload,
             "order": None if self.order == "newest" else self.order,
             "limit": None if self.limit == PAGE else self.limit,
         }
@@ -90,6 +97,8 @@ class JobFilter:
             words += f" of task {self.task}"
         if self.older_than is not None:
             words += f" created over {span(self.older_than)} ago"
+        if self.payload is not None:
+            words += f" with payload containing {self.payload}"
         return words
 
 
@@ -120,8 +129,36 @@ def read_filter(params: Mapping[str, str], statuses: Iterable[str]) -> JobFilter
         after=after,
         before=before,
         limit=limit,
+        payload=payload_filter(params.get("payload", "")),
         age_text=age_text,
     )
+
+
+#: The longest payload search, in characters: a search names a few fields, not a document.
+MAX_PAYLOAD_SEARCH: Final = 2_000
+
+
+def payload_filter(text: str) -> str | None:
+    """A payload search: a JSON object or array (``{"customer": 42}``), as canonical text; None
+    for "". InvalidJobError for anything else: the text reaches the database as a bound
+    parameter only, and never as a path or an expression."""
+    text = text.strip()
+    if not text:
+        return None
+    if len(text) > MAX_PAYLOAD_SEARCH:
+        raise InvalidJobError(f"a payload search is at most {MAX_PAYLOAD_SEARCH:,} characters")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise InvalidJobError(
+            f'a payload search is JSON, such as {{"customer": 42}}, not {text[:40]!r}'
+        ) from None
+    if not isinstance(value, dict | list):
+        raise InvalidJobError(
+            'a payload search is a JSON object or array, such as {"customer": 42}: the jobs'
+            " whose payload contains it are listed"
+        )
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
 def queue_name(text: str) -> str | None:

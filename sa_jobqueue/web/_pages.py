@@ -31,7 +31,7 @@ from ..ops.filters import MAX_JOB_ID, check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
-from . import _actions, _bulk, _display, _queue_reads, _reads, _workflow_reads
+from . import _actions, _bulk, _display, _queue_reads, _reads, _workflow_reads, _workflow_svg
 from ._db_errors import explain
 from ._filters import JobFilter, age, finished_statuses, queue_name, read_filter, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
@@ -145,7 +145,16 @@ class Dashboard:
         graph = await self._read(_workflow_reads.read_workflow, job_id)
         if graph is None:
             raise PageError(404, f"no job with id {job_id}")
-        return self._page(request, "workflow.html", graph.as_of, graph=graph)
+        # Every link of the view is this prefix and an id: one route lookup, not 400.
+        job_href = self.url(request, "job", job_id=0).removesuffix("0")
+        return self._page(
+            request,
+            "workflow.html",
+            graph.as_of,
+            graph=graph,
+            drawing=_workflow_svg.svg_body(graph, job_href),
+            layer_lines=_workflow_svg.layer_items(graph, job_href),
+        )
 
     async def queue(self, request: Request) -> Response:
         try:

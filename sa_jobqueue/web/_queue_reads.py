@@ -10,6 +10,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from .._sql import dashboard as dashboard_sql
+from .._sql import history as history_sql
 from .._sql import overview as overview_sql
 from .._sql.clock import database_now
 from .._sql.stats import live_workers
@@ -19,6 +20,11 @@ from ..ops.stats import WorkerInfo
 
 #: How far back the throughput chart looks, in one bar per minute.
 CHART_MINUTES: Final = 60
+#: The long history's spans, in hours: this hour (folded so far) and the 23 before it; this
+#: hour and the 167 before it. The queue page draws a bar per hour of each.
+DAY_HOURS: Final = 24
+WEEK_HOURS: Final = 168
+_HOUR: Final = 3_600
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,10 @@ class QueueRow:
     holding: int = 0
     #: Whether a live worker serves it.
     served: bool = True
+    #: Jobs finished in the last :data:`DAY_HOURS` and :data:`WEEK_HOURS` hours, per finished
+    #: status, from the hourly history (empty before the first fold).
+    day: dict[str, int] = field(default_factory=dict)
+    week: dict[str, int] = field(default_factory=dict)
 
     @property
     def held_back_by(self) -> list[str]:
@@ -101,6 +111,13 @@ def queue_rows(conn: Connection, shown: list[str], workers: list[WorkerInfo]) ->
             limits=QueueLimits._of(cap, count, period, key_cap, key_field, key_count, key_period),
             rate_used=used,
         )
+    spans = {"names": shown, "day": float((DAY_HOURS - 1) * _HOUR)}
+    spans["week"] = float((WEEK_HOURS - 1) * _HOUR)
+    for totals in conn.execute(history_sql.totals_on_page(), spans).mappings():
+        rows[totals["queue"]].update(
+            day={s: totals[f"day_{s}"] or 0 for s in FINISHED_STATUSES},
+            week={s: totals[f"week_{s}"] for s in FINISHED_STATUSES},
+        )
     served = {name for worker in workers for name in worker.queues}
     return [
         QueueRow(
@@ -121,6 +138,20 @@ class QueuePage:
     as_of: datetime
     queue: QueueRow
     workers: list[WorkerInfo]
+    #: Per finished status, its jobs in each of the last :data:`WEEK_HOURS` hours, oldest
+    #: first (the last: this hour, folded so far).
+    hours: dict[str, list[int]] = field(default_factory=dict)
+    #: How far the history is folded in: later finishes are not in ``hours`` yet.
+    folded_to: datetime | None = None
+
+    @property
+    def busiest_hour(self) -> int:
+        """The most jobs finished in one hour of the week (the charts' scale)."""
+        return max((sum(col) for col in zip(*self.hours.values(), strict=True)), default=0)
+
+    def last(self, hours: int) -> dict[str, list[int]]:
+        """``hours`` as the last ``hours`` hours of each status."""
+        return {status: counts[-hours:] for status, counts in self.hours.items()}
 
 
 def read_live_workers(conn: Connection, stale_after: float) -> list[WorkerInfo]:
@@ -133,4 +164,12 @@ def read_queue(conn: Connection, name: str, stale_after: float) -> QueuePage:
     as_of: datetime = conn.execute(database_now()).scalar_one()
     workers = read_live_workers(conn, stale_after)
     (row,) = queue_rows(conn, [name], workers)
-    return QueuePage(as_of, row, [w for w in workers if name in w.queues])
+    hours = {status: [0] * WEEK_HOURS for status in FINISHED_STATUSES}
+    span = {"names": [name], "span": float((WEEK_HOURS - 1) * _HOUR)}
+    for hour in conn.execute(history_sql.hours_on_page(), span).mappings():
+        if 0 <= hour["hours_ago"] < WEEK_HOURS:
+            for status in FINISHED_STATUSES:
+                hours[status][WEEK_HOURS - 1 - hour["hours_ago"]] = hour[status]
+    folded_to = conn.execute(history_sql.folded_to()).scalar()
+    serving = [w for w in workers if name in w.queues]
+    return QueuePage(as_of, row, serving, hours, folded_to)

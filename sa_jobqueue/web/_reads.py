@@ -165,6 +165,8 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
         params["task"] = wanted.task
     if wanted.older_than is not None:
         params["older_than"] = check_age(wanted.older_than)
+    if wanted.payload is not None:
+        params["payload"] = wanted.payload
     edge: int | None = None
     reaches_end = True
     windowed = wanted.within is None
@@ -199,6 +201,7 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
         after=position is not None,
         newest_first=newest_first,
         window=windowed,
+        payload=wanted.payload is not None,
     )
     jobs = [ListedJob(**row._asdict()) for row in conn.execute(statement, params)]
     beyond = len(jobs) > wanted.limit

@@ -21,10 +21,11 @@ from .._sql import retention as retention_sql
 from ..ops import workers as presence
 from ..queue import JobQueue
 from ._heartbeat import HEARTBEAT_TICK
+from ._history import HistoryFolder
 
 log = logging.getLogger("sa_jobqueue.worker")
 
-#: Seconds between pruning rounds (with a retention above zero).
+#: Seconds between pruning rounds, and folds of the history (with a retention above zero).
 PRUNE_INTERVAL = 60.0
 #: Rows one pruning statement deletes at most; a round runs at most PRUNE_MAX_BATCHES of them,
 #: so a long backlog of history is worked off over several rounds, never in one long lock.
@@ -40,7 +41,8 @@ PERIODIC_INTERVAL = 1.0
 
 
 class Pruner:
-    """Deletes finished jobs past their retention, in bounded batches, one worker at a time."""
+    """Deletes finished jobs past their retention, in bounded batches, one worker at a time;
+    folds the finishes into the hourly history first (with any retention, ``None`` too)."""
 
     def __init__(
         self, engine: Engine, retention: timedelta | None, poll_interval: timedelta
@@ -48,16 +50,24 @@ class Pruner:
         self._engine = engine
         self.retention = retention
         self._poll_interval = poll_interval
+        self._history = HistoryFolder(engine)
         self._next = 0.0  # time.monotonic() of the next pruning round
 
     def maybe(self) -> None:
-        """Prune, when due; a failure is logged and tried again at the next round."""
-        if self.retention is None or time.monotonic() < self._next:
+        """Fold the history and prune, when due; a failure is logged and tried again at the
+        next round."""
+        if time.monotonic() < self._next:
             return
         # Every minute, or at every poll when finished jobs are to go at once; jittered so
         # workers started together do not all try at the same moment.
-        interval = PRUNE_INTERVAL if self.retention else self._poll_interval.total_seconds()
+        at_once = self.retention == timedelta(0)
+        interval = self._poll_interval.total_seconds() if at_once else PRUNE_INTERVAL
         self._next = time.monotonic() + interval * random.uniform(0.8, 1.2)
+        try:
+            self._history.fold()
+            self._history.prune()
+        except SQLAlchemyError as exc:
+            log.warning("folding the history failed: %s", one_line(exc))
         try:
             deleted = self.prune()
         except SQLAlchemyError as exc:
@@ -82,7 +92,7 @@ class Pruner:
             with self._engine.begin() as conn:
                 if not conn.execute(retention_sql.try_prune_lock()).scalar():
                     return total
-                deleted = conn.execute(retention_sql.prune(), params).rowcount
+                deleted: int = conn.execute(retention_sql.prune(), params).scalar_one()
             total += deleted
             if deleted < PRUNE_BATCH:
                 break

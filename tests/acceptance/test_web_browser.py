@@ -163,7 +163,22 @@ def history(engine: sa.Engine) -> int:
         conn.execute(
             sa.insert(periodic_table).values(name="app.nightly_report", last_tick=func.now())
         )
+        conn.execute(WEEK)
     return dead[-1]
+
+
+#: A week of the hourly history for the two queues: busy days, quiet nights, a bad hour.
+WEEK = sa.text(
+    """
+INSERT INTO sa_jobqueue_history (queue, hour, succeeded, dead, cancelled)
+SELECT q, date_trunc('hour', now()) - make_interval(hours => h),
+       (CASE WHEN q = 'emails' THEN 400 ELSE 60 END)
+       * (1.2 + sin(2 * pi() * (h % 24) / 24.0))::numeric(4, 2),
+       CASE WHEN h = 30 AND q = 'reports' THEN 40 WHEN h % 9 = 0 THEN 2 ELSE 0 END,
+       CASE WHEN h % 13 = 0 THEN 3 ELSE 0 END
+FROM unnest(ARRAY['emails', 'reports']) AS q, generate_series(0, 167) AS h
+"""
+)
 
 
 def test_find_a_dead_job_and_retry_it(
@@ -311,6 +326,65 @@ def test_open_the_workflow_view_of_a_chord(
     browser.find_element(By.ID, f"node-{merge}").click()
     wait.until(expected_conditions.title_contains(f"Job {merge}"))
     assert len(browser.find_elements(By.CSS_SELECTOR, "#waits-for tbody tr")) == 3
+
+
+def test_the_jobs_list_refreshes_in_place_unless_rows_are_ticked(
+    engine: sa.Engine, served: str, browser: WebDriver
+) -> None:
+    with engine.begin() as conn:
+        first = add_job(conn, queue="live", visible_in=600)
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(served + "/jobs?queue=live")
+    wait.until(expected_conditions.presence_of_element_located((By.ID, "bulk")))
+    toggle = browser.find_element(By.ID, "auto-refresh")
+    assert toggle.is_displayed()
+    assert not toggle.is_selected()
+    # Gone if the page were loaded again; the list's part is replaced (its mark goes).
+    browser.execute_script("window.__kept = 1; document.getElementById('live').dataset.old = 'y'")
+
+    def ids() -> set[str]:
+        # Read in the page in one go: a refresh may replace the rows between two reads.
+        found: list[str] = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#bulk input[name=id]'), b => b.value)"
+        )
+        return set(found)
+
+    with engine.begin() as conn:
+        second = add_job(conn, queue="live", visible_in=600)
+    # Switched on, it refreshes at once: the new job's row comes, the page is not reloaded.
+    toggle.click()
+    wait.until(lambda _: str(second) in ids())
+    assert browser.execute_script("return document.getElementById('live').dataset.old") is None
+    assert browser.execute_script("return window.__kept") == 1
+
+    # A row ticked for an action: the refresh holds off, and says so.
+    browser.find_element(By.CSS_SELECTOR, f"#bulk input[name=id][value='{first}']").click()
+    with engine.begin() as conn:
+        third = add_job(conn, queue="live", visible_in=600)
+    toggle.click()  # off and on: the refresh that switching on asks for at once ...
+    toggle.click()
+    held = browser.find_element(By.ID, "refresh-held")
+    wait.until(lambda _: held.is_displayed())
+    assert held.text == "paused while rows are ticked"
+    assert str(third) not in ids()  # ... was held back
+    assert browser.find_element(
+        By.CSS_SELECTOR, f"#bulk input[name=id][value='{first}']"
+    ).is_selected()
+    # Cleared, the next round refreshes; the header's box still ticks every row.
+    browser.find_element(By.CSS_SELECTOR, f"#bulk input[name=id][value='{first}']").click()
+    toggle.click()
+    toggle.click()
+    wait.until(lambda _: str(third) in ids())
+    assert not browser.find_element(By.ID, "refresh-held").is_displayed()
+    assert browser.execute_script("return window.__kept") == 1
+    browser.find_element(By.CSS_SELECTOR, "input.select-page").click()
+    assert all(
+        b.is_selected() for b in browser.find_elements(By.CSS_SELECTOR, "#bulk input[name=id]")
+    )
+    # Paused (unticked), it stays as it is; the choice is remembered in this browser.
+    browser.find_element(By.CSS_SELECTOR, "input.select-page").click()
+    toggle.click()
+    assert browser.execute_script("return localStorage.getItem('sa_jobqueue.autoRefresh')") == "off"
 
 
 def test_tick_two_rows_and_cancel_them_through_the_confirmation(

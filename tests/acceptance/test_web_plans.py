@@ -18,8 +18,16 @@ import pytest
 import sqlalchemy as sa
 from starlette.testclient import TestClient
 
+from sa_jobqueue._sql import history
 from sa_jobqueue.web import _actions, _reads, _workflow_reads, create_app
-from tests.helpers.dashboard_history import JOBS, PAGES, fill, reads_jobs, recording
+from tests.helpers.dashboard_history import (
+    JOBS,
+    PAGES,
+    fill,
+    fold_bounds,
+    reads_jobs,
+    recording,
+)
 from tests.helpers.pages import LOCAL
 
 #: Finished jobs, and queued or running ones: 5%, as 20,000 beside a million make the
@@ -97,6 +105,17 @@ def test_every_page_reads_a_bounded_part_of_the_jobs_table(
                     f"\n{parameters}\n{json.dumps(top, indent=1)}"
                 )
     assert not faults, "\n\n".join(faults)
+    with engine.connect() as conn:
+        # The history's fold (the workers' upkeep) over one hour: 720 finishes, 5 s apart.
+        fold = history.fold().compile(dialect=conn.dialect)
+        params = fold.construct_params(fold_bounds(conn))
+        top = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {fold.string}", params)
+        plan = top.scalar()[0]["Plan"]
+        conn.rollback()
+    reads = [n for n in nodes(plan) if on_jobs(n)]
+    assert reads
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], json.dumps(plan, indent=1)
+    assert sum(examined(n) for n in reads) <= 2 * 720, json.dumps(plan, indent=1)
     edges = [(s, p) for s, p in sent if EDGES in s and s.lstrip().upper().startswith("SELECT")]
     edges += [(s, p) for s, p in sent if EDGES in s and s.lstrip().upper().startswith("WITH")]
     assert edges

@@ -94,6 +94,8 @@ PAGES = [
     "/jobs?status=dead&queue=emails&order=oldest",
     "/jobs?status=cancelled",
     "/jobs?status=waiting",
+    '/jobs?payload={{"n": 12345}}',
+    '/jobs?status=dead&payload={{"note": "no such note"}}',
     "/jobs/{dead}",
     "/jobs/{dead}/payload.json",
     "/jobs/{chord}",
@@ -211,7 +213,7 @@ PAGE_NAMES = {
     "/jobs/{dead}/payload.json": "A job's payload",
     "/jobs/{chord}": "A chord's callback (1,000 dependencies)",
     "/jobs/{chord}/workflow": "The workflow view of a chord of 1,000",
-    "/queues?name=emails": "A queue's page",
+    "/queues?name=emails": "A queue's page (its last hour, day and week)",
 }
 
 
@@ -264,7 +266,7 @@ def _measure(
                     database.append(sum(spent) * 1000)
                 p90 = statistics.quantiles(times, n=10)[-1]
                 rows.append(
-                    f"| `{page}` | {len(sent)} | {statistics.median(times):.1f} ms"
+                    f"| `{as_shown(page)}` | {len(sent)} | {statistics.median(times):.1f} ms"
                     f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
                 )
         spread = finished * spacing / 86_400
@@ -275,7 +277,7 @@ def _measure(
             conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
             for page, statements in plans.items():
                 kind = "Jobs list" if page.startswith("/jobs") else "Purge form"
-                print(f"\n### {PAGE_NAMES.get(page, kind)}: `{page}`\n")
+                print(f"\n### {PAGE_NAMES.get(page, kind)}: `{as_shown(page)}`\n")
                 for statement, parameters in statements:
                     lines = conn.exec_driver_sql(
                         "EXPLAIN (ANALYZE, COSTS OFF) " + statement, parameters
@@ -286,9 +288,45 @@ def _measure(
                     print("```text\n" + _wrapped(statement))
                     print(f"-- parameters: {shown}")
                     print("\n".join(lines) + "\n```")
+            _explain_fold(conn)
     finally:
         engine.dispose()
         drop_database(url, name)
+
+
+def as_shown(page: str) -> str:
+    """A page of :data:`PAGES` as the reference shows it: its JSON's braces single again."""
+    return page.replace("{{", "{").replace("}}", "}")
+
+
+def fold_bounds(conn: sa.Connection) -> dict[str, Any]:
+    """The window of the history's fold over the hour that ended an hour ago."""
+    since, until = conn.execute(
+        sa.text("SELECT now() - interval '2 hours', now() - interval '1 hour'")
+    ).one()
+    return {"since": since, "until": until}
+
+
+def _explain_fold(conn: sa.Connection) -> None:
+    """The history's fold over one hour of finishes, as the workers' upkeep runs it."""
+    from sa_jobqueue._sql import history
+
+    statement = history.fold().compile(dialect=conn.dialect)
+    params = statement.construct_params(fold_bounds(conn))
+    lines = list(
+        conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + statement.string, params).scalars()
+    )
+    conn.rollback()
+    print("\n## The history's fold\n")
+    print(
+        "What a worker's upkeep runs about once a minute (never on the completion path): the"
+        " finishes of one window of `finished_at` (here the hour that ended an hour ago) added"
+        " to the hourly history, rolled back after the EXPLAIN. It reads the window from the"
+        " prune and dead indexes, nothing else of the table.\n"
+    )
+    print("```text\n" + _wrapped(statement.string))
+    print(f"-- parameters: {params}")
+    print("\n".join(lines) + "\n```")
 
 
 def _wrapped(statement: str) -> str:
