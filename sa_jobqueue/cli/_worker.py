@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -35,42 +36,30 @@ from ._exit import EXIT_ERROR, EXIT_USAGE
 
 if TYPE_CHECKING:
     from ..observability.metrics import MetricsServer
+    from ..worker import Worker
 
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
-    from ..worker import Worker
-
     if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
         print(
             "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
         )
         return EXIT_USAGE
+    if args.processes is not None or args.max_jobs_per_child or args.max_memory_per_child:
+        from ._supervised import supervise
+
+        return supervise(args)
     app = load_app(args.app)
-    queues = lanes(args.queues, args.concurrency)
-    threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
-    # One connection per handler thread; the worker's own statements use a second engine.
-    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=threads, max_overflow=2)
-    control = create_control_engine(args.database_url, threads, pooler=args.pooler)
-    _wait_for_database(control, args.wait_for_database)
-    observers = _observers(args, app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
-        metrics = _metrics_server(args, _queue_names(queues, app))
-        observers.append(metrics.observer)
-    worker = Worker(
-        app,
-        engine,
-        concurrency=args.concurrency,
-        queues=queues,
-        poll_interval=args.poll_interval,
-        shutdown_grace=args.shutdown_grace,
-        listen=args.listen,
-        control_engine=control,
-        prefetch=args.prefetch,
-        retention=args.retention,
-        observers=observers,
-    )
+        metrics = _metrics_server(args, _queue_names(lanes(args.queues, args.concurrency), app))
+    try:
+        worker, engines = build_worker(args, app, [metrics.observer] if metrics else [])
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if worker._stopping.is_set():
@@ -91,12 +80,43 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.close()
-    engine.dispose()
-    control.dispose()
+    for engine in engines:
+        engine.dispose()
     if not clean:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
     return 0
+
+
+def build_worker(
+    args: argparse.Namespace, app: JobQueue, extra: Sequence[Observer]
+) -> tuple[Worker, tuple[Engine, Engine]]:
+    """The worker the options ask for, and its engines, once the database answers.
+
+    ``extra`` observers come after the command's own (the metrics, a supervisor's recycler).
+    """
+    from ..worker import Worker
+
+    queues = lanes(args.queues, args.concurrency)
+    threads = sum(queues.values()) if isinstance(queues, dict) else args.concurrency
+    # One connection per handler thread; the worker's own statements use a second engine.
+    engine = create_engine(args.database_url, pooler=args.pooler, pool_size=threads, max_overflow=2)
+    control = create_control_engine(args.database_url, threads, pooler=args.pooler)
+    _wait_for_database(control, args.wait_for_database)
+    worker = Worker(
+        app,
+        engine,
+        concurrency=args.concurrency,
+        queues=queues,
+        poll_interval=args.poll_interval,
+        shutdown_grace=args.shutdown_grace,
+        listen=args.listen,
+        control_engine=control,
+        prefetch=args.prefetch,
+        retention=args.retention,
+        observers=[*_observers(args, app), *extra],
+    )
+    return worker, (engine, control)
 
 
 def lanes(

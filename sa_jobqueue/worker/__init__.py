@@ -40,6 +40,7 @@ lease or loses its connection while completing runs again elsewhere. Writes thro
 from __future__ import annotations
 
 from ._claimer import OUTAGE_RETRY_CAP
+from ._supervisor import Supervisor
 from ._upkeep import (
     PERIODIC_INTERVAL,
     PRESENCE_INTERVAL,
@@ -59,6 +60,7 @@ __all__ = [
     "PRUNE_MAX_BATCHES",
     "STOP_MARGIN",
     "WORKER_STALE",
+    "Supervisor",
     "Worker",
     "undeclared_queues",
 ]
