@@ -87,3 +87,19 @@ class SaJobqueue(System):
             "--concurrency",
             str(self.concurrency),
         ]
+
+
+class SaJobqueueProcesses(SaJobqueue):
+    """One ``sa-jobqueue worker --processes N`` command: a supervisor and its N children."""
+
+    label = "sa_jobqueue --processes"
+
+    def __init__(self, processes: int = 2) -> None:
+        self.processes = processes
+        self.key = f"sa_jobqueue_processes{processes}"
+        self.config = f"sa-jobqueue worker --processes {processes} --concurrency 10"
+        # Each child runs its share of the warm-up, as separately started workers do.
+        self.warmup_per_process = SaJobqueue.warmup_per_process * processes
+
+    def worker_argv(self, kind: Kind) -> list[str]:
+        return [*super().worker_argv(kind), "--processes", str(self.processes)]

@@ -1,0 +1,76 @@
+"""No-op and writing drains: ``worker --processes 2`` against two separately started workers.
+
+    bench/.venv/bin/python bench/supervisor_drain.py [--jobs N] [--rounds R] [--processes P]
+
+Uses $DATABASE_URL's server (a database ``bench_supervisor`` is created and dropped). Each
+round drains ``--jobs`` jobs of each kind twice, alternating: with ``--processes`` separately
+started ``sa-jobqueue worker`` commands, and with one ``sa-jobqueue worker --processes P``
+(a supervisor whose children are the workers). The drains are the benchmark's own
+(:func:`bench.harness.drain`: warmed up, started together, verified exactly once); the rate
+is jobs per second from the first handler start to the last finish. Prints each drain, then
+the medians and the supervisor's ratio per kind (the target: at least 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if sys.path and Path(sys.path[0]).resolve() == ROOT / "bench":
+    sys.path[0] = str(ROOT)
+
+from bench import harness  # noqa: E402
+from bench.adapters.base import Kind  # noqa: E402
+from bench.adapters.sa_jobqueue_adapter import SaJobqueue, SaJobqueueProcesses  # noqa: E402
+
+DATABASE = "bench_supervisor"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--max-drain-seconds", type=float, default=30.0)
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    separate, supervised = SaJobqueue(), SaJobqueueProcesses(args.processes)
+    shapes = {
+        f"{args.processes} workers": (separate, args.processes),
+        f"--processes {args.processes}": (supervised, 1),
+    }
+    kinds: tuple[Kind, ...] = ("noop", "write")
+    rates: dict[tuple[Kind, str], list[float]] = {(k, s): [] for k in kinds for s in shapes}
+    dsn = harness.recreate_database(url, DATABASE)
+    try:
+        separate.install(dsn)
+        for _ in range(args.rounds):
+            for kind in kinds:
+                for shape, (system, procs) in shapes.items():
+                    result = harness.drain(
+                        system, dsn, args.jobs, kind=kind, procs=procs, cap=args.max_drain_seconds
+                    )
+                    if not result.verified or not result.complete or result.error:
+                        print(f"{kind} {shape}: not counted: {result.as_dict()}", file=sys.stderr)
+                        return 1
+                    rates[kind, shape].append(result.rate)
+                    print(f"{kind:5} {shape:14} {result.rate:8.0f} jobs/s", flush=True)
+    finally:
+        harness.drop_database(url, DATABASE)
+    print(f"medians of {args.rounds} rounds, {args.jobs} jobs each:")
+    for kind in kinds:
+        base, ours = (statistics.median(rates[kind, shape]) for shape in shapes)
+        print(f"  {kind:5} separate {base:8.0f}  supervised {ours:8.0f}  ratio {ours / base:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
