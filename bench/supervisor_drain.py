@@ -7,7 +7,8 @@ round drains ``--jobs`` jobs of each kind twice, alternating: with ``--processes
 started ``sa-jobqueue worker`` commands, and with one ``sa-jobqueue worker --processes P``
 (a supervisor whose children are the workers). The drains are the benchmark's own
 (:func:`bench.harness.drain`: warmed up, started together, verified exactly once); the rate
-is jobs per second from the first handler start to the last finish. Prints each drain, then
+is jobs per second from the first handler start to the last finish (or, past
+``--max-drain-seconds``, the jobs finished by then). Prints each drain, then
 the medians and the supervisor's ratio per kind (the target: at least 0.95).
 """
 
@@ -58,11 +59,12 @@ def main() -> int:
                     result = harness.drain(
                         system, dsn, args.jobs, kind=kind, procs=procs, cap=args.max_drain_seconds
                     )
-                    if not result.verified or not result.complete or result.error:
-                        print(f"{kind} {shape}: not counted: {result.as_dict()}", file=sys.stderr)
+                    if not result.verified or result.error:
+                        print(f"{kind} {shape}: failed: {result.as_dict()}", file=sys.stderr)
                         return 1
                     rates[kind, shape].append(result.rate)
-                    print(f"{kind:5} {shape:14} {result.rate:8.0f} jobs/s", flush=True)
+                    cut = "" if result.complete else f" (cut: {result.finished} done)"
+                    print(f"{kind:5} {shape:14} {result.rate:8.0f} jobs/s{cut}", flush=True)
     finally:
         harness.drop_database(url, DATABASE)
     print(f"medians of {args.rounds} rounds, {args.jobs} jobs each:")

@@ -30,7 +30,8 @@ of this package are internal, not a stable API:
 * ``_arguments``: the parser, every option, its default and help text; ``_values`` reads
   the options' values;
 * ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
-  ``_app`` loading the user's ``module:attribute``;
+  ``_app`` loading the user's ``module:attribute``; ``_supervised``: ``worker --processes N``
+  (the supervisor, and how each child builds its worker); ``_logs``: the logging setup;
 * ``_schema``: ``migrate``;
 * ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``, with ``_reports``
   rendering their results as text or JSON;
@@ -56,6 +57,7 @@ from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
 from ._logs import configure_logging
 from ._schema import migrate
+from ._supervised import supervise, supervised
 from ._verify import run as run_verify
 from ._web import run_web
 from ._worker import run_worker
@@ -96,7 +98,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return operate(args)
         if args.command == "web":
             return run_web(args)
-        return run_worker(args)
+        return supervise(args) if supervised(args) else run_worker(args)
     except JobQueueError as exc:
         if args.log_level == "DEBUG":
             traceback.print_exception(exc, file=sys.stderr)  # its cause's too, chained

@@ -20,10 +20,19 @@ from ..observability import Observer
 from ._app import load_app
 from ._exit import EXIT_USAGE
 from ._logs import configure_logging
-from ._worker import _queue_names, _wait_for_database, build_worker, lanes
+from ._worker import _queue_names, _wait_for_database, build_worker, lanes, usable
 
 if TYPE_CHECKING:
     from ..worker import Worker
+
+
+def supervised(args: argparse.Namespace) -> bool:
+    """Whether the options ask for a supervisor: ``--processes`` or ``--max-*-per-child``."""
+    return (
+        args.processes is not None
+        or args.max_jobs_per_child is not None
+        or args.max_memory_per_child is not None
+    )
 
 
 def supervise(args: argparse.Namespace) -> int:
@@ -31,6 +40,8 @@ def supervise(args: argparse.Namespace) -> int:
     from ..worker import Supervisor
 
     processes = args.processes
+    if not usable(args):
+        return EXIT_USAGE
     if processes is None:
         print(
             "sa-jobqueue: --max-jobs-per-child and --max-memory-per-child need --processes",

@@ -41,15 +41,8 @@ if TYPE_CHECKING:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
-    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
-        print(
-            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
-        )
+    if not usable(args):
         return EXIT_USAGE
-    if args.processes is not None or args.max_jobs_per_child or args.max_memory_per_child:
-        from ._supervised import supervise
-
-        return supervise(args)
     app = load_app(args.app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
@@ -86,6 +79,16 @@ def run_worker(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
     return 0
+
+
+def usable(args: argparse.Namespace) -> bool:
+    """Whether the worker's numbers are in range; if not, one line on stderr says which."""
+    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
+        print(
+            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
+        )
+        return False
+    return True
 
 
 def build_worker(

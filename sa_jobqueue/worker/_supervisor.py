@@ -94,8 +94,8 @@ class Supervisor:
 
     :meth:`run` restarts a child that dies (with backoff, logging why), recycles one after
     ``max_jobs_per_child`` attempts or above ``max_memory_per_child`` MiB of resident memory,
-    and returns the exit status (see :mod:`sa_jobqueue.worker`'s "Several processes" docs).
-    ``shutdown_grace`` must be the workers' own: how long the supervisor waits for a drain.
+    and returns the exit status (see :meth:`run`). ``shutdown_grace`` must be the workers'
+    own: the supervisor waits that long for their drain (and 20 s more) before killing them.
     With ``metrics_port``, it serves every child's metrics on one endpoint (prometheus_client's
     multiprocess mode), and the queue gauges read through ``metrics_engine`` if given.
 
