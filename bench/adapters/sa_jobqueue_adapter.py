@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
+import psycopg
 from sqlalchemy.orm import Session
 
 from bench.adapters.base import Kind, Producer, System, chunks, install_results_table
@@ -103,3 +105,10 @@ class SaJobqueueProcesses(SaJobqueue):
 
     def worker_argv(self, kind: Kind) -> list[str]:
         return [*super().worker_argv(kind), "--processes", str(self.processes)]
+
+    def all_up(self, watch: psycopg.Connection[Any], pids: list[int], procs: int) -> bool:
+        """Every child has its row in the worker registry (it has started claiming)."""
+        row = watch.execute(
+            "SELECT count(*) FROM sa_jobqueue_workers WHERE pid = ANY(%s)", (pids,)
+        ).fetchone()
+        return row is not None and row[0] >= self.processes * procs

@@ -138,6 +138,7 @@ class Supervisor:
         self._slots = [_Slot(n) for n in range(1, processes + 1)]
         self._crashes: deque[float] = deque()
         self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._stop_signal: int | None = None  # set by the first stop
         self._kill_signal: int | None = None  # set by a second one
@@ -202,7 +203,6 @@ class Supervisor:
             waits = [s.process.sentinel for s in live if s.process is not None]
             multiprocessing.connection.wait([*waits, self._wake_read], timeout)
             with contextlib.suppress(BlockingIOError):
-                os.set_blocking(self._wake_read, False)
                 os.read(self._wake_read, 64)
             for slot in live:
                 assert slot.process is not None
@@ -215,6 +215,8 @@ class Supervisor:
                     self._status = EXIT_FAILED
                     return
                 continue
+            if self._stop_signal is not None:
+                continue  # giving up: start nothing more
             for slot in self._slots:
                 if slot.restart_at is not None and slot.restart_at <= now:
                     self._start(slot)
@@ -225,7 +227,7 @@ class Supervisor:
         grace = self.shutdown_grace.total_seconds()
         log.info(
             "%s: asking %d worker process(es) to finish their running jobs (up to %gs)",
-            signal.Signals(self._stop_signal).name,
+            "giving up" if self._status else signal.Signals(self._stop_signal).name,
             sum(s.process is not None for s in self._slots),
             grace,
         )
