@@ -62,6 +62,7 @@ def supervise(args: argparse.Namespace) -> int:
     try:
         _wait_for_database(control, args.wait_for_database)
         check_schema(control)
+        control.dispose()  # the supervisor holds no connection of its own while it runs
         if args.metrics_port is not None:
             try:
                 import prometheus_client  # noqa: F401  (the 'metrics' extra, only when asked)
