@@ -32,6 +32,9 @@ modules are internal, not a stable API:
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
 - ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN.
 
+Several worker processes: :class:`Supervisor` (``_supervisor``) starts, restarts and stops
+them; ``_child`` is what runs in each (its signals, the recycler, its exit status).
+
 What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
 lease or loses its connection while completing runs again elsewhere. Writes through
 ``ctx.session`` commit together with the completion, so they happen exactly once.
