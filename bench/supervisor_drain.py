@@ -10,10 +10,10 @@ harness starts every command), with as many started by one shell (one session), 
 session). On a machine other work keeps busy, the kernel's autogroup scheduling gives each
 session an equal share of the CPU: the one-session shape is then the fair comparison. The
 drains are the benchmark's own (:func:`bench.harness.drain`: warmed up, started together,
-verified exactly once); the rate
-is jobs per second from the first handler start to the last finish (or, past
-``--max-drain-seconds``, the jobs finished by then). Prints each drain, then
-the medians and the supervisor's ratio per kind (the target: at least 0.95).
+verified exactly once); the rate is jobs per second from the first handler start to the last
+finish (or, past ``--max-drain-seconds``, the jobs finished by then), and the workers' CPU per
+job is their process trees' (the supervisor's included). Prints each drain, then the medians
+and the supervisor's ratio per kind (the target: at least 0.95).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> int:
     }
     kinds: tuple[Kind, ...] = ("noop", "write")
     rates: dict[tuple[Kind, str], list[float]] = {(k, s): [] for k in kinds for s in shapes}
+    cpu: dict[tuple[Kind, str], list[float]] = {(k, s): [] for k in kinds for s in shapes}
     dsn = harness.recreate_database(url, DATABASE)
     try:
         separate.install(dsn)
@@ -72,17 +73,27 @@ def main() -> int:
                         print(f"{kind} {shape}: failed: {result.as_dict()}", file=sys.stderr)
                         return 1
                     rates[kind, shape].append(result.rate)
+                    cpu[kind, shape].append(result.worker_us_per_job)
                     cut = "" if result.complete else f" (cut: {result.finished} done)"
-                    print(f"{kind:5} {shape:14} {result.rate:8.0f} jobs/s{cut}", flush=True)
+                    print(
+                        f"{kind:5} {shape:14} {result.rate:8.0f} jobs/s"
+                        f"  worker CPU {result.worker_us_per_job:6.0f} us/job{cut}",
+                        flush=True,
+                    )
     finally:
         harness.drop_database(url, DATABASE)
     print(f"medians of {args.rounds} rounds, {args.jobs} jobs each:")
     for kind in kinds:
         base, one_session, ours = (statistics.median(rates[kind, shape]) for shape in shapes)
         print(
-            f"  {kind:5} separate {base:8.0f}  one session {one_session:8.0f}"
-            f"  supervised {ours:8.0f}  ratio {ours / base:.3f} (to one session:"
+            f"  {kind:5} jobs/s: separate {base:6.0f}, one session {one_session:6.0f},"
+            f" supervised {ours:6.0f}; ratio {ours / base:.3f} (to one session"
             f" {ours / one_session:.3f})"
+        )
+        base, one_session, ours = (statistics.median(cpu[kind, shape]) for shape in shapes)
+        print(
+            f"  {kind:5} worker CPU us/job: separate {base:4.0f}, one session {one_session:4.0f},"
+            f" supervised {ours:4.0f}"
         )
     return 0
 
