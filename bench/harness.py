@@ -247,6 +247,7 @@ def _wait_ready(
         last, last_at = now, time.monotonic()
         backends = cpu.backend_pids(watch, exclude)
         connected = backends is None or len(backends) >= procs
+        connected = connected and system.all_up(watch, cpu.tree(workers.pids), procs)
         if connected and used < 0.25 * window * procs:
             return None
     return "not idle within the start-up allowance"

@@ -8,7 +8,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import psycopg
 
@@ -74,6 +74,14 @@ class System(ABC):
     @abstractmethod
     def install(self, dsn: str) -> None:
         """Create the system's schema in an empty database, its documented way."""
+
+    def all_up(self, watch: psycopg.Connection[Any], pids: list[int], procs: int) -> bool:
+        """Whether every worker process of ``procs`` commands (``pids``: their trees) is up.
+
+        The harness counts connections too; a system whose one command starts several worker
+        processes says here when they all are, so that no drain starts with one still starting.
+        """
+        return True
 
     def reset(self, dsn: str) -> None:
         """Empty the job tables and the results table (between repetitions)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 from sqlalchemy.orm import Session
 
 from bench.adapters.base import Kind, Producer, System, chunks, install_results_table
@@ -103,3 +105,50 @@ class SaJobqueue(System):
             "--concurrency",
             str(self.concurrency),
         ]
+
+
+class SaJobqueueProcesses(SaJobqueue):
+    """One ``sa-jobqueue worker --processes N`` command: a supervisor and its N children."""
+
+    label = "sa_jobqueue --processes"
+
+    def __init__(self, processes: int = 2) -> None:
+        self.processes = processes
+        self.key = f"sa_jobqueue_processes{processes}"
+        self.config = f"sa-jobqueue worker --processes {processes} --concurrency 10"
+        # Each child runs its share of the warm-up, as separately started workers do.
+        self.warmup_per_process = SaJobqueue.warmup_per_process * processes
+
+    def worker_argv(self, kind: Kind) -> list[str]:
+        return [*super().worker_argv(kind), "--processes", str(self.processes)]
+
+    def all_up(self, watch: psycopg.Connection[Any], pids: list[int], procs: int) -> bool:
+        """Every child has its row in the worker registry (it has started claiming)."""
+        row = watch.execute(
+            "SELECT count(*) FROM sa_jobqueue_workers WHERE pid = ANY(%s)", (pids,)
+        ).fetchone()
+        return row is not None and row[0] >= self.processes * procs
+
+
+class SaJobqueueOneSession(SaJobqueueProcesses):
+    """N separately started ``sa-jobqueue worker`` commands in one session, as a shell runs them.
+
+    The harness starts each command in a session of its own; with the kernel's autogroup
+    scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) each session gets an equal share
+    of a busy machine's CPU, so N commands get N shares and one ``--processes N`` gets one.
+    This runs N plain workers under one shell, in one session: the same share as a supervisor.
+    """
+
+    label = "sa_jobqueue, workers in one session"
+
+    def __init__(self, processes: int = 2) -> None:
+        super().__init__(processes)
+        self.key = f"sa_jobqueue_one_session{processes}"
+        self.config = f"{processes} x sa-jobqueue worker --concurrency 10, one session"
+
+    def worker_argv(self, kind: Kind) -> list[str]:
+        one = shlex.join(SaJobqueue.worker_argv(self, kind))
+        starts = "; ".join(f"{one} & p{i}=$!" for i in range(self.processes))
+        pids = " ".join(f"$p{i}" for i in range(self.processes))
+        # SIGTERM to the shell goes to every worker, and the shell waits for them all.
+        return ["sh", "-c", f'{starts}; trap "kill -TERM {pids}; wait" TERM; wait']

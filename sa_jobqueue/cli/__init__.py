@@ -30,7 +30,8 @@ of this package are internal, not a stable API:
 * ``_arguments``: the parser, every option, its default and help text; ``_values`` reads
   the options' values;
 * ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
-  ``_app`` loading the user's ``module:attribute``;
+  ``_app`` loading the user's ``module:attribute``; ``_supervised``: ``worker --processes N``
+  (the supervisor, and how each child builds its worker); ``_logs``: the logging setup;
 * ``_schema``: ``migrate``;
 * ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``, with ``_reports``
   rendering their results as text or JSON;
@@ -41,7 +42,6 @@ of this package are internal, not a stable API:
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import traceback
@@ -52,10 +52,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._error_text import one_line
 from ..errors import JobQueueError
 from ._app import load_app
-from ._arguments import DEFAULT_LOG_LEVEL, parse_args
+from ._arguments import parse_args
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
 from ._jobs import OPERATOR_COMMANDS, operate
+from ._logs import configure_logging
 from ._schema import migrate
+from ._supervised import supervise, supervised
 from ._verify import run as run_verify
 from ._web import run_web
 from ._worker import run_worker
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
-    _configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level, args.log_format)
     if not args.database_url:
         print("sa-jobqueue: no database: pass --database-url or set DATABASE_URL", file=sys.stderr)
         return EXIT_USAGE
@@ -96,7 +98,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return operate(args)
         if args.command == "web":
             return run_web(args)
-        return run_worker(args)
+        return supervise(args) if supervised(args) else run_worker(args)
     except JobQueueError as exc:
         if args.log_level == "DEBUG":
             traceback.print_exception(exc, file=sys.stderr)  # its cause's too, chained
@@ -109,22 +111,3 @@ def _main(argv: Sequence[str] | None) -> int:
             traceback.print_exception(exc, file=sys.stderr)
         print(f"sa-jobqueue: database error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
-
-
-def _configure_logging(level: str | None, log_format: str) -> None:
-    """Log to stderr at ``level``: text lines, or JSON objects with each record's fields.
-
-    Alembic logs at INFO as it works (its plugins, each revision applied); those records are
-    kept only when a level is given, so a plain ``sa-jobqueue migrate`` prints one line.
-    """
-    logging.getLogger("alembic").setLevel(level or "WARNING")
-    handler = logging.StreamHandler()
-    if log_format == "json":
-        from ..observability.logs import JsonFormatter
-
-        handler.setFormatter(JsonFormatter())
-    else:
-        from ..observability.logs import TextFormatter
-
-        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level or DEFAULT_LOG_LEVEL, handlers=[handler])

@@ -201,6 +201,19 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         " workers' jobs holding a cap, or on a rate window more than 10s off)",
     )
     worker.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run N worker processes under a supervisor that restarts them (see --max-*-per-child)",
+    )
+    for option, what in (("jobs", "run N jobs"), ("memory", "grown past N MiB resident")):
+        worker.add_argument(
+            f"--max-{option}-per-child",
+            type=int,
+            metavar="N",
+            help=f"with --processes, replace a worker process once it has {what}",
+        )
+    worker.add_argument(
         "--metrics-port",
         type=_values.port,
         metavar="PORT",

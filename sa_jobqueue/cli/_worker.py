@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -35,36 +36,19 @@ if TYPE_CHECKING:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
-    from ..worker import Worker
-
-    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
-        print(
-            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
-        )
+    if not usable(args):
         return EXIT_USAGE
     app = load_app(args.app)
-    queues = lanes((args.queues or []) + (args.queues_file or []), args.concurrency)
-    observers = _observers(args, app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
-        metrics = _metrics_server(args, _queue_names(queues, app))
-        observers.append(metrics.observer)
-    # The engines as an application embedding a worker gets them (one way to build them).
-    worker = Worker.from_url(
-        args.database_url,
-        app,
-        pooler=args.pooler,
-        concurrency=args.concurrency,
-        queues=queues,
-        poll_interval=args.poll_interval,
-        shutdown_grace=args.shutdown_grace,
-        listen=args.listen,
-        prefetch=args.prefetch,
-        retention=args.retention,
-        observers=observers,
-    )
+        metrics = _metrics_server(args, _queue_names(served(args), app))
+    try:
+        worker = build_worker(args, app, [metrics.observer] if metrics else [])
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     health = None if args.health_port is None else _health_server(args, worker)
-    _wait_for_database(worker.control_engine, args.wait_for_database)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if worker._stopping.is_set():
@@ -91,6 +75,47 @@ def run_worker(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(EXIT_ERROR)  # handler threads still running cannot be joined; do not wait
     return 0
+
+
+def usable(args: argparse.Namespace) -> bool:
+    """Whether the worker's numbers are in range; if not, one line on stderr says which."""
+    if args.concurrency < 1 or (args.prefetch is not None and args.prefetch < 0):
+        print(
+            "sa-jobqueue: --concurrency must be at least 1, --prefetch at least 0", file=sys.stderr
+        )
+        return False
+    return True
+
+
+def build_worker(args: argparse.Namespace, app: JobQueue, extra: Sequence[Observer]) -> Worker:
+    """The worker the options ask for, with its engines (see ``Worker.from_url``: the worker
+    owns them), once the database answers.
+
+    ``extra`` observers come after the command's own (the metrics, a supervisor's recycler).
+    """
+    from ..worker import Worker
+
+    # The engines as an application embedding a worker gets them (one way to build them).
+    worker = Worker.from_url(
+        args.database_url,
+        app,
+        pooler=args.pooler,
+        concurrency=args.concurrency,
+        queues=served(args),
+        poll_interval=args.poll_interval,
+        shutdown_grace=args.shutdown_grace,
+        listen=args.listen,
+        prefetch=args.prefetch,
+        retention=args.retention,
+        observers=[*_observers(args, app), *extra],
+    )
+    _wait_for_database(worker.control_engine, args.wait_for_database)
+    return worker
+
+
+def served(args: argparse.Namespace) -> list[str] | dict[str, int] | None:
+    """The worker's ``queues``, from ``--queues`` and ``--queues-file`` (see :func:`lanes`)."""
+    return lanes((args.queues or []) + (args.queues_file or []), args.concurrency)
 
 
 def lanes(

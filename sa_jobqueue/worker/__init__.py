@@ -36,6 +36,9 @@ modules are internal, not a stable API:
 - ``_pulse``: when the claim loop and the heartbeat last went round (``Worker.stalled``, the
   liveness probe); ``_embedding``: the engines ``Worker.from_url`` builds, and ``arun``.
 
+Several worker processes: :class:`Supervisor` (``_supervisor``) starts, restarts and stops
+them; ``_child`` is what runs in each (its signals, the recycler, its exit status).
+
 What it does not promise: that a handler runs once. A job whose worker dies, freezes past its
 lease or loses its connection while completing runs again elsewhere. Writes through
 ``ctx.session`` commit together with the completion, so they happen exactly once.
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 from ._claimer import OUTAGE_RETRY_CAP
 from ._lanes import undeclared_queues
+from ._supervisor import Supervisor
 from ._upkeep import (
     PERIODIC_INTERVAL,
     PRESENCE_INTERVAL,
@@ -64,6 +68,7 @@ __all__ = [
     "PRUNE_MAX_BATCHES",
     "STOP_MARGIN",
     "WORKER_STALE",
+    "Supervisor",
     "Worker",
     "undeclared_queues",
 ]
