@@ -48,6 +48,15 @@ def supervise(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if args.health_port is not None:
+        # Each child would bind the same port, and the supervisor's own liveness is not its
+        # children's: refused rather than served wrong.
+        print(
+            "sa-jobqueue: --health-port serves one worker's probes; it does not go with"
+            " --processes (run one worker per container, or probe the metrics endpoint)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     for option, value in (
         ("--processes", processes),
         ("--max-jobs-per-child", args.max_jobs_per_child),

@@ -341,3 +341,23 @@ def test_a_pattern_is_a_queue_name_with_wildcards_or_refused(
 ) -> None:
     with pytest.raises(WorkerConfigError, match="invalid queue"):
         Worker(mail_queue, unused_engine, queues=[bad])
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--processes", "2", "--health-port", "8081"], "does not go with --processes"),
+        (["--max-jobs-per-child", "10"], "need --processes"),
+        (["--processes", "0"], "--processes must be at least 1"),
+    ],
+)
+def test_supervisor_usage_errors_exit_2_before_connecting(
+    capsys: pytest.CaptureFixture[str], options: list[str], says: str
+) -> None:
+    capsys.readouterr()
+    status = cli.main(
+        ["worker", "tests.apps.acceptance:queue", *options, "--database-url", NOWHERE]
+    )
+    assert status == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert says in one_line(err)
