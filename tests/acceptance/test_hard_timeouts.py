@@ -9,6 +9,7 @@ import json
 import signal
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from sa_jobqueue.models import jobs_table
 from tests.apps import hard_limits
@@ -32,27 +33,36 @@ def job(engine: sa.Engine, job_id: int) -> sa.Row[tuple[object, ...]]:
         ).one()
 
 
-def attempt_backends(engine: sa.Engine) -> int:
-    """Server sessions of attempts' child processes on this database."""
+def attempt_backends(engine: sa.Engine, job_id: int | None = None) -> int:
+    """Server sessions of attempts' child processes on this database (of one job's)."""
+    name = "sa-jobqueue attempt " + ("%" if job_id is None else str(job_id))
     with engine.connect() as conn:
         return int(
             conn.execute(
                 sa.text(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name LIKE 'sa-jobqueue attempt%'"
-                )
+                    " AND application_name LIKE :name"
+                ),
+                {"name": name},
             ).scalar_one()
         )
 
 
-def test_an_attempt_killed_at_its_limit_writes_nothing_and_is_retried(
+def test_an_attempt_killed_at_its_limit_or_cancelled_writes_nothing(
     tables: sa.Engine, workers: Workers
 ) -> None:
     killed = enqueue(tables, "stall_first")
     done = enqueue(tables, "report_pid")
     failed = enqueue(tables, "fail")
-    worker = workers.start(concurrency=3)
-    workers.wait(lambda: sum(statuses(tables, [killed, done, failed]).values()) == 3, 5)
+    hanging = enqueue(tables, "hang")
+    worker = workers.start(concurrency=4)
+    # A cancellation kills an attempt at once, well inside its limit (60 s).
+    workers.wait(lambda: attempt_backends(tables, hanging) == 1, 30)
+    with Session(tables) as session, session.begin():
+        assert hard_limits.queue.cancel(session, hanging)
+    workers.wait(lambda: job(tables, hanging).status == "cancelled", 10)
+    workers.wait(lambda: attempt_backends(tables, hanging) == 0, 5)
+    assert effects(tables, hanging) == []
     workers.wait(
         lambda: statuses(tables, [killed, done, failed]) == {"succeeded": 2, "dead": 1}, 30
     )

@@ -45,6 +45,13 @@ def stall(ctx: JobContext, payload: Any) -> None:
     time.sleep(120)
 
 
+@queue.task(hard_timeout=timedelta(seconds=60), max_attempts=1)
+def hang(ctx: JobContext, payload: Any) -> None:
+    """Writes, then hangs well inside its limit: only a cancellation ends it soon."""
+    _write(ctx)
+    time.sleep(120)
+
+
 @queue.task(hard_timeout=timedelta(seconds=30), keep_result=True, max_attempts=1)
 def report_pid(ctx: JobContext, payload: Any) -> dict[str, int]:
     """Writes, and returns the pid its attempt ran in (kept as the job's result)."""
