@@ -28,6 +28,12 @@ class JobRecord:
     deps: list[tuple[int, str]] = field(default_factory=list)
     cancelled_by_checker: bool = False
     requeued: int = 0
+    #: Deleted by a bulk delete the checker committed (it was finished then): gone for good.
+    deleted: bool = False
+    #: A typed job whose stored payload was made not to fit its type before it committed.
+    misfit: bool = False
+    #: Enqueued through an Engine (a transaction of the enqueue's own, retried).
+    engine: bool = False
 
 
 @dataclass
@@ -66,6 +72,9 @@ class Model:
     termed: set[int] = field(default_factory=set)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
+    #: Enqueues through an Engine that raised a transient error after their tries: each may
+    #: have committed (its COMMIT's reply lost) or not. (step, task, payloads, unique key).
+    uncertain: list[tuple[int, str, list[dict[str, Any]], str | None]] = field(default_factory=list)
     #: The clients write from several threads: jobs are added under this lock.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
