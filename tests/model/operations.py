@@ -40,7 +40,7 @@ from sa_jobqueue.workflows import Call, Dependency
 from tests.model.bulk import Bulk
 from tests.model.cluster import Cluster, WorkerProc
 from tests.model.model import Change, JobRecord, Model, Violation
-from tests.model.producers import Producers, producer_engine
+from tests.model.producers import Producers, count_failed_tries, producer_engine
 from tests.model.schedule import Step
 from tests.model.tasks import KEEPS, queue
 
@@ -80,6 +80,8 @@ class Operations(Producers, Bulk):
         self.cluster = cluster
         #: What enqueues through an Engine use (see :mod:`.producers`).
         self.producer = engine if cluster is None else producer_engine(cluster)
+        if cluster is not None:
+            count_failed_tries(self.producer, model)
         self.watchers: list[threading.Thread] = []
         self.bursts: list[Burst] = []
         self.by_step: dict[int, list[int]] = {}

@@ -52,6 +52,22 @@ def producer_engine(cluster: Cluster) -> sa.Engine:
     return create_engine(url, pool_pre_ping=False, pool_size=3)
 
 
+def count_failed_tries(engine: sa.Engine, model: Model) -> None:
+    """Count, in the report's note, the statements of engine enqueues that failed on a
+    transient error (each makes its try fail, and the next try run)."""
+
+    def failed(context: sa.engine.ExceptionContext) -> None:
+        if isinstance(context.sqlalchemy_exception, sa.exc.DBAPIError) and transient(
+            context.sqlalchemy_exception
+        ):
+            with model.lock:
+                model.checked["failed engine tries"] = (
+                    model.checked.get("failed engine tries", 0) + 1
+                )
+
+    sa.event.listen(engine, "handle_error", failed)
+
+
 def misfit(payload: dict[str, Any], how: str) -> dict[str, Any]:
     """``payload`` (a TypedPlan's) made not to fit the type, as ``how`` says; its ``n`` kept
     (as text for ``n_text``), so that the job can be found by ``payload->>'n'``."""
