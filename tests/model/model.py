@@ -72,9 +72,12 @@ class Model:
     termed: set[int] = field(default_factory=set)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
-    #: Enqueues through an Engine that raised a transient error after their tries: each may
-    #: have committed (its COMMIT's reply lost) or not. (step, task, payloads, unique key).
-    uncertain: list[tuple[int, str, list[dict[str, Any]], str | None]] = field(default_factory=list)
+    #: Every enqueue through an Engine: (step, task, payloads, whether it raised a transient
+    #: error after its tries, the ids it returned). One that raised may have committed (its
+    #: COMMIT's reply lost) or not.
+    engine_calls: list[tuple[int, str, list[dict[str, Any]], bool, list[int]]] = field(
+        default_factory=list
+    )
     #: The clients write from several threads: jobs are added under this lock.
     lock: threading.Lock = field(default_factory=threading.Lock)
 

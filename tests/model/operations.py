@@ -296,6 +296,11 @@ class Operations(Producers, Bulk):
         for i in ids:
             if i.created and self.model.has(int(i)):
                 self.model.jobs[int(i)].engine = True
+        payloads = step.args["payloads"] if "payloads" in step.args else [step.args["payload"]]
+        with self.model.lock:
+            self.model.engine_calls.append(
+                (step.index, step.args["task"], payloads, False, [int(i) for i in ids])
+            )
         return said + " via an engine"
 
     def _gone(self, deps: list[Dependency]) -> str:

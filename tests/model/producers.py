@@ -160,9 +160,8 @@ class Producers:
         """An engine enqueue that raised: uncertain if its error was transient, else raise."""
         if not isinstance(exc, sa.exc.DBAPIError) or not transient(exc):
             raise exc
-        key = step.args.get("unique_key")
         with self.model.lock:
-            self.model.uncertain.append((step.index, task, payloads, key))
+            self.model.engine_calls.append((step.index, task, payloads, True, []))
         return f"raised {exc.__class__.__name__} after its tries (committed or not)"
 
 
@@ -175,43 +174,33 @@ def adopt(model: Model, final: Any) -> list[Violation]:
 
     A job in the table that the model does not hold, with the task and payload number of an
     engine enqueue, is that enqueue's: one whose tries raised (its COMMIT went through, its
-    reply lost: at most one job each), or a duplicate of one that returned (a try committed,
-    its reply lost, and the next try enqueued again, which the docs allow only without a
-    unique key). Each is adopted into the model (the other invariants then hold it to the
-    same promises); a second job of one payload of an uncertain enqueue, or a duplicate with
-    a unique key, is a violation. Jobs of no enqueue stay for ``nothing_duplicated``.
+    reply lost: at most one job a payload), one that the enqueue returned without having
+    created it (a try committed, its reply lost, and the next found the job by its unique
+    key, as documented), or a duplicate (a try committed, its reply lost, and the next
+    enqueued again: documented for a job without a unique key, counted in the note; a
+    violation for one with a key). Each is adopted into the model (the other invariants then
+    hold it to the same promises). Jobs of no enqueue stay for ``nothing_duplicated``.
     """
-    calls: dict[tuple[str, str], tuple[int, bool, str | None]] = {}
-    for step, task, payloads, key in model.uncertain:
+    calls: dict[tuple[str, str], tuple[int, bool, list[int]]] = {}
+    for step, task, payloads, raised, returned in model.engine_calls:
         for p in payloads:
-            calls[(task, str(p["n"]))] = (step, True, key)
-    for record in model.jobs.values():
-        if record.engine:
-            calls.setdefault((record.task, str(record.payload["n"])), (record.step, False, None))
+            calls[(task, str(p["n"]))] = (step, raised, returned)
     extra: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, row in final.jobs.items():
         n = _n(row.payload)
         if i not in model.jobs and n is not None and (row.task, n) in calls:
             extra[(row.task, n)].append(i)
     found = []
+    twice = "engine duplicates (documented: COMMIT reply lost)"
     for (task, n), ids in extra.items():
-        step, raised, key = calls[(task, n)]
+        step, raised, returned = calls[(task, n)]
         for i in ids:
             row = final.jobs[i]
             model.jobs[i] = JobRecord(
                 i, step, task, row.payload, row.queue, row.unique_key, engine=True
             )
-        duplicated = not raised or len(ids) > 1
-        if duplicated and (key is not None or any(final.jobs[i].unique_key for i in ids)):
-            found.append(
-                Violation(
-                    "engine_once",
-                    tuple(ids),
-                    f"step {step}: an engine enqueue of {task} payload {n} with a unique key"
-                    f" left {len(ids)} more job(s) than it returned",
-                )
-            )
-        elif raised and len(ids) > 1:
+        more = [i for i in ids if i not in returned]
+        if raised and len(ids) > 1:
             found.append(
                 Violation(
                     "engine_once",
@@ -220,10 +209,17 @@ def adopt(model: Model, final: Any) -> list[Violation]:
                     f" {len(ids)} jobs",
                 )
             )
-        elif not raised:
-            model.checked["engine duplicates (documented: COMMIT reply lost)"] = model.checked.get(
-                "engine duplicates (documented: COMMIT reply lost)", 0
-            ) + len(ids)
+        elif not raised and any(final.jobs[i].unique_key is not None for i in more):
+            found.append(
+                Violation(
+                    "engine_once",
+                    tuple(more),
+                    f"step {step}: an engine enqueue of {task} payload {n} with a unique key"
+                    f" returned {returned}, yet left {more} too",
+                )
+            )
+        elif not raised and more:
+            model.checked[twice] = model.checked.get(twice, 0) + len(more)
     return found
 
 
