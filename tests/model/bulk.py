@@ -10,7 +10,8 @@ promise, and the model learns what changed:
 - every row changed is one the call chose (a named id, or one matching the filters) in a
   status its action applies to (``bulk.APPLIES_TO``; by filter, cancel reaches no waiting
   job), and changed the way the action says: cancel ends a waiting or queued job
-  ``cancelled`` and requests cancellation of a running one (its worker ends it); retry and
+  ``cancelled`` and requests cancellation of a running one (its worker ends it; one whose
+  cancellation was already requested is requested again, and counted); retry and
   ``requeue_dead_jobs`` queue a dead job again, its attempts kept and ``max_attempts``
   raised by its value; delete removes finished jobs only; run-now makes a queued job due
   later due now. The only other rows a cancel may change are the dependents it settles
@@ -275,9 +276,10 @@ def _kind(action: str, r: Any, now: datetime) -> str | None:
     if action == "cancel":
         if r.old_status in ("waiting", "queued") and r.new_status == "cancelled":
             return "cancelled"
+        # Requested again if it already was: as cancel_job, which says True for any running
+        # job, and counted in ``requested`` all the same.
         if (
             r.old_status == r.new_status == "running"
-            and not r.old_requested
             and r.new_requested
             and r.old_attempts == r.new_attempts
         ):
