@@ -283,37 +283,6 @@ class Operations(Producers, Bulk):
             said = self._record(step, args["task"], payloads, ids, options, deps_each, b)
             return self._engine_made(step, ids, said)
 
-    def _enqueue_in(self, step: Step, call: Callable[[Any], Any]) -> Any:
-        """``call`` on the producer Engine (``via``: engine), or in a Session committed here."""
-        if step.args.get("via") == "engine":
-            return call(self.producer)
-        with Session(self.engine) as session, session.begin():
-            return call(session)
-
-    def _engine_made(self, step: Step, ids: list[Enqueued], said: str) -> str:
-        if step.args.get("via") != "engine":
-            return said
-        for i in ids:
-            if i.created and self.model.has(int(i)):
-                self.model.jobs[int(i)].engine = True
-        payloads = step.args["payloads"] if "payloads" in step.args else [step.args["payload"]]
-        with self.model.lock:
-            self.model.engine_calls.append(
-                (step.index, step.args["task"], payloads, False, [int(i) for i in ids])
-            )
-        return said + " via an engine"
-
-    def _gone(self, deps: list[Dependency]) -> str:
-        """UnknownJobError is promised for a dependency with no job: one a bulk delete took."""
-        with self.engine.connect() as conn:
-            there = set(
-                conn.execute(sa.select(j.id).where(j.id.in_([d.job_id for d in deps]))).scalars()
-            )
-        gone = [d.job_id for d in deps if d.job_id not in there]
-        if not gone:
-            raise UnknownJobError(f"UnknownJobError, yet every dependency exists: {deps}")
-        return f"dependencies {gone} deleted: UnknownJobError"
-
     def op_enqueue_quick(self, step: Step) -> str:
         """A batch of ``quick`` jobs: an ``enqueue_many`` like any other."""
         return self.op_enqueue_many(step)

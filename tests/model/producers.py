@@ -20,15 +20,18 @@ end dead (or cancelled).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from sa_jobqueue import Enqueued
 from sa_jobqueue._binds import transient
 from sa_jobqueue.database import create_engine
-from sa_jobqueue.errors import PayloadTypeError
+from sa_jobqueue.errors import PayloadTypeError, UnknownJobError
 from sa_jobqueue.models import FINISHED_STATUSES, jobs_table
+from sa_jobqueue.workflows import Dependency
 from tests.model.cluster import Cluster
 from tests.model.model import JobRecord, Model, Violation
 from tests.model.schedule import Step
@@ -95,12 +98,44 @@ def _written(conn: sa.Connection | Session, n: int) -> int:
 
 
 class Producers:
-    """The operations of typed payloads; the engine enqueues are in ``Operations``."""
+    """The operations of typed payloads, and what ``Operations``' enqueues do through an
+    Engine."""
 
     engine: sa.Engine
     producer: sa.Engine
     model: Model
     by_step: dict[int, list[int]]
+
+    def _enqueue_in(self, step: Step, call: Callable[[Any], Any]) -> Any:
+        """``call`` on the producer Engine (``via``: engine), or in a Session committed here."""
+        if step.args.get("via") == "engine":
+            return call(self.producer)
+        with Session(self.engine) as session, session.begin():
+            return call(session)
+
+    def _engine_made(self, step: Step, ids: list[Enqueued], said: str) -> str:
+        if step.args.get("via") != "engine":
+            return said
+        for i in ids:
+            if i.created and self.model.has(int(i)):
+                self.model.jobs[int(i)].engine = True
+        payloads = step.args["payloads"] if "payloads" in step.args else [step.args["payload"]]
+        with self.model.lock:
+            self.model.engine_calls.append(
+                (step.index, step.args["task"], payloads, False, [int(i) for i in ids])
+            )
+        return said + " via an engine"
+
+    def _gone(self, deps: list[Dependency]) -> str:
+        """UnknownJobError is promised for a dependency with no job: one a bulk delete took."""
+        with self.engine.connect() as conn:
+            there = set(
+                conn.execute(sa.select(j.id).where(j.id.in_([d.job_id for d in deps]))).scalars()
+            )
+        gone = [d.job_id for d in deps if d.job_id not in there]
+        if not gone:
+            raise UnknownJobError(f"UnknownJobError, yet every dependency exists: {deps}")
+        return f"dependencies {gone} deleted: UnknownJobError"
 
     def op_enqueue_typed(self, step: Step) -> str:
         args = step.args
