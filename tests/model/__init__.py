@@ -1,8 +1,9 @@
 """The model checker: a seeded, fault-injecting exploration of the whole queue.
 
-One seed gives one schedule of operations (enqueues with options, cancels, requeues, pauses,
-caps) and faults (killed, stopped and restarted workers, terminated backends, silent or
-refusing networks, a pooler restart), as plain data (:mod:`.schedule`). The runner
+One seed gives one schedule of operations (enqueues with options, through a Session or an
+Engine, typed payloads that do not fit, cancels, requeues, bulk actions, pauses, caps) and
+faults (killed, stopped and restarted workers, terminated backends, silent or refusing
+networks, a pooler restart), as plain data (:mod:`.schedule`). The runner
 (:mod:`.runner`) plays it against real ``sa-jobqueue worker`` subprocesses on a database of
 the seed's own, records what every call returned (:mod:`.model`), samples the jobs table while
 it runs, waits for quiescence, and checks the invariants (:mod:`.invariants`). A violation

@@ -28,6 +28,12 @@ class JobRecord:
     deps: list[tuple[int, str]] = field(default_factory=list)
     cancelled_by_checker: bool = False
     requeued: int = 0
+    #: Deleted by a bulk delete the checker committed (it was finished then): gone for good.
+    deleted: bool = False
+    #: A typed job whose stored payload was made not to fit its type before it committed.
+    misfit: bool = False
+    #: Enqueued through an Engine (a transaction of the enqueue's own, retried).
+    engine: bool = False
 
 
 @dataclass
@@ -66,6 +72,12 @@ class Model:
     termed: set[int] = field(default_factory=set)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
+    #: Every enqueue through an Engine: (step, task, payloads, whether it raised a transient
+    #: error after its tries, the ids it returned). One that raised may have committed (its
+    #: COMMIT's reply lost) or not.
+    engine_calls: list[tuple[int, str, list[dict[str, Any]], bool, list[int]]] = field(
+        default_factory=list
+    )
     #: The clients write from several threads: jobs are added under this lock.
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Enqueued
-from sa_jobqueue.errors import ResultTimeoutError
+from sa_jobqueue.errors import ResultTimeoutError, UnknownJobError
 from sa_jobqueue.models import FINISHED_STATUSES, jobs_table, queues_table
 from sa_jobqueue.ops import (
     clear_queue_limits,
@@ -37,8 +37,10 @@ from sa_jobqueue.ops import (
     set_queue_rate,
 )
 from sa_jobqueue.workflows import Call, Dependency
+from tests.model.bulk import Bulk
 from tests.model.cluster import Cluster, WorkerProc
 from tests.model.model import Change, JobRecord, Model, Violation
+from tests.model.producers import Producers, count_failed_tries, producer_engine
 from tests.model.schedule import Step
 from tests.model.tasks import KEEPS, queue
 
@@ -69,13 +71,17 @@ class Burst:
     aborted: bool = False  # SIGABRT by the checker: its exit status says nothing
 
 
-class Operations:
+class Operations(Producers, Bulk):
     """Runs operations against one database and writes what they did into ``model``."""
 
     def __init__(self, engine: sa.Engine, model: Model, cluster: Cluster | None = None) -> None:
         self.engine = engine
         self.model = model
         self.cluster = cluster
+        #: What enqueues through an Engine use (see :mod:`.producers`).
+        self.producer = engine if cluster is None else producer_engine(cluster)
+        if cluster is not None:
+            count_failed_tries(self.producer, model)
         self.watchers: list[threading.Thread] = []
         self.bursts: list[Burst] = []
         self.by_step: dict[int, list[int]] = {}
@@ -85,6 +91,10 @@ class Operations:
         self._keys = threading.Lock()
         self._busy: Counter[str] = Counter()
         self._begun: Counter[str] = Counter()
+
+    def close(self) -> None:
+        if self.producer is not self.engine:
+            self.producer.dispose()
 
     def clock(self) -> datetime:
         with self.engine.connect() as conn:
@@ -102,7 +112,8 @@ class Operations:
             ids = self.by_step.get(ref["step"], [])
             if ids:
                 job = ids[ref["pos"] % len(ids)]
-                edges.setdefault(job, Dependency(job, ref["on_failure"]))
+                if not (self.model.has(job) and self.model.jobs[job].deleted):
+                    edges.setdefault(job, Dependency(job, ref["on_failure"]))
         return list(edges.values())
 
     @staticmethod
@@ -175,6 +186,8 @@ class Operations:
             row = conn.execute(
                 sa.select(j.task, j.unique_key, j.payload, j.status).where(j.id == job_id)
             ).one_or_none()
+        if row is None and self.model.has(job_id):
+            return  # ended and deleted by a bulk delete since: nothing_lost judges that
         if row is None or row.task != task or row.unique_key != key:
             self.model.found.append(
                 Violation(
@@ -231,11 +244,21 @@ class Operations:
         options = self._options(args)
         deps = self._deps(args["depends_on"])
         with self._enqueueing(self._key_names(args["task"], [args["payload"]], options)) as b:
-            with Session(self.engine) as session, session.begin():
-                job_id = queue.enqueue(
-                    session, args["task"], args["payload"], depends_on=deps or None, **options
+            try:
+                job_id = self._enqueue_in(
+                    step,
+                    lambda target: queue.enqueue(
+                        target, args["task"], args["payload"], depends_on=deps or None, **options
+                    ),
                 )
-            return self._record(step, args["task"], [args["payload"]], [job_id], options, [deps], b)
+            except UnknownJobError:
+                return self._gone(deps)
+            except sa.exc.DBAPIError as exc:
+                if args.get("via") != "engine":
+                    raise
+                return self.enqueued_uncertain(step, args["task"], [args["payload"]], exc)
+            said = self._record(step, args["task"], [args["payload"]], [job_id], options, [deps], b)
+            return self._engine_made(step, [job_id], said)
 
     def op_enqueue_many(self, step: Step) -> str:
         args = step.args
@@ -243,12 +266,22 @@ class Operations:
         deps = self._deps(args["depends_on"])
         payloads = args["payloads"]
         with self._enqueueing(self._key_names(args["task"], payloads, options)) as b:
-            with Session(self.engine) as session, session.begin():
-                ids = queue.enqueue_many(
-                    session, args["task"], payloads, depends_on=deps or None, **options
+            try:
+                ids = self._enqueue_in(
+                    step,
+                    lambda target: queue.enqueue_many(
+                        target, args["task"], payloads, depends_on=deps or None, **options
+                    ),
                 )
+            except UnknownJobError:
+                return self._gone(deps)
+            except sa.exc.DBAPIError as exc:
+                if args.get("via") != "engine":
+                    raise
+                return self.enqueued_uncertain(step, args["task"], payloads, exc)
             deps_each = [deps] * len(payloads)
-            return self._record(step, args["task"], payloads, ids, options, deps_each, b)
+            said = self._record(step, args["task"], payloads, ids, options, deps_each, b)
+            return self._engine_made(step, ids, said)
 
     def op_enqueue_quick(self, step: Step) -> str:
         """A batch of ``quick`` jobs: an ``enqueue_many`` like any other."""
@@ -306,15 +339,21 @@ class Operations:
             ids = self.by_step.get(ref["step"], [])
             job_id = ids[ref["pos"] % len(ids)] if ids else None
         else:
-            job_id = self._pick(step.args["pick"], self.model.order()[-RECENT:])
+            job_id = self._pick(step.args["pick"], self._live_ids()[-RECENT:])
         if job_id is None:
             return "no job"
         with Session(self.engine) as session, session.begin():
-            before = session.execute(sa.select(j.status).where(j.id == job_id)).scalar_one()
+            before = session.execute(sa.select(j.status).where(j.id == job_id)).scalar_one_or_none()
             done = queue.cancel(session, job_id)
+        if before is None:  # deleted by a bulk delete meanwhile
+            return f"job {job_id} deleted: {done}"
         if done and self.model.has(job_id):
             self.model.jobs[job_id].cancelled_by_checker = True
         return f"job {job_id} ({before}): {done}"
+
+    def _live_ids(self) -> list[int]:
+        """Job ids in the order recorded, without those a bulk delete took."""
+        return [i for i in self.model.order() if not self.model.jobs[i].deleted]
 
     def op_requeue(self, step: Step) -> str:
         mine = self.model.order()
@@ -334,7 +373,7 @@ class Operations:
         return f"job {job_id}: {done}"
 
     def op_wait_result(self, step: Step) -> str:
-        kept = [i for i in self.model.order() if self.model.jobs[i].task in KEEPS][-RECENT:]
+        kept = [i for i in self._live_ids() if self.model.jobs[i].task in KEEPS][-RECENT:]
         job_id = self._pick(step.args["pick"], kept)
         if job_id is None:
             return "no job keeps a result"
@@ -342,10 +381,14 @@ class Operations:
             outcome = queue.wait_for_result(self.engine, job_id, timeout=1.0)
         except ResultTimeoutError:
             return f"job {job_id}: not ended within 1 s"
+        except UnknownJobError:
+            return f"job {job_id}: deleted (UnknownJobError)"  # nothing_lost says if not
         if outcome.succeeded:
             with self.engine.connect() as conn:
-                payload = conn.execute(sa.select(j.payload).where(j.id == job_id)).scalar_one()
-            if outcome.value != {"n": payload["n"]}:
+                payload = conn.execute(
+                    sa.select(j.payload).where(j.id == job_id)
+                ).scalar_one_or_none()
+            if payload is not None and outcome.value != {"n": payload["n"]}:
                 self.model.found.append(
                     Violation(
                         "kept_result",

@@ -39,7 +39,7 @@ from sa_jobqueue.models import jobs_table, workers_table
 from sa_jobqueue.ops import resume_queue
 from sa_jobqueue.worker import STOP_MARGIN
 from tests.helpers.databases import cloned_database
-from tests.model import invariants
+from tests.model import bulk, invariants
 from tests.model.cluster import QUEUES, Cluster, checker_engine, worker_role
 from tests.model.faults import Faults
 from tests.model.model import Change, Model, Violation
@@ -165,6 +165,7 @@ def run_seed(
         url = stack.enter_context(cloned_database(server, template, prefix="sajq_mc"))
         engine = checker_engine(url)
         metadata.create_all(engine)
+        bulk.install(engine)
         cluster = Cluster.open(
             url, schedule.network, logdir, schedule.concurrency, schedule.prefetch
         )
@@ -173,6 +174,7 @@ def run_seed(
         cluster.bursts_direct = config.bursts_direct
         model.most_held = cluster.most_held()
         sampler = Sampler(engine, model)
+        ops: Operations | None = None
         try:
             ops = Operations(engine, model, cluster)
             faults = Faults(cluster, engine, model)
@@ -212,6 +214,8 @@ def run_seed(
             )
         finally:
             sampler.halt.set()
+            if ops is not None:
+                ops.close()
             cluster.close()
             engine.dispose()
     return Outcome(seed, schedule, model, violations, time.monotonic() - began, notes)

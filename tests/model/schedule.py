@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sa_jobqueue.models import STATUSES
 from tests.model.cluster import QUEUES
 from tests.model.tasks import LATE, TASKS
 
@@ -46,7 +47,22 @@ OPERATIONS: Mapping[str, int] = {
     "race_key": 3,
     "race_cancel": 2,
     "burst": 2,
+    #: ``typed`` jobs whose payload does not fit their type: refused at enqueue, or made
+    #: not to fit in the enqueue's transaction (as by a later deploy), then failed by the
+    #: worker that rebuilds it.
+    "enqueue_typed": 3,
+    #: ``ops.bulk``: cancel, retry, delete or run-now, by ids or by filter, a small batch.
+    "bulk": 6,
+    #: ``ops.requeue_dead_jobs`` by filter, a small batch.
+    "requeue_dead": 2,
 }
+#: The share of ``enqueue`` and ``enqueue_many`` steps made through an Engine (a transaction
+#: of the enqueue's own, tried again on a transient error) rather than a Session.
+ENGINE_SHARE = 0.25
+#: The bulk actions a ``bulk`` step draws from.
+BULK_ACTIONS = ("cancel", "retry", "delete", "run_now")
+#: How a ``typed`` payload may not fit its type (see ``operations.misfit``).
+MISFITS = ("n_text", "k_bool", "extra_key", "no_plan", "plan_text")
 #: Operations that every client runs at once, each its own part (see :func:`_race_args`).
 RACES = ("race_deps", "race_key", "race_cancel")
 #: Every fault the checker can inject.
@@ -359,6 +375,23 @@ def _race_args(
     return {"parts": parts}
 
 
+def _bulk_args(rng: random.Random, action: str, by_ids: bool = True) -> dict[str, Any]:
+    """A bulk action's selection: 1 to 5 of the recent jobs (``pick``), or filters."""
+    args: dict[str, Any] = {"action": action, "batch": rng.choice([1, 2, 5, 10])}
+    if by_ids and rng.random() < 0.5:
+        args["picks"] = [rng.randrange(1000) for _ in range(rng.randint(1, 5))]
+        return args
+    if rng.random() < 0.6:
+        args["queue"] = rng.choice(QUEUES)
+    if rng.random() < 0.4:
+        args["task"] = rng.choice(TASKS)
+    if rng.random() < 0.3:
+        args["older_than_ms"] = rng.choice([500, 2000])
+    if action != "requeue_dead" and rng.random() < 0.3:
+        args["statuses"] = sorted(rng.sample(STATUSES, k=rng.randint(1, 3)))
+    return args
+
+
 def _op_args(
     rng: random.Random, kind: str, producers: list[tuple[int, int]], n: int, config: Config
 ) -> dict[str, Any]:
@@ -377,11 +410,13 @@ def _op_args(
                 args["unique_period_s"] = 2
         keyed = task in UNIQUE_TASKS or "unique_key" in args
         args["depends_on"] = [] if keyed and not config.unique_with_deps else _deps(rng, producers)
+        if rng.random() < ENGINE_SHARE:
+            args["via"] = "engine"
         return args
     if kind in ("enqueue_many", "enqueue_quick"):
         task = "quick" if kind == "enqueue_quick" else rng.choice(TASKS)
         count = rng.randint(3, 8) if kind == "enqueue_quick" else rng.randint(2, 6)
-        return {
+        args = {
             "task": task,
             "payloads": [_job(rng, n + i, task, config) for i in range(count)],
             "count": count,
@@ -390,6 +425,22 @@ def _op_args(
             else _deps(rng, producers),
             **_options(rng),
         }
+        if kind == "enqueue_many" and rng.random() < ENGINE_SHARE:
+            args["via"] = "engine"
+        return args
+    if kind == "enqueue_typed":
+        # "invalid": refused at enqueue, nothing written; "misfit": committed, then failed
+        # by the worker. The count is 1 either way: the job's number is used up.
+        return {
+            "variant": rng.choice(["invalid", "misfit"]),
+            "misfit": rng.choice(MISFITS),
+            "payload": _job(rng, n, "typed", config),
+            "via": "engine" if rng.random() < ENGINE_SHARE else "session",
+        }
+    if kind == "bulk":
+        return _bulk_args(rng, rng.choice(BULK_ACTIONS))
+    if kind == "requeue_dead":
+        return _bulk_args(rng, "requeue_dead", by_ids=False)
     if kind in ("chain", "group", "chord"):
         count = rng.randint(2, 4)
         calls = []

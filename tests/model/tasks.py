@@ -27,6 +27,10 @@ their thread's group commit. Its audit rows are late (their ``clock_timestamp()`
 they were written) and may be missing (a worker killed before it wrote them): the checks
 that read them are sound either way (see ``invariants.py``), and ``worker_bound`` leaves its
 jobs out. Its plans are the fast ones (``schedule.QUICK_ACTIONS``).
+
+The ``typed`` task's handler takes a :class:`TypedPlan` (a TypedDict): its payloads are
+checked at enqueue and rebuilt by the worker before the handler runs; one that no longer
+fits fails its attempt before the handler starts.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from typing_extensions import TypedDict
 
 from sa_jobqueue import Backoff, Discard, JobContext, JobQueue, Retry
 from sa_jobqueue.models import jobs_table
@@ -208,6 +213,20 @@ def quick(ctx: JobContext, payload: dict[str, Any]) -> object:
     return _attempt(ctx, payload, _later)
 
 
+class TypedPlan(TypedDict):
+    """The ``typed`` task's payload: the plan's payload, checked at enqueue and rebuilt by
+    the worker (``sa_jobqueue._payload_types``)."""
+
+    n: int
+    plan: list[str]
+    k: str
+
+
+def typed(ctx: JobContext, payload: TypedPlan) -> object:
+    """:func:`work` for a typed payload: the worker rebuilt it before calling this."""
+    return _attempt(ctx, dict(payload), _record)
+
+
 def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., None]) -> object:
     plan: list[str] = payload["plan"]
     action = plan[min(ctx.attempt, len(plan)) - 1]
@@ -283,6 +302,7 @@ _declare("keyed", unique_key=lambda p: p.get("uk"))
 _declare("replacing", unique_key=lambda p: p.get("uk"), unique_mode="replace", keep_result=True)
 _declare("periodic_key", unique_key=lambda p: p.get("uk"), unique_period=timedelta(seconds=2))
 _declare("quick", handler=quick)
+_declare("typed", handler=typed, queue="q1")
 
 #: The tasks a schedule draws from.
 TASKS = tuple(LEASES)
