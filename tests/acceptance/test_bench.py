@@ -28,6 +28,7 @@ ROOT = REPO_ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # some fifteen drains, each paying worker start-up and stop
 def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": url_string(server_url)}
     # Every drain pays about a second and a half of worker start-up, warm-up and stop, which
@@ -58,7 +59,8 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
             assert row["medians"], row
     assert document["full_run"] is False
     assert document["command"].startswith("python bench/bench.py --quick")
-    for name in report.DRAINS:
+    # Every drain of a full run (the async scenario is opt-in: not in this one).
+    for name in [name for name in report.DRAINS if name != "async"]:
         for row in scenarios[name]:
             for run in row["runs"]:
                 assert run["verified"], run
