@@ -17,6 +17,7 @@ LISTEN and run worker processes without seeing each other's rows.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 import warnings
@@ -36,6 +37,13 @@ from sa_jobqueue.migrations import upgrade
 from tests.helpers.databases import cloned_database, drop_database, recreate_database
 
 TIERS = ("unit", "integration", "acceptance", "migrations")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Draw the model checker's random seed for this run (tests/model/test_model.py), unless
+    given: once, before pytest-xdist starts its processes, which inherit it and so collect the
+    same tests."""
+    os.environ.setdefault("SA_JOBQUEUE_MODEL_SEED", str(random.randrange(2**31)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
