@@ -26,10 +26,10 @@ from sqlalchemy import (
     union,
 )
 
-from ..models import claimable, dead, jobs_table, prunable, queues_table
+from ..models import RUNNING, claimable, dead, jobs_table, prunable, queues_table
 from .clock import seconds
 from .dashboard import dead_per_queue, finished_per_minute, waiting_per_queue
-from .queues import all_limits, limited, live_leases, paused_queues
+from .queues import all_limits, limited, paused_queues
 from .stats import live_per_queue
 
 j = jobs_table.c
@@ -46,12 +46,15 @@ def queue_page() -> Select[int, list[str]]:
     waiting jobs, and the queues table's rows with a pause or a limit.
     """
     waiting = waiting_per_queue().with_only_columns(j.queue).group_by(None).order_by(None)
+    # DISTINCT in each part: the claim and dead indexes lead with the queue, so each part is
+    # an index-only scan that keeps one name per run of equal ones, and the union hashes a
+    # few names instead of every backlog and dead entry (20,000 and 30,000 of them: 35 ms).
     names = union(
-        select(j.queue).where(claimable()),
-        select(j.queue).where(dead()),
-        select(j.queue).where(
-            or_(prunable(), dead()), j.finished_at >= func.now() - seconds("window")
-        ),
+        select(j.queue).where(claimable()).distinct(),
+        select(j.queue).where(dead()).distinct(),
+        select(j.queue)
+        .where(or_(prunable(), dead()), j.finished_at >= func.now() - seconds("window"))
+        .distinct(),
         waiting,
         paused_queues().with_only_columns(q.queue).order_by(None),
         limited().with_only_columns(q.queue),
@@ -74,8 +77,10 @@ def _on_page(statement: Any, queue: ColumnElement[str]) -> Select[Any]:
 
 @cache
 def live_on_page() -> Select[Any]:
-    """:func:`.stats.live_per_queue` for the queues ``:names``."""
-    return _on_page(live_per_queue(), j.queue)
+    """:func:`.stats.live_per_queue` for the queues ``:names``, and their running jobs with a
+    live lease (those holding slots: :func:`.queues.live_leases`) from the same read."""
+    holding = func.count().filter(j.status == RUNNING, j.visible_at > func.now())
+    return _on_page(live_per_queue().add_columns(holding), j.queue)
 
 
 @cache
@@ -106,9 +111,3 @@ def paused_on_page() -> Select[Any]:
 def limits_on_page() -> Select[Any]:
     """:func:`.queues.all_limits` for the queues ``:names``."""
     return _on_page(all_limits(), q.queue)
-
-
-@cache
-def leases_on_page() -> Select[Any]:
-    """:func:`.queues.live_leases` for the queues ``:names``."""
-    return _on_page(live_leases(), j.queue)

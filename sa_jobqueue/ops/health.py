@@ -21,7 +21,7 @@ from typing import Final, Literal
 from sqlalchemy import Connection
 
 from .._sql.health import (
-    expired_leases,
+    due_and_stale,
     oldest_prepared,
     oldest_transaction,
     recent_dead,
@@ -30,7 +30,6 @@ from .._sql.health import (
     worker_freshness,
 )
 from .._sql.queues import all_limits, paused_for
-from .._sql.stats import due_per_queue
 from ..database import MIGRATE_HINT, check_schema
 from ..errors import SchemaError
 from ..models import SCHEMA_REVISION, jobs_table
@@ -104,14 +103,12 @@ def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Findin
     t = thresholds or Thresholds()
     findings = [_check_schema(conn)]
     if findings[0].severity == OK:
-        # Read once for the three checks that use it: one row per queue with due jobs, which
-        # with thousands of queues is the most the checks fetch.
-        due = [(q, n, age) for q, n, age in conn.execute(due_per_queue())]
+        due = _read_due(conn, t)
         findings += [
             _check_workers(conn, t, due),
             _check_backlog(conn, t, due),
             _check_paused(conn, t, due),
-            _check_leases(conn, t),
+            _check_leases(t, due),
             _check_dead(conn, t),
             _check_vacuum(conn, t),
         ]
@@ -119,8 +116,43 @@ def check(conn: Connection, thresholds: Thresholds | None = None) -> list[Findin
     return findings
 
 
-#: A queue with due jobs: its name, how many are due, how long the oldest has waited.
-Due = tuple[str, int, timedelta]
+#: The most queues a finding names; the rest are counted.
+NAMED_QUEUES: Final = 10
+
+
+@dataclass(frozen=True)
+class _Due:
+    """What the checks judge of the claim index, read once (:func:`_read_due`)."""
+
+    #: (queue, due jobs, oldest's wait) of the queues whose oldest due job waited over
+    #: ``max_wait`` and that are not paused, longest waited first.
+    late: list[tuple[str, int, timedelta]]
+    #: Due jobs per paused queue (those with any).
+    paused: dict[str, int]
+    #: Due jobs in the queues that are not paused, late ones included.
+    unpaused: int
+    #: Running jobs past their lease by over ``lease_grace``, and the worst case.
+    stale: int
+    stale_for: timedelta | None
+
+
+def _read_due(conn: Connection, t: Thresholds) -> _Due:
+    params = {
+        "max_wait": check_age(t.max_wait, "max_wait"),
+        "grace": check_age(t.lease_grace, "lease_grace"),
+    }
+    late: list[tuple[str, int, timedelta]] = []
+    paused: dict[str, int] = {}
+    rest, stale, stale_for = 0, 0, None
+    for queue, due, waited, is_paused, stale_n, stale_age in conn.execute(due_and_stale(), params):
+        if queue is None:
+            rest, stale, stale_for = int(due), int(stale_n), stale_age
+        elif is_paused:
+            paused[queue] = due
+        else:
+            late.append((queue, due, waited))
+    late.sort(key=lambda row: row[2], reverse=True)
+    return _Due(late, paused, rest + sum(n for _, n, _ in late), stale, stale_for)
 
 
 def _check_schema(conn: Connection) -> Finding:
@@ -136,16 +168,14 @@ def _check_schema(conn: Connection) -> Finding:
     return Finding("schema", OK, f"at revision {SCHEMA_REVISION}")
 
 
-def _check_workers(conn: Connection, t: Thresholds, due_now: list[Due]) -> Finding:
+def _check_workers(conn: Connection, t: Thresholds, due_now: _Due) -> Finding:
     params = {"stale_after": check_age(t.stale_after, "stale_after")}
     registered, fresh = conn.execute(worker_freshness(), params).one()
     if fresh:
         return Finding("workers", OK, f"{fresh} live worker(s)", value=fresh)
     # Due jobs of a paused queue would not start with workers either: they make no emergency.
-    paused = {q for q, _ in conn.execute(paused_for())}
-    per_queue = [(q, n) for q, n, _ in due_now]
-    due = sum(n for q, n in per_queue if q not in paused)
-    held = sum(n for q, n in per_queue if q in paused)
+    due = due_now.unpaused
+    held = sum(due_now.paused.values())
     stale = f" ({registered} registered, all stale)" if registered else ""
     also = f" (and {held} in paused queues)" if held else ""
     return Finding(
@@ -158,13 +188,12 @@ def _check_workers(conn: Connection, t: Thresholds, due_now: list[Due]) -> Findi
     )
 
 
-def _check_backlog(conn: Connection, t: Thresholds, due_now: list[Due]) -> Finding:
+def _check_backlog(conn: Connection, t: Thresholds, due_now: _Due) -> Finding:
     # A paused queue's due jobs wait by design: the ``paused`` check reports them instead.
-    paused = {q for q, _ in conn.execute(paused_for())}
-    late = [(q, n, age) for q, n, age in due_now if age > t.max_wait and q not in paused]
+    late = due_now.late
     if not late:
         return Finding("backlog", OK, f"no due job has waited over {span(t.max_wait)}")
-    worst_age = max(age for _, _, age in late)
+    worst_age = late[0][2]
     # A limited queue's due jobs may wait by design, but a backlog older than max_wait is
     # still one: its limits are named, so that raising them is seen as a remedy.
     limits = {
@@ -179,7 +208,11 @@ def _check_backlog(conn: Connection, t: Thresholds, due_now: list[Due]) -> Findi
         named += [f"rate {RateLimit(count, period)}"] if count is not None else []
         return ", " + ", ".join(named)
 
-    queues = ", ".join(f"{q} ({n} due, oldest {span(age)}{limited(q)})" for q, n, age in late)
+    # The longest waits first; with thousands of queues late, the message names a few.
+    shown = late[:NAMED_QUEUES]
+    queues = ", ".join(f"{q} ({n} due, oldest {span(age)}{limited(q)})" for q, n, age in shown)
+    if len(late) > len(shown):
+        queues += f" and {len(late) - len(shown)} more queue(s)"
     action = (
         "add workers or concurrency for these queues, check that some worker serves them"
         " (--queues), or look for slow jobs (`sa-jobqueue stats`)"
@@ -195,8 +228,8 @@ def _check_backlog(conn: Connection, t: Thresholds, due_now: list[Due]) -> Findi
     )
 
 
-def _check_paused(conn: Connection, t: Thresholds, due_now: list[Due]) -> Finding:
-    due = {q: n for q, n, _ in due_now}
+def _check_paused(conn: Connection, t: Thresholds, due_now: _Due) -> Finding:
+    due = due_now.paused
     paused = list(conn.execute(paused_for()))
     long = [(q, age, due[q]) for q, age in paused if age > t.max_paused and due.get(q)]
     if not long:
@@ -214,10 +247,9 @@ def _check_paused(conn: Connection, t: Thresholds, due_now: list[Due]) -> Findin
     )
 
 
-def _check_leases(conn: Connection, t: Thresholds) -> Finding:
-    params = {"grace": check_age(t.lease_grace, "lease_grace")}
-    n, age = conn.execute(expired_leases(), params).one()
-    if not n:
+def _check_leases(t: Thresholds, due_now: _Due) -> Finding:
+    n, age = due_now.stale, due_now.stale_for
+    if not n or age is None:
         return Finding("leases", OK, "no running job is past its lease")
     return Finding(
         "leases",

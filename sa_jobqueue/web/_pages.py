@@ -105,6 +105,7 @@ class Dashboard:
         self._named = {
             route.name: route for route in self.routes if isinstance(route, Route | Mount)
         }
+        self._plain_paths: dict[str, str] = {}
 
     # -- the pages ---------------------------------------------------------------------------
 
@@ -281,9 +282,19 @@ class Dashboard:
     ) -> str:
         """The path of route ``name`` under wherever the app is mounted, with ``query``."""
         root: str = request.scope.get("root_path", "")
-        url = root + str(self._named[name].url_path_for(name, **path))
+        url = root + (self._route_paths(name) if not path else self._route_path(name, **path))
         kept = {k: v for k, v in (query or {}).items() if v not in (None, "", [])}
         return url + ("?" + urlencode(kept, doseq=True) if kept else "")
+
+    def _route_paths(self, name: str) -> str:
+        # A page of a hundred queues asks for six links of each; the path of a route without
+        # parameters is the same every time.
+        if name not in self._plain_paths:
+            self._plain_paths[name] = self._route_path(name)
+        return self._plain_paths[name]
+
+    def _route_path(self, name: str, **path: Any) -> str:
+        return str(self._named[name].url_path_for(name, **path))
 
     async def _read(self, reader: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(self._read_sync, reader, *args)

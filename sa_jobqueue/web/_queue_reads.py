@@ -90,14 +90,16 @@ def queue_rows(conn: Connection, shown: list[str], workers: list[WorkerInfo]) ->
     """The overview's rows of the queues ``shown``; ``workers``: the live ones."""
     page = {"names": shown, "window": float(CHART_MINUTES * dashboard_sql.MINUTE)}
     rows: dict[str, dict[str, Any]] = {name: {} for name in shown}
-    for name, queued, due, running, oldest in conn.execute(overview_sql.live_on_page(), page):
-        rows[name].update(queued=queued, due=due, running=running, oldest_due=oldest)
+    for name, queued, due, running, oldest, holding in conn.execute(
+        overview_sql.live_on_page(), page
+    ):
+        rows[name].update(
+            queued=queued, due=due, running=running, oldest_due=oldest, holding=holding
+        )
     for name, dead in conn.execute(overview_sql.dead_on_page(), page):
         rows[name]["dead"] = dead
     for name, waiting in conn.execute(overview_sql.waiting_on_page(), page):
         rows[name]["waiting"] = waiting
-    for name, holding in conn.execute(overview_sql.leases_on_page(), page):
-        rows[name]["holding"] = holding
     minutes: dict[str, dict[str, list[int]]] = {}
     for name, status, minute, n in conn.execute(overview_sql.finished_on_page(), page):
         series = minutes.setdefault(name, {s: [0] * CHART_MINUTES for s in FINISHED_STATUSES})

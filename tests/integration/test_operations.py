@@ -7,6 +7,7 @@ that is rolled back; what needs commits or other sessions is in tests/acceptance
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from sa_jobqueue._sql.claiming import claim
 from sa_jobqueue._sql.transitions import complete
 from sa_jobqueue.models import SCHEMA_REVISION, jobs_table, workers_table
 from sa_jobqueue.ops import pause_queue, stats, worst
+from sa_jobqueue.ops.health import NAMED_QUEUES
 from sa_jobqueue.ops.workers import (
     expire_workers,
     register_worker,
@@ -300,6 +302,25 @@ def test_check_backlog_waiting_too_long(conn: sa.Connection) -> None:
     assert backlog.value is not None
     assert 600 <= backlog.value < 660
     assert findings(conn, max_wait=timedelta(minutes=15))["backlog"].severity == "ok"
+
+
+def test_check_backlog_names_the_longest_waits_and_counts_the_rest(conn: sa.Connection) -> None:
+    add_worker(conn, "w1")
+    for n in range(NAMED_QUEUES + 2):
+        add_job(conn, queue=f"q{n:02}", visible_in=-600 - 60 * n)
+    add_job(conn, queue="q11", visible_in=-10)  # a queue's count is all its due jobs
+    add_job(conn, queue="fine", visible_in=-10)
+    add_job(conn, queue="held", visible_in=-900)
+    pause_queue(conn, "held")
+    found = findings(conn, max_wait=timedelta(minutes=5))
+    backlog = found["backlog"]
+    named = [f"q{n:02}" for n in range(NAMED_QUEUES + 1, 1, -1)]  # the longest waits first
+    assert re.findall(r"(q\d\d) \(", backlog.message) == named, backlog.message
+    assert backlog.message.endswith(" and 2 more queue(s)"), backlog.message
+    assert "held" not in backlog.message
+    assert backlog.value is not None
+    assert 600 + 60 * (NAMED_QUEUES + 1) <= backlog.value < 660 + 60 * (NAMED_QUEUES + 1)
+    assert "q11 (2 due, oldest 21m)" in backlog.message
 
 
 def test_check_expired_leases(conn: sa.Connection) -> None:
