@@ -1,8 +1,8 @@
 """How values look on the pages: times relative and absolute, control characters, long text.
 
-Pure functions, registered as the templates' filters; nothing here escapes HTML. Jinja2's
-autoescaping does that, after :func:`visible` (the environment's ``finalize``) has made every
-control character visible.
+Pure functions, registered as the templates' filters; nothing here escapes HTML but
+:func:`minute_chart`, which returns markup. Jinja2's autoescaping does the rest, after
+:func:`visible` (the environment's ``finalize``) has made every control character visible.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from .._visible import visible as shown
 from ..ops.health import span
@@ -125,7 +125,7 @@ BAR_WIDTH: Final = 3
 CHART_HEIGHT: Final = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Bar:
     """One status's part of one minute's bar, in SVG coordinates."""
 
@@ -159,6 +159,41 @@ def chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> list[Bar]:
                 Bar(i * BAR_STEP, round(base, 2), round(height, 2), status, n, minutes - 1 - i)
             )
     return bars
+
+
+def minute_chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> Markup:
+    """The overview's chart of one queue's last hour: :func:`chart`'s stacked bars as an SVG
+    element, one path per status, titled with the status's count for the hour.
+
+    A page of a hundred busy queues has up to 18,000 bars: drawn as an element each, with a
+    tooltip each, through the template (which escapes each of their values one by one), they
+    took most of the page's time. Here each bar is a few characters of a path, and every
+    value a number or a status of our own (escaped all the same, once per status). The queue
+    page's charts keep a tooltip per bar.
+    """
+    minutes = max((len(v) for v in per_minute.values()), default=0)
+    tops = [float(CHART_HEIGHT)] * minutes
+    paths: list[str] = []
+    for status, counts in per_minute.items() if scale > 0 else ():
+        steps: list[str] = []
+        for i, n in enumerate(counts):
+            if n:
+                height = max(CHART_HEIGHT * n / scale, 1.0)
+                tops[i] -= height
+                steps.append(
+                    f"M{i * BAR_STEP} {tops[i]:.2f}h{BAR_WIDTH}v{height:.2f}h-{BAR_WIDTH}z"
+                )
+        if steps:
+            name = escape(status)
+            paths.append(
+                f'<path d="{"".join(steps)}" class="bar-{name}">'
+                f"<title>{sum(counts):,} {name} in the last hour</title></path>"
+            )
+    return Markup(
+        '<svg class="chart" viewBox="0 0 240 32" width="240" height="32" role="img"'
+        ' aria-label="jobs finished per minute in the last hour">'
+        f'<line x1="0" y1="31.5" x2="240" y2="31.5" class="axis"/>{"".join(paths)}</svg>'
+    )
 
 
 FILTERS: Final = {

@@ -381,6 +381,7 @@ class Dashboard:
             as_of=as_of,
             rel=(lambda moment: _display.relative(moment, as_of)) if as_of is not None else None,
             chart=_display.chart,
+            minute_chart=_display.minute_chart,
             url=lambda name, query=None, **path: self.url(request, name, query, **path),
             static=lambda path: self.url(request, "static", path=path) + f"?v={__version__}",
             csrf_field=CSRF_FIELD,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any, Final
 
 from sqlalchemy import Connection
@@ -79,7 +80,7 @@ class QueueRow:
             held.append("no worker")
         return held
 
-    @property
+    @cached_property
     def busiest_minute(self) -> int:
         """The most jobs finished in one minute of the hour (the chart's scale)."""
         totals = [sum(col) for col in zip(*self.per_minute.values(), strict=True)]

@@ -218,23 +218,17 @@ PAGE_NAMES = {
 
 
 def _measure(
-    url: URL, finished: int, rounds: int, *, backlog: int, queues: int, spacing: float
+    url: URL,
+    finished: int,
+    rounds: int,
+    *,
+    backlog: int,
+    queues: int,
+    spacing: float,
+    also_queues: int | None = None,
 ) -> None:
-    from starlette.testclient import TestClient
-
-    from sa_jobqueue.database import create_engine
-    from sa_jobqueue.migrations import upgrade
-    from sa_jobqueue.web import create_app
-    from tests.helpers.databases import drop_database, recreate_database
-    from tests.helpers.pages import LOCAL
-
-    name = f"sajq_dashboard_timings_{queues}"
-    engine = create_engine(recreate_database(url, name))
-    try:
-        upgrade(engine)
-        started = time.perf_counter()
-        ids = fill(engine, finished, backlog, spacing, queues)
-        filled = time.perf_counter() - started
+    load = os.getloadavg()[0]
+    with _filled(url, finished, backlog, queues, spacing) as (engine, ids, filled):
         with engine.connect() as conn:
             version = conn.execute(sa.text("SHOW server_version")).scalar_one()
             size = conn.execute(
@@ -245,33 +239,14 @@ def _measure(
                     sa.text("SELECT status, count(*) FROM sa_jobqueue_jobs GROUP BY status")
                 ).all()
             )
-        rows: list[str] = []
-        plans: dict[str, list[tuple[str, Any]]] = {}
-        load = os.getloadavg()[0]
-        with TestClient(create_app(engine), base_url=LOCAL) as client:
-            for page in PAGES:
-                path = page.format(**ids)
-                began = time.perf_counter()
-                assert client.get(path).status_code == 200, path
-                cold = (time.perf_counter() - began) * 1000
-                with recording(engine) as sent:
-                    client.get(path)
-                plans[page] = [(s, p) for s, p in sent if reads_jobs(s)]
-                times, database = [], []
-                for _ in range(rounds):
-                    with timing(engine) as spent:
-                        began = time.perf_counter()
-                        client.get(path)
-                        times.append((time.perf_counter() - began) * 1000)
-                    database.append(sum(spent) * 1000)
-                p90 = statistics.quantiles(times, n=10)[-1]
-                rows.append(
-                    f"| `{as_shown(page)}` | {len(sent)} | {statistics.median(times):.1f} ms"
-                    f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
-                )
+        rows, plans = _time_pages(engine, ids, rounds)
+        more: list[str] = []
+        if also_queues:
+            with _filled(url, finished, backlog, also_queues, spacing) as (other, other_ids, _):
+                more, _ = _time_pages(other, other_ids, rounds)
         spread = finished * spacing / 86_400
         shape = (version, size, counts, queues, spread, filled)
-        _page(shape, rounds, rows, (load, os.getloadavg()[0]))
+        _page(shape, rounds, rows, (load, os.getloadavg()[0]), (also_queues, more))
         with engine.connect() as conn:
             # As the pages run them: page_settings() asks for no parallel workers.
             conn.execute(sa.text("SET max_parallel_workers_per_gather = 0"))
@@ -289,9 +264,62 @@ def _measure(
                     print(f"-- parameters: {shown}")
                     print("\n".join(lines) + "\n```")
             _explain_fold(conn)
+
+
+@contextmanager
+def _filled(
+    url: URL, finished: int, backlog: int, queues: int, spacing: float
+) -> Iterator[tuple[sa.Engine, dict[str, int], float]]:
+    """A scratch database with the history in it: its engine, the pages' ids, seconds taken."""
+    from sa_jobqueue.database import create_engine
+    from sa_jobqueue.migrations import upgrade
+    from tests.helpers.databases import drop_database, recreate_database
+
+    name = f"sajq_dashboard_timings_{queues}"
+    engine = create_engine(recreate_database(url, name))
+    try:
+        upgrade(engine)
+        started = time.perf_counter()
+        ids = fill(engine, finished, backlog, spacing, queues)
+        yield engine, ids, time.perf_counter() - started
     finally:
         engine.dispose()
         drop_database(url, name)
+
+
+def _time_pages(
+    engine: sa.Engine, ids: dict[str, int], rounds: int
+) -> tuple[list[str], dict[str, list[tuple[str, Any]]]]:
+    """Each page's row of the timings table, and the reads of the jobs table it sends."""
+    from starlette.testclient import TestClient
+
+    from sa_jobqueue.web import create_app
+    from tests.helpers.pages import LOCAL
+
+    rows: list[str] = []
+    plans: dict[str, list[tuple[str, Any]]] = {}
+    with TestClient(create_app(engine), base_url=LOCAL) as client:
+        for page in PAGES:
+            path = page.format(**ids)
+            began = time.perf_counter()
+            assert client.get(path).status_code == 200, path
+            cold = (time.perf_counter() - began) * 1000
+            with recording(engine) as sent:
+                client.get(path)
+            plans[page] = [(s, p) for s, p in sent if reads_jobs(s)]
+            times, database = [], []
+            for _ in range(rounds):
+                with timing(engine) as spent:
+                    began = time.perf_counter()
+                    client.get(path)
+                    times.append((time.perf_counter() - began) * 1000)
+                database.append(sum(spent) * 1000)
+            p90 = statistics.quantiles(times, n=10)[-1]
+            rows.append(
+                f"| `{as_shown(page)}` | {len(sent)} | {statistics.median(times):.1f} ms"
+                f" | {p90:.1f} ms | {statistics.median(database):.1f} ms | {cold:.1f} ms |"
+            )
+    return rows, plans
 
 
 def as_shown(page: str) -> str:
@@ -342,6 +370,7 @@ def _page(
     rounds: int,
     rows: list[str],
     load: tuple[float, float],
+    also: tuple[int | None, list[str]] = (None, []),
 ) -> None:
     version, size, counts, queues, spread, filled = shape
     done = ("succeeded", "dead", "cancelled")
@@ -359,7 +388,7 @@ drops:
 
 ```sh
 python -m tests.helpers.dashboard_history \\
-    --database-url postgresql://postgres@127.0.0.1:5432/postgres \\
+    --database-url postgresql://postgres@127.0.0.1:5432/postgres --also-queues 10000 \\
     > docs/reference/dashboard-queries.md
 ```
 
@@ -381,6 +410,17 @@ sends, the transaction's settings and the health checks' catalog reads included.
 | page | statements | median | p90 | of which statements | cold |
 |---|---:|---:|---:|---:|---:|""")
     print("\n".join(rows))
+    also_queues, more = also
+    if also_queues:
+        print(f"""
+### The same history in {also_queues:,} queues
+
+The same jobs spread over {also_queues:,} queues (`--also-queues {also_queues}`), the pages timed
+the same way: the overview shows a hundred of them a page.
+
+| page | statements | median | p90 | of which statements | cold |
+|---|---:|---:|---:|---:|---:|""")
+        print("\n".join(more))
     print("""
 ## Statements and plans
 
@@ -399,6 +439,9 @@ def main() -> None:
         "--spacing", type=float, default=0.7, help="seconds between finished jobs (0.7)"
     )
     parser.add_argument("--rounds", type=int, default=20, help="requests timed per page (20)")
+    parser.add_argument(
+        "--also-queues", type=int, help="time the pages again with the jobs in this many queues"
+    )
     args = parser.parse_args()
     from sa_jobqueue.database import normalise_url
 
@@ -409,6 +452,7 @@ def main() -> None:
         backlog=args.backlog,
         queues=args.queues,
         spacing=args.spacing,
+        also_queues=args.also_queues,
     )
 
 
