@@ -30,6 +30,7 @@ from sa_jobqueue.web._display import (
     chart,
     cut_note,
     json_text,
+    minute_chart,
     relative,
     visible,
 )
@@ -105,6 +106,22 @@ def test_chart_stacks_each_minute_and_scales_to_the_busiest() -> None:
     assert (full.y, full.height) == (0.0, CHART_HEIGHT)
     assert bars[1].y + bars[1].height == bars[0].y  # the dead part sits on the succeeded one
     assert chart({"succeeded": [0, 0]}, scale=0) == []
+
+
+def test_the_minute_chart_draws_the_same_bars_as_one_path_per_status() -> None:
+    per_minute = {"succeeded": [0, 3, 6], "dead": [0, 1, 0], "cancelled": [0, 0, 0]}
+    svg = str(minute_chart(per_minute, scale=6))
+    paths = {s: d for d, s in re.findall(r'<path d="([^"]*)" class="bar-(\w+)">', svg)}
+    assert set(paths) == {"succeeded", "dead"}  # no path for a status with no jobs
+    drawn = {
+        (status, float(x), float(y), float(h))
+        for status, d in paths.items()
+        for x, y, h in re.findall(r"M(\d+) ([\d.]+)h3v([\d.]+)h-3z", d)
+    }
+    bars = chart(per_minute, scale=6)
+    assert drawn == {(b.status, b.x, b.y, b.height) for b in bars}
+    assert "<title>9 succeeded in the last hour</title>" in svg
+    assert minute_chart({"succeeded": [0, 0]}, scale=0).count("<path") == 0
 
 
 # -- filters ---------------------------------------------------------------------------------
