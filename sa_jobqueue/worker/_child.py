@@ -7,12 +7,14 @@ its share (``max_jobs_per_child``, ``max_memory_per_child``): then it drains lik
 given SIGTERM and exits :data:`EXIT_RECYCLED`, which the supervisor does not count as a crash.
 
 Signals: SIGTERM starts the graceful drain (a repeated SIGTERM changes nothing; the
-supervisor SIGKILLs a child that outlives its grace). SIGINT is ignored: Ctrl-C in a terminal
-reaches the whole process group, and the supervisor decides for its children.
+supervisor SIGKILLs a child that outlives its grace). SIGINT is ignored: the supervisor
+decides for its children. Each child runs in a session of its own (see :func:`child_main`),
+so a terminal's Ctrl-C reaches only the supervisor, which forwards the stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -116,6 +118,13 @@ class Recycler(Observer):
 
 def child_main(make_worker: WorkerFactory, options: ChildOptions) -> None:
     """Build the worker, run it, and exit with the status the supervisor reads."""
+    # A session of its own, as a separately started worker has: Linux's autogroup scheduler
+    # shares the CPU between sessions first, so children in the supervisor's one session
+    # got one share between them against the database and other work on the machine (a
+    # writing drain of 2 children ran at 0.68x two workers). The supervisor still stops
+    # them (it signals each pid), and each still stops with it (_stop_with_parent).
+    with contextlib.suppress(OSError):
+        os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping = threading.Event()
     worker: Worker | None = None

@@ -121,6 +121,9 @@ def test_a_killed_child_is_replaced_and_sigterm_drains_them_all(
     children = set(pids) - {victim}
     assert len(children) == 2, pids
     assert sum(pids.values()) == 6  # every job ran once, the stalled one twice
+    # Each child leads a session of its own, as a separately started worker would: the
+    # kernel's autogroup scheduling then shares the CPU per child, not per supervisor.
+    assert {os.getsid(pid) for pid in children} == children
     assert wait_for(lambda: succeeded_total(port) == 5, timeout=10)
 
     workers.signal(supervisor, signal.SIGTERM)
