@@ -404,16 +404,7 @@ def _member_context(job: Claimed) -> JobContext:
     """The context the lease table and the heartbeat keep for the jobs of a batch: their stop
     flags (lost lease, cancellation, timeout, shutdown). It has no session: the batch's is
     :class:`BatchContext`'s."""
-    return JobContext(
-        job_id=job.id,
-        task=job.task,
-        queue=job.queue,
-        attempt=job.attempts,
-        max_attempts=job.max_attempts,
-        created_at=job.created_at,
-        priority=job.priority,
-        session=_no_session,
-    )
+    return job.context(_no_session)
 
 
 def _no_session() -> HandlerSession:

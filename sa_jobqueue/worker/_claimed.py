@@ -8,11 +8,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..models import CLAIM_ORDER
 from ..observability import JobRun
-from ..tasks import Backoff, Task
+from ..tasks import Backoff, JobContext, Task
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -71,6 +75,25 @@ class Claimed:
             return []
         read = _reader(rows[0]._fields)
         return [cls(*read(row)) for row in rows]
+
+    def context(
+        self,
+        session: Session | Callable[[], Session],
+        async_session: AsyncSession | Callable[[], AsyncSession] | None = None,
+    ) -> JobContext:
+        """The handler's context for this attempt: the row's fields, and the session given
+        (a factory, so that a handler that never asks for one costs none)."""
+        return JobContext(
+            job_id=self.id,
+            task=self.task,
+            queue=self.queue,
+            attempt=self.attempts,
+            max_attempts=self.max_attempts,
+            created_at=self.created_at,
+            priority=self.priority,
+            session=session,
+            async_session=async_session,
+        )
 
     def position(self) -> tuple[Any, ...]:
         """The job's place in its queue's claim order, as before the claim: its values of the

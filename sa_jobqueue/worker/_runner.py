@@ -212,20 +212,11 @@ class Runner:
         # A task with a timeout: its handler's connection is cut soon after the timeout, so a
         # statement that never answers cannot hold the thread for ever (see _sessions._arm).
         until = None if task.timeout is None else time.monotonic() + task.timeout.total_seconds()
-        ctx = JobContext(
-            job_id=job.id,
-            task=job.task,
-            queue=job.queue,
-            attempt=job.attempts,
-            max_attempts=job.max_attempts,
-            created_at=job.created_at,
-            priority=job.priority,
-            session=(
-                functools.partial(self._groups.session, here, until)
-                if grouped
-                else functools.partial(handler_session, self._engine, until)
-            ),
-            async_session=self._async_session if is_async else None,
+        ctx = job.context(
+            functools.partial(self._groups.session, here, until)
+            if grouped
+            else functools.partial(handler_session, self._engine, until),
+            self._async_session if is_async else None,
         )
         run = job.run() if self._observe else None
         if is_async:
@@ -255,16 +246,7 @@ class Runner:
     def _run_isolated(self, job: Claimed, task: Task, payload: Any) -> None:
         """A hard-limited task's attempt, run in a child (see :mod:`._isolation`)."""
         assert self._isolation is not None
-        ctx = JobContext(
-            job_id=job.id,
-            task=job.task,
-            queue=job.queue,
-            attempt=job.attempts,
-            max_attempts=job.max_attempts,
-            created_at=job.created_at,
-            priority=job.priority,
-            session=child_session,
-        )
+        ctx = job.context(child_session)
         run = job.run() if self._observe else None
         self._starting(job, task, ctx, run)
         started = time.monotonic()
