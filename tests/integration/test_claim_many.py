@@ -20,7 +20,7 @@ from tests.helpers.jobs import row
 
 def claim(conn: sa.Connection, served: list[str], limit: int, after: str = "") -> list[sa.Row[Any]]:
     params = {
-        **Served(served).params(),
+        **Served(served).params(after, limit),
         "after_queue": after,
         "limit": limit,
         "worker": "many-test",

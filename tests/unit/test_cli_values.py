@@ -75,6 +75,10 @@ def test_served_matches_names_and_patterns_and_escapes_like() -> None:
     assert "t_1" in served
     assert "tx1" not in served  # _ is itself, not LIKE's any character
     assert "reports" not in served
-    assert served.params() == {"queues": "emails", "patterns": ["tenant-%", "t\\__"]}
+    assert served.params() == {
+        "queues": "emails",
+        "patterns": ["tenant-%", "t\\__"],
+        "near": ",emails,",
+    }
     assert served.many
     assert not Served(["emails"]).many
