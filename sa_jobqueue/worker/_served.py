@@ -16,12 +16,17 @@ from ..errors import InvalidNameError, WorkerConfigError
 WILDCARDS: Final = "*?"
 
 #: How many listed names a many-queue claim is sent as its ``:near`` per slot it fills: the
-#: names just past where its walk starts, which answer whether it serves a queue without
-#: the whole list being read (see ``claim_many``). A drain reaches one listed name per slot;
-#: four cover a walk in which a quarter of the listed queues have due jobs.
-NEAR_PER_SLOT: Final = 4
-#: The fewest names sent as ``:near`` (a few kB at most).
+#: names just past where its walk starts, which tell whether the lane serves the queues the
+#: walk reaches without the whole list being read (see ``claim_many``). A drain reaches one
+#: listed name per slot, or more when other workers serving the same names took some of
+#: them first (their queues are then not due, and the walk passes them): eight per slot
+#: leave room for that.
+NEAR_PER_SLOT: Final = 8
+#: The fewest and the most names sent as ``:near``. The most bounds what a walked queue the
+#: lane does not serve costs on top of the whole list's lookup: a search of ``:near``, at
+#: most 1,024 names (about 13 kB for names like ``tenant-00042``, a few microseconds).
 NEAR_LEAST: Final = 64
+NEAR_MOST: Final = 1024
 
 #: The characters SQL LIKE gives a meaning to, escaped with a backslash (LIKE's default
 #: escape) when a pattern is sent: ``_`` is a queue name's character and must match itself.
@@ -93,11 +98,11 @@ class Served:
     def params(self, after_queue: str = "", limit: int = 1) -> dict[str, Any]:
         """The many-queue claim's ``:queues`` (the names, comma-separated), ``:patterns``, and
         ``:near`` for a claim of ``limit`` slots whose walk starts past ``after_queue``: the
-        next ``NEAR_PER_SLOT`` names per slot (at least ``NEAR_LEAST``) in Python's order
-        of strings, which is the database's for queue names only under a bytewise collation
-        (``C``, ``C.UTF-8``). Under another, the claim still serves exactly the listed
-        queues; it reads its whole list more often."""
-        count = max(NEAR_PER_SLOT * limit, NEAR_LEAST)
+        next ``NEAR_PER_SLOT`` names per slot (between ``NEAR_LEAST`` and ``NEAR_MOST``) in
+        Python's order of strings, which is the database's for queue names only under a
+        bytewise collation (``C``, ``C.UTF-8``). Under another, the claim still serves exactly
+        the listed queues; it reads its whole list more often."""
+        count = min(max(NEAR_PER_SLOT * limit, NEAR_LEAST), NEAR_MOST)
         first = bisect_right(self._sorted, after_queue)
         last = min(first + count, len(self._sorted))
         near = self._joined[self._starts[first] : self._starts[last] + 1]
