@@ -131,7 +131,11 @@ def claim_many() -> Update:
     comma = literal_column("','", type_=Text)
     near = bindparam("near", type_=Text)
     listed = bindparam("queues", type_=Text)
-    names = select(func.unnest(func.string_to_array(listed, comma)))
+    # The delimiter is a sub-select, not a constant: with constants alone (each bound value
+    # is one in a custom plan, the kind these claims get) the planner splits the whole list
+    # while planning, at every claim, whether or not the set is then used (about 0.6 ms for
+    # 10,000 names); a sub-select is only evaluated when the set is built.
+    names = select(func.unnest(func.string_to_array(listed, select(comma).scalar_subquery())))
     served = or_(
         and_(
             func.strpos(walk.c.queue, comma) == 0,

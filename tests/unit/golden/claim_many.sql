@@ -16,7 +16,7 @@ WHERE walk.queue IS NOT NULL),
 ready AS MATERIALIZED
 (SELECT walk.queue AS queue
 FROM walk
-WHERE walk.queue IS NOT NULL AND (strpos(walk.queue, ',') = %(strpos_1)s::INTEGER AND strpos(%(near)s::VARCHAR, ',' || walk.queue || ',') > %(strpos_2)s::INTEGER OR walk.queue LIKE any(%(patterns)s::TEXT[]) OR walk.queue IN (SELECT unnest(string_to_array(%(queues)s::VARCHAR, ',')) AS unnest_1)) AND (walk.queue NOT IN (SELECT sa_jobqueue_queues.queue
+WHERE walk.queue IS NOT NULL AND (strpos(walk.queue, ',') = %(strpos_1)s::INTEGER AND strpos(%(near)s::VARCHAR, ',' || walk.queue || ',') > %(strpos_2)s::INTEGER OR walk.queue LIKE any(%(patterns)s::TEXT[]) OR walk.queue IN (SELECT unnest(string_to_array(%(queues)s::VARCHAR, (SELECT ','))) AS unnest_1)) AND (walk.queue NOT IN (SELECT sa_jobqueue_queues.queue
 FROM sa_jobqueue_queues
 WHERE sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_field IS NOT NULL))
 LIMIT %(limit)s::INTEGER),
