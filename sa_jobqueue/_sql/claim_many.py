@@ -119,8 +119,9 @@ def claim_many() -> Update:
     #    only if a step gets this far (a hashed subplan is built at its first use): a walk
     #    that steps over a queue the lane does not serve, or past ``:near``. Built at every
     #    claim, it was what a drain of 10,000 listed queues paid on top of a pattern's: about
-    #    5 ms per claim (splitting the text and hashing each name), 1.74 times the one-queue
-    #    drain against 1.29. ``= ANY(:queues)`` instead would be a linear search of the array
+    #    5 ms per claim on a busy 2-core machine (splitting the text and hashing each name),
+    #    1.74 times the one-queue drain against 1.29 (bench/runs/2026-11-27-many-queues.txt).
+    #    ``= ANY(:queues)`` instead would be a linear search of the array
     #    for each queue walked (a generic plan never hashes it), and a list of 10,000 strings
     #    took the driver and the server about ten times as long to send and read as the one
     #    string of them.
