@@ -15,7 +15,8 @@ The statement, CTE by CTE, in the order it runs:
     asks.
 ``ready``
     Of those, up to ``:limit`` queues the lane serves (of ``:queues``, or ``LIKE ANY(:patterns)``)
-    and that have no pause or limit.
+    and that have no pause or limit; ``:near``, the listed names the walk reaches first, tells
+    most of them without the whole list being read.
 ``candidates``
     From each ready queue its first due jobs in claim order, an even share of ``:limit``
     (rounded up), each numbered by its turn within its queue.
@@ -37,6 +38,7 @@ from sqlalchemy import (
     Select,
     Text,
     Update,
+    and_,
     bindparam,
     func,
     literal_column,
@@ -70,7 +72,10 @@ def claim_many() -> Update:
     round-robin between them, starting past ``:after_queue`` (``''``: from the first).
 
     Served: a queue of ``:queues`` (names, comma-separated) or one ``LIKE ANY(:patterns)``
-    (SQL LIKE patterns, escaped by the caller). Eligible rows are those
+    (SQL LIKE patterns, escaped by the caller). ``:near`` is a hint, some of ``:queues`` with a
+    comma before and after each (``,a,b,``; ``,`` for none), best the names just past
+    ``:after_queue``: the queues found in it are not looked up in ``:queues``, which is then
+    read only if the walk meets another. Eligible rows are those
     :func:`.claiming.claim` takes, expired leases included, each started as it starts them.
     Each returned row also carries ``ready_queues``, how many queues had due jobs (at most
     ``:limit``), and ``last_queue``, the last of them in name order: where the next claim
@@ -98,17 +103,47 @@ def claim_many() -> Update:
     walk = next_due(bindparam("after_queue", type_=Text)).cte("walk", recursive=True)
     step = next_due(walk.c.queue).scalar_subquery()
     walk = walk.union_all(select(step).where(walk.c.queue.is_not(None)))
-    # The names as a set the planner hashes once per claim: ``= ANY(:queues)`` is a linear
-    # search of the array for each queue walked, and in a generic (prepared) plan it is never
-    # hashed, so a worker serving 10,000 named queues made 10,000 comparisons per step. They
-    # come as one text, comma-separated (a queue name has no comma): a list of 10,000 strings
-    # took the driver and the server about ten times as long to send and read as the one
-    # string of them, on every claim.
+    # Whether the lane serves a walked queue: three tests, cheapest first, each reached only
+    # when those before it said no (PostgreSQL evaluates an OR's arms in order and stops at
+    # the first true one; the planner does not reorder them).
+    #
+    # 1. ``:near``: the listed names the walk reaches first, the next few past ``:after_queue``
+    #    as the caller sorts them, comma-separated with a comma at each end. A queue is one of
+    #    them if ``,queue,`` is in that text: a search of a few kB that finds the next names
+    #    near its start, since the walk goes in name order. It answers every step of a drain
+    #    of listed queues, where each name the walk reaches has due jobs. A queue name has no
+    #    comma, but a row written by hand might: such a name could span two listed ones, so
+    #    it never matches here (the full set below still tells).
+    # 2. ``LIKE ANY(:patterns)``.
+    # 3. ``:queues``: every listed name, comma-separated, as a set hashed once per claim, and
+    #    only if a step gets this far (a hashed subplan is built at its first use): a walk
+    #    that steps over a queue the lane does not serve, or past ``:near``. Built at every
+    #    claim, it was what a drain of 10,000 listed queues paid on top of a pattern's: about
+    #    5 ms per claim on a busy 2-core machine (splitting the text and hashing each name),
+    #    1.74 times the one-queue drain against 1.29 (bench/runs/2026-11-27-many-queues.txt).
+    #    ``= ANY(:queues)`` instead would be a linear search of the array
+    #    for each queue walked (a generic plan never hashes it), and a list of 10,000 strings
+    #    took the driver and the server about ten times as long to send and read as the one
+    #    string of them.
+    #
+    # ``:near`` only ever says yes for a name of ``:queues`` (the caller cuts it from them), so
+    # what it holds matters for speed only: the lane serves a queue if and only if
+    # ``:queues`` or ``:patterns`` name it, as before.
+    comma = literal_column("','", type_=Text)
+    near = bindparam("near", type_=Text)
     listed = bindparam("queues", type_=Text)
-    names = select(func.unnest(func.string_to_array(listed, literal_column("','"))))
+    # The delimiter is a sub-select, not a constant: with constants alone (each bound value
+    # is one in a custom plan, the kind these claims get) the planner splits the whole list
+    # while planning, at every claim, whether or not the set is then used (about 0.6 ms for
+    # 10,000 names); a sub-select is only evaluated when the set is built.
+    names = select(func.unnest(func.string_to_array(listed, select(comma).scalar_subquery())))
     served = or_(
-        walk.c.queue.in_(names),
+        and_(
+            func.strpos(walk.c.queue, comma) == 0,
+            func.strpos(near, comma + walk.c.queue + comma) > 0,
+        ),
         walk.c.queue.like(func.any(bindparam("patterns", type_=ARRAY(Text)))),
+        walk.c.queue.in_(names),
     )
     ready = (
         select(walk.c.queue)

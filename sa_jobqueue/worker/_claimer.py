@@ -228,7 +228,7 @@ class LaneClaimer:
         """
         after = self._after_queue
         params = {
-            **self.lane.served.params(),
+            **self.lane.served.params(after, limit),
             "after_queue": after,
             "limit": limit,
             "worker": self._worker,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -13,6 +14,19 @@ from ..errors import InvalidNameError, WorkerConfigError
 #: none included) and ``?`` (one character). Queue names cannot contain either, so a served
 #: entry with one is a pattern and nothing else.
 WILDCARDS: Final = "*?"
+
+#: How many listed names a many-queue claim is sent as its ``:near`` per slot it fills: the
+#: names just past where its walk starts, which tell whether the lane serves the queues the
+#: walk reaches without the whole list being read (see ``claim_many``). A drain reaches one
+#: listed name per slot, or more when other workers serving the same names took some of
+#: them first (their queues are then not due, and the walk passes them): eight per slot
+#: leave room for that.
+NEAR_PER_SLOT: Final = 8
+#: The fewest and the most names sent as ``:near``. The most bounds what a walked queue the
+#: lane does not serve costs on top of the whole list's lookup: a search of ``:near``, at
+#: most 1,024 names (about 13 kB for names like ``tenant-00042``, a few microseconds).
+NEAR_LEAST: Final = 64
+NEAR_MOST: Final = 1024
 
 #: The characters SQL LIKE gives a meaning to, escaped with a backslash (LIKE's default
 #: escape) when a pattern is sent: ``_`` is a queue name's character and must match itself.
@@ -57,7 +71,18 @@ class Served:
             )
             or r"(?!)"
         )
-        self._params: dict[str, Any] | None = None
+        # The names in order, as one text with a comma before and after each, and where in
+        # it each name's leading comma is (the last entry: the closing comma): a claim's
+        # ``:near`` is a slice of it, cut without joining anything again.
+        self._sorted = sorted(self.names)
+        self._joined = "," + ",".join(self._sorted) + ","
+        self._starts = [0]
+        for name in self._sorted:
+            self._starts.append(self._starts[-1] + len(name) + 1)
+        self._fixed = {
+            "queues": ",".join(self._sorted),
+            "patterns": [like_pattern(p) for p in self.patterns],
+        }
 
     @property
     def many(self) -> bool:
@@ -70,15 +95,18 @@ class Served:
             queue in self.names or self._regex.fullmatch(queue) is not None
         )
 
-    def params(self) -> dict[str, Any]:
-        """The many-queue claim's ``:queues`` (the names, comma-separated) and ``:patterns``,
-        made once."""
-        if self._params is None:
-            self._params = {
-                "queues": ",".join(sorted(self.names)),
-                "patterns": [like_pattern(p) for p in self.patterns],
-            }
-        return self._params
+    def params(self, after_queue: str = "", limit: int = 1) -> dict[str, Any]:
+        """The many-queue claim's ``:queues`` (the names, comma-separated), ``:patterns``, and
+        ``:near`` for a claim of ``limit`` slots whose walk starts past ``after_queue``: the
+        next ``NEAR_PER_SLOT`` names per slot (between ``NEAR_LEAST`` and ``NEAR_MOST``) in
+        Python's order of strings, which is the database's for queue names only under a
+        bytewise collation (``C``, ``C.UTF-8``). Under another, the claim still serves exactly
+        the listed queues; it reads its whole list more often."""
+        count = min(max(NEAR_PER_SLOT * limit, NEAR_LEAST), NEAR_MOST)
+        first = bisect_right(self._sorted, after_queue)
+        last = min(first + count, len(self._sorted))
+        near = self._joined[self._starts[first] : self._starts[last] + 1]
+        return {**self._fixed, "near": near}
 
     def describe(self, most: int = 5) -> str:
         """The entries for a log line: all of them when few, else a count and the first few."""

@@ -7,25 +7,49 @@ queues is in tests/acceptance/test_many_queues.py.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 
 from sa_jobqueue._sql.claim_many import claim_many
 from sa_jobqueue.ops import pause_queue, set_queue_concurrency, set_queue_rate
-from sa_jobqueue.worker._served import Served
+from sa_jobqueue.worker._served import NEAR_LEAST, Served
 from tests.helpers.job_states import add_job
 from tests.helpers.jobs import row
 
 
-def claim(conn: sa.Connection, served: list[str], limit: int, after: str = "") -> list[sa.Row[Any]]:
-    params = {
-        **Served(served).params(),
+def claim_params(served: list[str], limit: int, after: str = "", **more: Any) -> dict[str, Any]:
+    return {
+        **Served(served).params(after, limit),
         "after_queue": after,
         "limit": limit,
         "worker": "many-test",
+        **more,
     }
-    return list(conn.execute(claim_many(), params))
+
+
+def claim(
+    conn: sa.Connection, served: list[str], limit: int, after: str = "", **more: Any
+) -> list[sa.Row[Any]]:
+    return list(conn.execute(claim_many(), claim_params(served, limit, after, **more)))
+
+
+def add_queued(conn: sa.Connection, queues: list[str]) -> None:
+    """One queued job in each of ``queues`` (one INSERT)."""
+    conn.execute(
+        sa.text(
+            "INSERT INTO sa_jobqueue_jobs (queue, task, payload)"
+            " SELECT name, 'work', 'null' FROM unnest(CAST(:names AS text[])) AS name"
+        ),
+        {"names": queues},
+    )
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
 
 
 def queues_of(rows: list[sa.Row[Any]]) -> Counter[str]:
@@ -113,3 +137,51 @@ def test_expired_leases_are_reclaimed_and_jobs_not_due_are_left(conn: sa.Connect
 def test_nothing_due_claims_nothing(conn: sa.Connection) -> None:
     add_job(conn, queue="a", visible_in=60)
     assert claim(conn, ["*"], 10) == []
+
+
+def test_a_drain_of_listed_queues_does_not_read_the_whole_list_at_each_claim(
+    conn: sa.Connection,
+) -> None:
+    # What the claim did, as EXPLAIN ANALYZE counts it: the whole list, split into a row per
+    # name (the plan's one ProjectSet, unnest) and hashed, used to come with every claim.
+    names = [f"tenant-{n:04d}" for n in range(2000)]
+    add_queued(conn, names)
+    statement = claim_many().compile(dialect=conn.dialect)
+    params = statement.construct_params(claim_params(names, 10, after="tenant-0499"))
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.string
+    plan = conn.exec_driver_sql(explain, params).scalar_one()[0]["Plan"]
+    split = [n for n in plan_nodes(plan) if n["Node Type"] == "ProjectSet"]
+    assert len(split) == 1
+    assert split[0]["Actual Loops"] == 0  # never executed
+    claimed = conn.execute(sa.text("SELECT queue FROM sa_jobqueue_jobs WHERE status = 'running'"))
+    assert sorted(claimed.scalars()) == names[500:510]
+
+
+def test_listed_queues_are_served_exactly_whatever_near_holds(conn: sa.Connection) -> None:
+    # ``:near`` is a hint cut from the list; a claim serves the listed queues, and only them,
+    # whether it holds the names the walk reaches, none of them, or names out of order.
+    listed = ["a", "b", "c", "d"]
+    add_queued(conn, [*listed, "a,b", "b0", "e"])
+    for near in (",", ",d,c,b,a,", ",c,", ",a,b,"):
+        with conn.begin_nested() as attempt:
+            rows = claim(conn, listed, 10, near=near)
+            assert sorted(queues_of(rows)) == listed, near
+            attempt.rollback()
+    # A queue written with a comma in its name (by hand: names have none) is not two listed
+    # ones side by side.
+    rows = claim(conn, ["a", "b", "x-*"], 10, near=",a,b,")
+    assert sorted(queues_of(rows)) == ["a", "b"]
+
+
+def test_a_long_list_is_served_past_near_and_from_each_turn(conn: sa.Connection) -> None:
+    # Listed queues with no due job between those that have one: the walk reaches past
+    # ``:near`` (the first NEAR_LEAST names, for so few slots) and finds the rest in the
+    # whole list.
+    gap = NEAR_LEAST + 1
+    names = [f"q-{n:04d}" for n in range(10 * gap)]
+    due = names[::gap]
+    add_queued(conn, due)
+    first = claim(conn, names, 4)
+    assert sorted(queues_of(first)) == due[:4]
+    rest = claim(conn, names, 10, after=first[0].last_queue)
+    assert sorted(queues_of(rest)) == due[4:]

@@ -10,7 +10,7 @@ import pytest
 
 from sa_jobqueue.cli import _values
 from sa_jobqueue.cli._arguments import parse_args
-from sa_jobqueue.worker._served import Served
+from sa_jobqueue.worker._served import NEAR_LEAST, NEAR_MOST, Served
 
 
 @pytest.mark.parametrize(
@@ -75,6 +75,24 @@ def test_served_matches_names_and_patterns_and_escapes_like() -> None:
     assert "t_1" in served
     assert "tx1" not in served  # _ is itself, not LIKE's any character
     assert "reports" not in served
-    assert served.params() == {"queues": "emails", "patterns": ["tenant-%", "t\\__"]}
+    assert served.params() == {
+        "queues": "emails",
+        "patterns": ["tenant-%", "t\\__"],
+        "near": ",emails,",
+    }
     assert served.many
     assert not Served(["emails"]).many
+
+
+def test_served_near_is_the_listed_names_just_past_the_turn() -> None:
+    names = [f"t-{n:05d}" for n in range(3 * NEAR_MOST)]
+    served = Served([*reversed(names), "t-*"])
+    assert served.params()["queues"] == ",".join(names)  # sorted
+    # Eight names a slot, no fewer than NEAR_LEAST, no more than NEAR_MOST.
+    assert served.params("", 1)["near"] == "," + ",".join(names[:NEAR_LEAST]) + ","
+    assert served.params(names[9], 20)["near"] == "," + ",".join(names[10:170]) + ","
+    assert served.params("t-00009x", 20)["near"] == "," + ",".join(names[10:170]) + ","
+    assert served.params("", 10_000)["near"] == "," + ",".join(names[:NEAR_MOST]) + ","
+    assert served.params(names[-3], 20)["near"] == "," + ",".join(names[-2:]) + ","
+    assert served.params(names[-1], 20)["near"] == ","  # none: the walk meets no listed name
+    assert Served(["t-*"]).params("", 20)["near"] == ","

@@ -16,7 +16,7 @@ WHERE walk.queue IS NOT NULL),
 ready AS MATERIALIZED
 (SELECT walk.queue AS queue
 FROM walk
-WHERE walk.queue IS NOT NULL AND (walk.queue IN (SELECT unnest(string_to_array(%(queues)s::VARCHAR, ',')) AS unnest_1) OR walk.queue LIKE any(%(patterns)s::TEXT[])) AND (walk.queue NOT IN (SELECT sa_jobqueue_queues.queue
+WHERE walk.queue IS NOT NULL AND (strpos(walk.queue, ',') = %(strpos_1)s::INTEGER AND strpos(%(near)s::VARCHAR, ',' || walk.queue || ',') > %(strpos_2)s::INTEGER OR walk.queue LIKE any(%(patterns)s::TEXT[]) OR walk.queue IN (SELECT unnest(string_to_array(%(queues)s::VARCHAR, (SELECT ','))) AS unnest_1)) AND (walk.queue NOT IN (SELECT sa_jobqueue_queues.queue
 FROM sa_jobqueue_queues
 WHERE sa_jobqueue_queues.paused_at IS NOT NULL OR sa_jobqueue_queues.concurrency IS NOT NULL OR sa_jobqueue_queues.rate_limit IS NOT NULL OR sa_jobqueue_queues.key_field IS NOT NULL))
 LIMIT %(limit)s::INTEGER),
@@ -65,7 +65,7 @@ ELSE %(param_19)s::INTEGER END AS settled, (SELECT count(*) AS count_2
 FROM ready) AS ready_queues, (SELECT max(ready.queue) AS max_1
 FROM ready) AS last_queue
 ;
--- parameters the caller supplies: after_queue, limit, patterns, queues, worker
+-- parameters the caller supplies: after_queue, limit, near, patterns, queues, worker
 -- constants the statement binds:
 --   attempts_1 = 1
 --   greatest_1 = 1
@@ -95,3 +95,5 @@ FROM ready) AS last_queue
 --   status_2 = 'running'
 --   status_3 = 'running'
 --   status_4 = 'running'
+--   strpos_1 = 0
+--   strpos_2 = 0
