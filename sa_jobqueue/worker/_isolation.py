@@ -10,7 +10,8 @@ transaction, exactly as a job thread does. Its worker waits for its word on the 
 terminates its server session, so that its open transaction is rolled back at once and its
 row locks are freed, then records the attempt as failed with :class:`~sa_jobqueue.errors.
 HardTimeoutError`, retried under the task's policy. A cancellation, or a lease lost, kills it
-too.
+too. The worker's shutdown waits for a running attempt: a kill at the limit meanwhile is still
+its failure, not a hand-back.
 
 The child does not rely on its worker to die: it kills itself at the limit (plus
 :data:`SELF_KILL_MARGIN`) even while its worker is stopped (SIGSTOP, a paused VM), and with
@@ -115,11 +116,15 @@ class ChildEnd:
     (True), or its completion matched no row and it rolled them back (False); None when the
     handler wrote nothing (the worker completes the job) or failed. ``result``: a kept
     result's JSON text, for the worker to store. ``failure``: why the attempt failed.
+    ``stopped``: the failure is the worker's shutdown's doing (the job is handed back, not
+    failed): the child's handler never sees the shutdown, so only the worker's middleware,
+    which runs in the worker around the child's attempt, can say so.
     """
 
     completed: bool | None = None
     result: str | None = None
     failure: BaseException | None = None
+    stopped: bool = False
 
 
 class Isolation:
@@ -135,8 +140,13 @@ class Isolation:
         # Each child is forked from the forkserver with the handlers' modules imported once.
         modules = sorted({t.handler.__module__ for t in queue.tasks.values() if t.hard_timeout})
         self._context.set_forkserver_preload(["sa_jobqueue.worker._isolation", *modules])
-        # Started now, in the background, rather than at the first attempt.
+        # Started now, and waited for: the forkserver imports the handlers' modules, which on
+        # a loaded machine takes seconds. Waited for at the first attempt instead, that time
+        # would add to the attempt's, and to a shutdown that waits for it.
         forkserver.ensure_running()
+        ready = self._context.Process(target=_ready, name="sa-jobqueue forkserver check")
+        ready.start()
+        ready.join()
 
     def run(self, job: Claimed, task: Task, ctx: JobContext) -> ChildEnd:
         """Run ``job``'s attempt in a child and wait for it, killing it at the task's limit,
@@ -235,7 +245,9 @@ class Isolation:
         except Exception as exc:
             if ends and exc is ends[0].failure:
                 return ends[0]
-            return ChildEnd(failure=exc)  # the middleware's own, or changed by it
+            # The middleware's own, or changed by it: the middleware runs here, and may have
+            # stopped part-way because the worker is shutting down.
+            return ChildEnd(failure=exc, stopped=shutting_down(ctx))
         if not ends:  # the middleware did not proceed: the attempt succeeded without running
             return ChildEnd()
         end = ends[0]
@@ -248,7 +260,8 @@ class Isolation:
     ) -> None:
         """Record how the attempt ended, unless the child committed its completion."""
         if end.failure is not None:
-            verdict = settle(end.failure, wrote=False, shutting_down=shutting_down(ctx))
+            # A kill at the limit during a shutdown is still the attempt's failure.
+            verdict = settle(end.failure, wrote=False, shutting_down=end.stopped)
             recorder.record(job, verdict, task)
         elif end.completed is None:  # it wrote nothing: completed here, in a batch
             recorder.results.hold(job, end.result)
@@ -270,6 +283,10 @@ class Isolation:
                 conn.execute(session_sql.terminate_backend(), {"pid": backend})
         except SQLAlchemyError as exc:
             log.warning("could not end the server session of a killed attempt: %s", exc)
+
+
+def _ready() -> None:
+    """The first child of the forkserver: it does nothing; its start says the server is up."""
 
 
 def _exit_text(child: multiprocessing.process.BaseProcess) -> str:

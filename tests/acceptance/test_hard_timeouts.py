@@ -101,3 +101,24 @@ def test_an_attempt_dies_at_its_limit_while_its_worker_is_stopped(
     assert effects(tables, stalled) == []
     error = job(tables, stalled).last_error
     assert error["type"] == "sa_jobqueue.errors.HardTimeoutError", json.dumps(error)
+
+
+def test_an_attempt_killed_at_its_limit_while_its_worker_stops_is_a_failure(
+    tables: sa.Engine, workers: Workers
+) -> None:
+    stalled = enqueue(tables, "stall_first")
+    worker = workers.start(concurrency=1)
+    workers.wait(lambda: attempt_backends(tables) == 1, 30)
+    workers.signal(worker, signal.SIGTERM)
+    # The shutdown waits for the attempt (its grace is 30 s), which is killed at its limit of
+    # 1 s: the kill is the attempt's failure, as without a shutdown, not a hand-back of a job
+    # the shutdown stopped part-way (that would give it one more attempt and no error).
+    assert workers.wait_exit(worker, timeout=20) == 0
+    row = job(tables, stalled)
+    assert row.status == "queued"
+    ((entry),) = row.attempt_history
+    assert (entry["attempt"], entry["outcome"]) == (1, "retried"), row.attempt_history
+    assert entry["error"]["type"] == "sa_jobqueue.errors.HardTimeoutError"
+    with tables.connect() as conn:
+        assert conn.execute(sa.select(j.max_attempts).where(j.id == stalled)).scalar_one() == 3
+    assert effects(tables, stalled) == []

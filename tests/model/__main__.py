@@ -31,6 +31,7 @@ from sqlalchemy.engine import URL
 from sa_jobqueue.database import create_engine, normalise_url
 from sa_jobqueue.migrations import upgrade
 from tests.helpers.databases import drop_database, recreate_database
+from tests.model.cluster import SERVINGS
 from tests.model.runner import run_seed
 from tests.model.schedule import (
     CI_FAULTS,
@@ -109,6 +110,14 @@ def parse_ops(text: str) -> dict[str, int]:
     return weights
 
 
+def parse_servings(text: str) -> tuple[str, ...]:
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = set(chosen) - set(SERVINGS)
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"a list of {list(SERVINGS)}, not {text!r}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.model", description=__doc__.split("\n")[0]
@@ -148,6 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the workers' --prefetch each seed draws from: adaptive, N, or a list (default:"
         " adaptive,2; CI: adaptive)",
     )
+    parser.add_argument(
+        "--servings",
+        type=parse_servings,
+        default=tuple(SERVINGS),
+        help="how the workers may name their queues, taken in turn: a list of "
+        + ",".join(SERVINGS)
+        + " (default: all three)",
+    )
+    parser.add_argument(
+        "--supervised",
+        type=float,
+        default=0.2,
+        help="the chance that a seed's first worker is a supervisor, --processes 2 (default 0.2)",
+    )
     parser.add_argument("--keep-going", action="store_true", help="explore on after a violation")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the seed's workers, pooler and database are cleaned up.
@@ -163,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         max_stop_ms=args.max_stop_ms,
         fault_rate=args.fault_rate,
         prefetch=args.prefetch,
+        servings=args.servings,
+        supervised=args.supervised,
     )
     replay = _replay_flags(args)
     failed = 0
@@ -207,6 +232,10 @@ def _replay_flags(args: argparse.Namespace) -> str:
         flags += " --prefetch " + ",".join(
             "adaptive" if p is None else str(p) for p in args.prefetch
         )
+    if args.servings != tuple(SERVINGS):
+        flags += " --servings " + ",".join(args.servings)
+    if args.supervised != 0.2:
+        flags += f" --supervised {args.supervised}"
     if args.max_stop_ms != 3500:
         flags += f" --max-stop-ms {args.max_stop_ms}"
     if args.ops != dict(OPERATIONS):

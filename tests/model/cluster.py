@@ -10,6 +10,7 @@ Every process and socket here belongs to the seed, and :meth:`Cluster.close` end
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import signal
 import subprocess
@@ -28,9 +29,23 @@ from tests.helpers.processes import CLI, REPO_ROOT, subprocess_env
 from tests.model.tasks import AUDIT_URL
 
 APP = "tests.model.tasks:queue"
-#: The queues every worker serves. No task declares ``q3``: its jobs get there by
-#: ``enqueue(..., queue="q3")``, and the workers serve a queue none of their tasks names.
-QUEUES = ("default", "q1", "q2", "q3")
+#: The queues every worker serves. No task declares ``q3``, ``mc-1`` or ``mc-2``: their jobs
+#: get there by ``enqueue(..., queue=...)``, and the workers serve queues none of their tasks
+#: names.
+QUEUES = ("default", "q1", "q2", "q3", "mc-1", "mc-2")
+#: How a worker names the queues it serves (its ``--queues``): each by name, by patterns, or
+#: every queue (``*``). Each is a lane of many queues: the unlimited ones are claimed in one
+#: statement (``_sql/claim_many.py``: by ``:queues``, or ``LIKE ANY(:patterns)``), each paused
+#: or limited one that the lane serves by its own limited claim.
+SERVINGS = {
+    "names": ",".join(QUEUES),
+    "patterns": "default,q?,mc-*",
+    "all": "*",
+}
+#: The patterns a burst may name besides QUEUES.
+PATTERNS = ("q?", "mc-*")
+#: A supervised worker's processes (``--processes``).
+PROCESSES = 2
 #: The application_name of the checker's own connections: never a fault's target.
 CHECKER_APP = "mc_checker"
 
@@ -59,15 +74,29 @@ def restart_bouncer(bouncer: PgBouncer) -> None:
             return
 
 
+def matching(entries: list[str]) -> list[str]:
+    """The queues of QUEUES that ``entries`` (names and patterns, as ``--queues`` takes them)
+    name."""
+    return [q for q in QUEUES if any(fnmatch.fnmatchcase(q, e) for e in entries)]
+
+
 @dataclass
 class WorkerProc:
-    """One worker subprocess and what the checker did to it."""
+    """One worker subprocess and what the checker did to it.
+
+    A supervised one (``--processes``) is the supervisor: its worker processes are its
+    :meth:`children`, which it restarts when they die.
+    """
 
     proc: subprocess.Popen[bytes]
     log: Path
     stopped: bool = False  # SIGSTOP sent, no SIGCONT yet
     leaving: bool = False  # SIGTERM or SIGKILL sent: it may exit
     term: bool = False  # SIGTERM sent (and no SIGKILL): it must exit 0
+    serving: str = "names"  # a key of SERVINGS
+    processes: int = 1  # more than 1: a supervisor of that many worker processes
+    #: When the checker SIGKILLed one of a supervisor's children (monotonic).
+    kills: list[float] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -75,6 +104,31 @@ class WorkerProc:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def supervised(self) -> bool:
+        return self.processes > 1
+
+    def children(self) -> list[int]:
+        """A supervisor's worker processes now: its children started by ``spawn`` (not its
+        resource tracker), from Linux's /proc; [] for a worker that is not supervised."""
+        if not self.supervised or not self.alive():
+            return []
+        found = []
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{self.pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    found += [int(p) for p in (task / "children").read_text().split()]
+        workers = []
+        for pid in sorted(set(found)):
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    workers.append(pid)
+        return workers
+
+    def worker_pids(self) -> list[int]:
+        """The pids of its worker processes: its own, or a supervisor's children."""
+        return self.children() if self.supervised else [self.pid]
 
 
 @dataclass
@@ -95,6 +149,11 @@ class Cluster:
     workers: list[WorkerProc] = field(default_factory=list)
     #: Burst workers (``--burst``): not targets of faults, each watched by its own thread.
     bursts: list[WorkerProc] = field(default_factory=list)
+    #: How the workers name their queues, in turn: the n-th worker started serves
+    #: ``servings[n % len(servings)]`` (keys of SERVINGS).
+    servings: tuple[str, ...] = ("names",)
+    #: Whether the first worker is a supervisor of PROCESSES worker processes.
+    supervised: bool = False
 
     @classmethod
     def open(
@@ -118,11 +177,19 @@ class Cluster:
         return database
 
     def start_worker(self, burst: list[str] | None = None) -> WorkerProc:
-        """Start a worker of every queue, or with ``burst``, a burst worker of those queues."""
+        """Start a worker of every queue, or with ``burst``, a burst worker of those queues.
+
+        The n-th worker names its queues as ``servings`` says in turn; the first is a
+        supervisor when ``supervised`` says so.
+        """
+        serving = self.servings[len(self.workers) % len(self.servings)]
+        processes = PROCESSES if burst is None and self.supervised and not self.workers else 1
         if burst is None:
             log = self.logs / f"worker-{len(self.workers)}.log"
+            queues = SERVINGS[serving]
         else:
             log = self.logs / f"burst-{len(self.bursts)}.log"
+            queues = ",".join(burst)
         direct = burst is not None and self.bursts_direct
         pooler = ["--pooler", "transaction"] if self.bouncer is not None and not direct else []
         env = subprocess_env()
@@ -143,8 +210,9 @@ class Cluster:
                     "--concurrency",
                     str(self.concurrency),
                     "--queues",
-                    ",".join(QUEUES if burst is None else burst),
+                    queues,
                     *(["--burst"] if burst is not None else []),
+                    *(["--processes", str(processes)] if processes > 1 else []),
                     *(["--prefetch", str(self.prefetch)] if self.prefetch is not None else []),
                     "--poll-interval",
                     "0.2",
@@ -159,7 +227,8 @@ class Cluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        worker = WorkerProc(proc, log)
+        worker = WorkerProc(proc, log, serving=serving if burst is None else "names")
+        worker.processes = processes
         (self.workers if burst is None else self.bursts).append(worker)
         return worker
 
@@ -190,12 +259,20 @@ class Cluster:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signum)
 
+    def signal_pid(self, pid: int, signum: int) -> None:
+        """Signal one of a supervisor's worker processes (the supervisor decides what next)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
     def unexpected_exits(self) -> list[WorkerProc]:
         """Workers that exited without being told to."""
         return [w for w in self.workers if not w.alive() and not w.leaving]
 
     def close(self) -> None:
         for worker in [*self.workers, *self.bursts]:
+            for child in worker.children():  # a supervisor's: they would drain, not die
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             if worker.alive():
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.kill()  # SIGKILL also ends a stopped process
@@ -206,8 +283,9 @@ class Cluster:
         if self.bouncer is not None:
             self.bouncer.stop()
 
-    def output(self, worker: WorkerProc) -> str:
-        return worker.log.read_text(errors="replace")[-6000:]
+    def output(self, worker: WorkerProc, most: int = 6000) -> str:
+        """The end of the worker's log (its last ``most`` characters)."""
+        return worker.log.read_text(errors="replace")[-most:]
 
 
 @contextlib.contextmanager

@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from sa_jobqueue.models import workers_table
+from sa_jobqueue.worker._supervisor import CRASH_LIMIT, CRASH_WINDOW
 from tests.model.cluster import Cluster, WorkerProc, restart_bouncer, set_connection_limit
 from tests.model.model import Model
 from tests.model.schedule import Step
+
+#: The most children of one supervisor the checker SIGKILLs within CRASH_WINDOW: two short
+#: of CRASH_LIMIT, which would end the supervisor (a crash loop) as documented.
+KILLS_PER_WINDOW = CRASH_LIMIT - 2
 
 
 @dataclass
@@ -59,45 +64,76 @@ class Faults:
     def _pick(self, step: Step, among: list[WorkerProc]) -> WorkerProc | None:
         return among[step.args["pick"] % len(among)] if among else None
 
+    def _pick_pid(self, step: Step, among: list[int]) -> int | None:
+        # Another digit of the pick than _pick's, so that the two choices are not tied.
+        return among[step.args["pick"] // 7 % len(among)] if among else None
+
     def _registered(self) -> list[WorkerProc]:
-        """Running workers that have registered: their SIGTERM handler is installed by then.
+        """Running workers that have registered: their SIGTERM handler is installed by then
+        (for a supervisor, whose children register, once one has: the supervisor's handler
+        is installed before it starts them).
 
         A SIGTERM that reaches a worker still importing its app ends it with the default
         action (-15), which says nothing about the queue: a graceful stop picks among these.
         """
         with self.engine.connect() as conn:
             pids = set(conn.execute(sa.select(workers_table.c.pid)).scalars())
-        return [w for w in self.cluster.running() if w.pid in pids]
+        return [w for w in self.cluster.running() if pids.intersection(w.worker_pids())]
 
     def _top_up(self) -> None:
         while len(self.cluster.running()) < self.floor:
             self.cluster.start_worker()
 
     def fault_sigkill(self, step: Step) -> str:
+        """SIGKILL a worker; for a supervisor, one of its worker processes (it starts a new
+        one after a backoff), as long as the supervisor would not take the kills for a crash
+        loop (CRASH_LIMIT crashes within CRASH_WINDOW end it, as documented)."""
         worker = self._pick(step, self.cluster.live())
         if worker is None:
             return "no worker"
+        if worker.supervised:
+            now = time.monotonic()
+            worker.kills = [t for t in worker.kills if t > now - CRASH_WINDOW]
+            if len(worker.kills) >= KILLS_PER_WINDOW:
+                return f"spared supervisor {worker.pid} ({len(worker.kills)} children killed)"
+            child = self._pick_pid(step, worker.children())
+            if child is None:
+                return f"supervisor {worker.pid} has no worker process"
+            worker.kills.append(now)
+            self.cluster.signal_pid(child, signal.SIGKILL)
+            return f"killed {child}, a worker process of supervisor {worker.pid}"
         self.cluster.signal(worker, signal.SIGKILL)
         self._top_up()
         return f"killed {worker.pid}"
 
     def fault_sigstop(self, step: Step) -> str:
+        """SIGSTOP a worker for a while; for a supervisor, one of its worker processes."""
         worker = self._pick(step, self.cluster.running())
         if worker is None:
             return "no worker"
-        self.cluster.signal(worker, signal.SIGSTOP)
+        child = self._pick_pid(step, worker.children()) if worker.supervised else None
+        if worker.supervised and child is None:
+            return f"supervisor {worker.pid} has no worker process"
+        if child is None:
+            self.cluster.signal(worker, signal.SIGSTOP)
+        else:
+            self.cluster.signal_pid(child, signal.SIGSTOP)
+        stopped = worker.pid if child is None else child
         at = self.clock()[0]
         index = len(self.model.stops)
-        self.model.stops.append((worker.pid, at, None))  # type: ignore[arg-type]
+        self.model.stops.append((stopped, at, None))  # type: ignore[arg-type]
 
         def cont() -> None:
-            self.cluster.signal(worker, signal.SIGCONT)
+            if child is None:
+                self.cluster.signal(worker, signal.SIGCONT)
+            else:
+                self.cluster.signal_pid(child, signal.SIGCONT)
             pid, stopped, _ = self.model.stops[index]
             self.model.stops[index] = (pid, stopped, self.clock()[0])  # type: ignore[assignment]
 
         self.pending.append((time.monotonic() + step.args["ms"] / 1000, cont))
         self._top_up()
-        return f"stopped {worker.pid} for {step.args['ms']} ms"
+        return f"stopped {stopped} for {step.args['ms']} ms"
 
     def fault_terminate(self, step: Step) -> str:
         with self.engine.connect() as conn:

@@ -72,6 +72,8 @@ class Model:
     termed: set[int] = field(default_factory=set)
     #: The most running jobs with live leases one worker may hold (``worker_bound``).
     most_held: int = 0
+    #: A worker's job threads (``--concurrency``): each may hold a batch of a batch task.
+    threads: int = 0
     #: Every enqueue through an Engine: (step, task, payloads, whether it raised a transient
     #: error after its tries, the ids it returned). One that raised may have committed (its
     #: COMMIT's reply lost) or not.

@@ -38,7 +38,7 @@ from sa_jobqueue.ops import (
 )
 from sa_jobqueue.workflows import Call, Dependency
 from tests.model.bulk import Bulk
-from tests.model.cluster import Cluster, WorkerProc
+from tests.model.cluster import Cluster, WorkerProc, matching
 from tests.model.model import Change, JobRecord, Model, Violation
 from tests.model.producers import Producers, count_failed_tries, producer_engine
 from tests.model.schedule import Step
@@ -287,6 +287,14 @@ class Operations(Producers, Bulk):
         """A batch of ``quick`` jobs: an ``enqueue_many`` like any other."""
         return self.op_enqueue_many(step)
 
+    def op_enqueue_batch(self, step: Step) -> str:
+        """Jobs of the ``batched`` batch task: an ``enqueue_many`` like any other."""
+        return self.op_enqueue_many(step)
+
+    def op_enqueue_limited(self, step: Step) -> str:
+        """A job of the hard-limited ``limited`` task: an ``enqueue`` like any other."""
+        return self.op_enqueue(step)
+
     def _calls(self, step: Step) -> list[Call]:
         return [Call(c["task"], c["payload"]) for c in step.args["calls"]]
 
@@ -453,7 +461,7 @@ class Operations(Producers, Bulk):
                         jobs_table.outerjoin(queues_table, queues_table.c.queue == j.queue)
                     )
                     .where(
-                        j.queue.in_(burst.queues),
+                        j.queue.in_(matching(burst.queues)),
                         j.status.not_in(FINISHED_STATUSES),
                         queues_table.c.paused_at.is_(None),
                     )
@@ -463,7 +471,7 @@ class Operations(Producers, Bulk):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 burst.worker.proc.wait(max(0.0, deadline - time.monotonic()))
             if burst.worker.alive():
-                evidence = self._queues(burst.queues)
+                evidence = self._queues(matching(burst.queues))
                 burst.aborted = True
                 burst.worker.proc.send_signal(signal.SIGABRT)
                 with contextlib.suppress(subprocess.TimeoutExpired):

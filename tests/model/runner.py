@@ -21,6 +21,7 @@ Phases:
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import subprocess
 import tempfile
@@ -59,6 +60,12 @@ STARTUP_BOUND = 20.0
 EXIT_BOUND = 5.0 + STOP_MARGIN + 5.0
 #: The same after a blackhole fault (the promise holds on silent connections too).
 SILENCED_EXIT_BOUND = EXIT_BOUND
+
+
+#: A supervisor's log line for a worker process that exited while not asked to stop, but
+#: for the checker's SIGKILLs: "worker process 1 (pid 123) exited with status 1 after 2.0s:
+#: starting a new one in 1s (crash 1 in a row)", or "... exited 0 unasked after ...".
+CRASH = re.compile(r"worker process \d+ \(pid \d+\) (exited with status|exited 0 unasked)")
 
 
 def quiescence_bound(jobs: int, threads: int) -> float:
@@ -172,7 +179,9 @@ def run_seed(
         if schedule.network != "bouncer":  # the workers log in as a role of the seed's own
             cluster.role = stack.enter_context(worker_role(server, url))
         cluster.bursts_direct = config.bursts_direct
+        cluster.servings, cluster.supervised = schedule.servings, schedule.supervised
         model.most_held = cluster.most_held()
+        model.threads = schedule.concurrency
         sampler = Sampler(engine, model)
         ops: Operations | None = None
         try:
@@ -181,8 +190,10 @@ def run_seed(
             for _ in range(schedule.workers):
                 cluster.start_worker()
             _registered(engine, cluster, STARTUP_BOUND, enough=3.0)  # faults need something to hit
+            phases = {"start": time.monotonic() - began}
             sampler.start()
             _play(schedule, ops, faults, model)
+            phases["play"] = time.monotonic() - began - sum(phases.values())
             say(f"seed {seed}: {len(schedule.steps)} steps played, quiescing")
             faults.due(None)  # the faults end with the play; the bursts' bound starts
             ops.settle_bursts()
@@ -195,22 +206,37 @@ def run_seed(
                     if not invariants.settled(conn, ids):
                         break
                 time.sleep(0.1)
+            phases["settle"] = time.monotonic() - began - sum(phases.values())
             for watcher in ops.watchers:  # each burst has exited or been killed by now
                 watcher.join(10)
             sampler.halt.set()
             sampler.join(5)
             pids = _registered(engine, cluster)
+            for w in cluster.running():
+                if w.supervised and len(w.children()) != w.processes:
+                    model.found.append(
+                        Violation(
+                            "registry",
+                            (),
+                            f"supervisor {w.pid} runs worker processes {w.children()}, not"
+                            f" {w.processes}, {REGISTRY_BOUND:g}s after quiescence",
+                        )
+                    )
             model.termed = {w.pid for w in cluster.workers if w.term}
             with engine.connect() as conn:
                 final = invariants.Final.read(conn)
             violations = list(model.found) + invariants.at_quiescence(model, final, pids)
+            phases["checks"] = time.monotonic() - began - sum(phases.values())
             violations += _exits(cluster, model)
+            phases["stop"] = time.monotonic() - began - sum(phases.values())
             checked = "".join(f"; {n} {what} checked" for what, n in model.checked.items())
             runs = [s for began in final.starts.values() for s in began]
             grouped = Counter(s.task for s in runs if s.grouped)
             notes.append(
                 f"{sampler.samples} samples{checked}; {grouped.total()} of {len(runs)} audited"
-                f" attempts grouped {dict(grouped)}; quiescence bound {bound:.0f}s; logs {logdir}"
+                f" attempts grouped {dict(grouped)}; quiescence bound {bound:.0f}s; seconds "
+                + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+                + f"; logs {logdir}"
             )
         finally:
             sampler.halt.set()
@@ -292,17 +318,22 @@ def _registered(
     With ``enough``, stop waiting as soon as one is registered and ``enough`` seconds have
     passed: the registry invariant, not the start, says whether each worker is there.
     """
-    pids = [w.pid for w in cluster.running()]
     start = time.monotonic()
-    while time.monotonic() < start + bound:
+    while True:
+        # A supervisor's worker processes, read each time: one it restarted has a new pid.
+        pids = [p for w in cluster.running() for p in w.worker_pids()]
+        if time.monotonic() >= start + bound:
+            return pids
         with engine.connect() as conn:
             seen = list(conn.execute(sa.select(workers_table.c.pid)).scalars())
-        if all(seen.count(p) == 1 for p in pids):
-            break
+        supervisors = [w for w in cluster.running() if w.supervised]
+        # A supervisor restarting a killed worker process has fewer than its PROCESSES now.
+        full = all(len(w.children()) == w.processes for w in supervisors)
+        if full and all(seen.count(p) == 1 for p in pids):
+            return pids
         if enough is not None and seen and time.monotonic() > start + enough:
-            break
+            return pids
         time.sleep(0.1)
-    return pids
 
 
 def _exits(cluster: Cluster, model: Model) -> list[Violation]:
@@ -322,6 +353,20 @@ def _exits(cluster: Cluster, model: Model) -> list[Violation]:
         )
         for w in cluster.unexpected_exits()
     ]
+    for w in [w for w in cluster.workers if w.supervised]:
+        # A supervisor restarts a worker process that exits: the exit is in its log only.
+        crashes = [line for line in cluster.output(w, 10**7).splitlines() if CRASH.search(line)]
+        if crashes:
+            found.append(
+                Violation(
+                    "worker_exit",
+                    (),
+                    f"worker processes of supervisor {w.pid} exited untold:\n    "
+                    + "\n    ".join(crashes[:8])
+                    + "\n"
+                    + cluster.output(w),
+                )
+            )
     for w in cluster.running():
         cluster.signal(w, signal.SIGTERM)
     bound = SILENCED_EXIT_BOUND if model.silenced else EXIT_BOUND

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sa_jobqueue.models import STATUSES
-from tests.model.cluster import QUEUES
+from tests.model.cluster import PATTERNS, QUEUES, SERVINGS
 from tests.model.tasks import LATE, TASKS
 
 #: Operation weights: how often each is drawn, relative to the others.
@@ -55,6 +55,13 @@ OPERATIONS: Mapping[str, int] = {
     "bulk": 6,
     #: ``ops.requeue_dead_jobs`` by filter, a small batch.
     "requeue_dead": 2,
+    #: 3 to 8 jobs of the ``batched`` batch task (an ``enqueue_many``), most of one payload
+    #: key: their workers run them in batches of up to 5 of one key, each job's verdict its
+    #: plan's.
+    "enqueue_batch": 2,
+    #: A job of the ``limited`` task (``hard_timeout``, an ``enqueue``): each attempt runs in a
+    #: child process, killed at its limit when its plan overruns it.
+    "enqueue_limited": 2,
 }
 #: The share of ``enqueue`` and ``enqueue_many`` steps made through an Engine (a transaction
 #: of the enqueue's own, tried again on a transient error) rather than a Session.
@@ -63,6 +70,17 @@ ENGINE_SHARE = 0.25
 BULK_ACTIONS = ("cancel", "retry", "delete", "run_now")
 #: How a ``typed`` payload may not fit its type (see ``operations.misfit``).
 MISFITS = ("n_text", "k_bool", "extra_key", "no_plan", "plan_text")
+#: The operations whose jobs later steps may name (``depends_on``).
+ENQUEUES = (
+    "enqueue",
+    "enqueue_many",
+    "enqueue_quick",
+    "enqueue_batch",
+    "enqueue_limited",
+    "chain",
+    "group",
+    "chord",
+)
 #: Operations that every client runs at once, each its own part (see :func:`_race_args`).
 RACES = ("race_deps", "race_key", "race_cancel")
 #: Every fault the checker can inject.
@@ -102,9 +120,37 @@ PLANS: tuple[tuple[tuple[str, ...], int], ...] = (
 )
 #: The plans of the CI run: all of them.
 CI_PLANS = PLANS
+#: The plans of the tasks that draw from a mix of their own, whatever ``Config.plans``:
+#: the hard-limited task's overrun their limit often (``long`` and ``hold`` are killed at
+#: it), and the batch task's mark jobs alone (``fail``, ``retry``, ``discard``) or fail the
+#: whole batch (``crash``) often.
+TASK_PLANS: Mapping[str, tuple[tuple[tuple[str, ...], int], ...]] = {
+    "limited": (
+        (("ok",), 6),
+        (("slow",), 2),
+        (("long", "ok"), 5),
+        (("long",), 1),
+        (("hold", "ok"), 1),
+        (("fail", "ok"), 2),
+        (("retry", "ok"), 1),
+    ),
+    "batched": (
+        (("ok",), 12),
+        (("fail", "ok"), 3),
+        (("retry", "ok"), 2),
+        (("discard",), 1),
+        (("crash", "ok"), 2),
+        (("fail", "fail", "fail"), 1),
+        (("slow",), 2),
+        (("long",), 1),
+        (("hold",), 1),
+    ),
+}
 #: The actions a ``quick`` job's plan is drawn from (the plans made of these alone): none
 #: sleeps, so its handler stays under the worker's GROUP_FAST and its jobs are grouped.
 QUICK_ACTIONS = frozenset({"ok", "fail", "retry", "discard"})
+#: The payload keys (``k``): of the caps and rates per key, and the batch task's batch_key.
+KEYS = ("c0", "c1", "c2")
 #: The tasks of chains, groups, chords and races.
 FLOW_TASKS = ("plain", "kept", "brief", "quick")
 UNIQUE_TASKS = ("keyed", "replacing", "periodic_key")
@@ -143,6 +189,13 @@ class Config:
     bursts_direct: bool = False
     #: The workers' ``--prefetch``, drawn per seed from these (None: the adaptive buffer).
     prefetch: tuple[int | None, ...] = CI_PREFETCH
+    #: How the workers name their queues (keys of ``cluster.SERVINGS``): each seed takes them
+    #: in an order of its own, the n-th worker started the n-th (round the list).
+    servings: tuple[str, ...] = tuple(SERVINGS)
+    #: The chance that a seed's first worker is a supervisor (``--processes 2``): a fifth of
+    #: the seeds (of the CI run's fixed ones, 13), as a supervisor's start and stop cost
+    #: seconds.
+    supervised: float = 0.2
 
     def networks(self) -> list[str]:
         """How the workers may reach the database: the faults on decide."""
@@ -196,6 +249,8 @@ class Schedule:
     steps: list[Step]
     clients: int = 1
     prefetch: int | None = None
+    servings: tuple[str, ...] = ("names",)
+    supervised: bool = False
 
     def of(self, client: int) -> list[Step]:
         """The steps ``client`` plays, in order: its own and every race."""
@@ -205,7 +260,9 @@ class Schedule:
         head = (
             f"seed {self.seed}: {len(self.steps)} steps, {self.clients} clients,"
             f" {self.workers} workers x {self.concurrency} threads, prefetch"
-            f" {'adaptive' if self.prefetch is None else self.prefetch}, network {self.network}"
+            f" {'adaptive' if self.prefetch is None else self.prefetch}, network {self.network},"
+            f" queues served by {'/'.join(self.servings)}"
+            + (", the first worker supervised (--processes 2)" if self.supervised else "")
         )
         return "\n".join([head, *(s.describe() for s in self.steps)])
 
@@ -215,6 +272,12 @@ def generate(seed: int, config: Config) -> Schedule:
     rng = random.Random(seed)
     network = rng.choice(config.networks())
     prefetch = rng.choice(config.prefetch)
+    # The workers' settings from a generator of their own: changing them (--servings,
+    # --supervised) leaves the seed's steps as they were.
+    workers = random.Random(f"{seed}:workers")
+    servings = list(config.servings)
+    workers.shuffle(servings)
+    supervised = workers.random() < config.supervised
     faults = sorted(f for f in config.faults if _fits(f, network))
     names = [n for n, w in config.operations.items() if w > 0]
     weights = [config.operations[n] for n in names]
@@ -236,11 +299,19 @@ def generate(seed: int, config: Config) -> Schedule:
             continue
         args = _op_args(rng, kind, producers, n, config)
         n += args.get("count", 1)
-        if kind in ("enqueue", "enqueue_many", "enqueue_quick", "chain", "group", "chord"):
+        if kind in ENQUEUES:
             producers.append((index, args.get("count", 1)))
         steps.append(Step(index, gap, kind, False, args, client))
     return Schedule(
-        seed, network, config.workers, config.concurrency, steps, config.clients, prefetch
+        seed,
+        network,
+        config.workers,
+        config.concurrency,
+        steps,
+        config.clients,
+        prefetch,
+        tuple(servings),
+        supervised,
     )
 
 
@@ -276,13 +347,14 @@ def _plan(rng: random.Random, mix: tuple[tuple[tuple[str, ...], int], ...]) -> l
 def _job(rng: random.Random, n: int, task: str, config: Config) -> dict[str, Any]:
     """A payload: its number, its plan, a key for caps per key, and a unique key maybe.
 
-    A ``quick`` job's plan is one of the mix's fast plans (only QUICK_ACTIONS), or ``ok``.
+    A ``quick`` job's plan is one of the mix's fast plans (only QUICK_ACTIONS), or ``ok``; a
+    task of TASK_PLANS draws from its own mix.
     """
-    mix = config.plans
+    mix = TASK_PLANS.get(task, config.plans)
     if task in LATE:
         mix = tuple((p, w) for p, w in mix if QUICK_ACTIONS.issuperset(p)) or ((("ok",), 1),)
     plan = _plan(rng, mix)
-    payload: dict[str, Any] = {"n": n, "plan": plan, "k": f"c{rng.randrange(3)}"}
+    payload: dict[str, Any] = {"n": n, "plan": plan, "k": rng.choice(KEYS)}
     if task in UNIQUE_TASKS:
         payload["uk"] = f"u{rng.randrange(4)}"
     return payload
@@ -395,8 +467,8 @@ def _bulk_args(rng: random.Random, action: str, by_ids: bool = True) -> dict[str
 def _op_args(
     rng: random.Random, kind: str, producers: list[tuple[int, int]], n: int, config: Config
 ) -> dict[str, Any]:
-    if kind == "enqueue":
-        task = rng.choice(TASKS)
+    if kind in ("enqueue", "enqueue_limited"):
+        task = "limited" if kind == "enqueue_limited" else rng.choice(TASKS)
         args: dict[str, Any] = {
             "task": task,
             "payload": _job(rng, n, task, config),
@@ -413,19 +485,28 @@ def _op_args(
         if rng.random() < ENGINE_SHARE:
             args["via"] = "engine"
         return args
-    if kind in ("enqueue_many", "enqueue_quick"):
-        task = "quick" if kind == "enqueue_quick" else rng.choice(TASKS)
-        count = rng.randint(3, 8) if kind == "enqueue_quick" else rng.randint(2, 6)
+    if kind in ("enqueue_many", "enqueue_quick", "enqueue_batch"):
+        if kind == "enqueue_quick":
+            task, count = "quick", rng.randint(3, 8)
+        elif kind == "enqueue_batch":
+            task, count = "batched", rng.randint(3, 8)
+        else:
+            task, count = rng.choice(TASKS), rng.randint(2, 6)
+        payloads = [_job(rng, n + i, task, config) for i in range(count)]
+        if kind == "enqueue_batch":  # most of one key, so that batches fill
+            key = rng.choice(KEYS)
+            for payload in payloads:
+                payload["k"] = key if rng.random() < 0.8 else rng.choice(KEYS)
         args = {
             "task": task,
-            "payloads": [_job(rng, n + i, task, config) for i in range(count)],
+            "payloads": payloads,
             "count": count,
             "depends_on": []
             if task in UNIQUE_TASKS and not config.unique_with_deps
             else _deps(rng, producers),
             **_options(rng),
         }
-        if kind == "enqueue_many" and rng.random() < ENGINE_SHARE:
+        if kind in ("enqueue_many", "enqueue_batch") and rng.random() < ENGINE_SHARE:
             args["via"] = "engine"
         return args
     if kind == "enqueue_typed":
@@ -454,7 +535,8 @@ def _op_args(
     if kind in ("cancel", "requeue", "wait_result"):
         return {"pick": rng.randrange(1000)}
     if kind == "burst":
-        return {"queues": sorted(rng.sample(QUEUES, k=rng.randint(1, len(QUEUES))))}
+        # Names and patterns: a burst of a pattern claims as a worker serving by pattern does.
+        return {"queues": sorted(rng.sample(QUEUES + PATTERNS, k=rng.randint(1, 4)))}
     if kind in ("pause", "resume", "clear_limits"):
         return {"queue": rng.choice(QUEUES)}
     if kind == "set_cap":

@@ -31,6 +31,17 @@ jobs out. Its plans are the fast ones (``schedule.QUICK_ACTIONS``).
 The ``typed`` task's handler takes a :class:`TypedPlan` (a TypedDict): its payloads are
 checked at enqueue and rebuilt by the worker before the handler runs; one that no longer
 fits fails its attempt before the handler starts.
+
+The ``limited`` task has a hard time limit (``hard_timeout``, :data:`HARD_LIMIT`): each
+attempt runs :func:`limited` in a child process of its worker, which kills it at the limit.
+Its ``long`` and ``hold`` actions outlast the limit: such an attempt writes its effect, then
+is killed, its effect rolled back, its failure a ``HardTimeoutError``. Its audit rows name
+the worker's pid (:func:`worker_pid`), as a thread's would.
+
+The ``batched`` task is a batch task (``queue.batch_task``, batches of up to
+:data:`BATCH_SIZE` jobs of one payload key ``k``): :func:`batched` does each job's action
+for its attempt, giving ``fail``, ``retry`` and ``discard`` to the job alone
+(``ctx.fail``, ``ctx.retry``, ``ctx.discard``), and its own ``crash`` fails the whole batch.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from typing import Any
 import sqlalchemy as sa
 from typing_extensions import TypedDict
 
-from sa_jobqueue import Backoff, Discard, JobContext, JobQueue, Retry
+from sa_jobqueue import Backoff, BatchContext, BatchJob, Discard, JobContext, JobQueue, Retry
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.worker._sessions import GroupSession
 
@@ -79,6 +90,9 @@ starts = sa.Table(
     #: Whether the attempt ran in its thread's group (its session a savepoint of the group's
     #: transaction): a group rolled back hands its jobs back with their attempt uncounted.
     sa.Column("grouped", sa.Boolean),
+    #: For a batch task's attempt: its batch (the worker's pid and the batch's first job and
+    #: attempt), the same for every job of the batch.
+    sa.Column("batch", sa.Text),
 )
 ends = sa.Table(
     "mc_ends",
@@ -132,6 +146,13 @@ LEASES: dict[str, timedelta] = {}
 KEEPS: set[str] = set()
 #: The tasks whose audit rows are written late, by a thread of their own (see the docstring).
 LATE: set[str] = set()
+#: The hard-limited tasks (``hard_timeout``): each attempt runs in a child process, killed at
+#: HARD_LIMIT; a ``long`` or ``hold`` action outlasts it, so such an attempt never ends.
+LIMITED: set[str] = set()
+HARD_LIMIT = timedelta(seconds=1)
+#: The batch tasks, with their ``max_size``.
+BATCHES: dict[str, int] = {}
+BATCH_SIZE = 5
 
 queue = JobQueue()
 
@@ -227,9 +248,30 @@ def typed(ctx: JobContext, payload: TypedPlan) -> object:
     return _attempt(ctx, dict(payload), _record)
 
 
-def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., None]) -> object:
-    plan: list[str] = payload["plan"]
-    action = plan[min(ctx.attempt, len(plan)) - 1]
+def limited(ctx: JobContext, payload: dict[str, Any]) -> object:
+    """:func:`work` in the child process a hard-limited attempt runs in; its audit rows name
+    the worker's pid, as a thread's would."""
+    return _attempt(ctx, payload, _record, pid=worker_pid())
+
+
+def worker_pid() -> int:
+    """The pid of the worker that runs this attempt's child process: the child's parent is
+    the worker's forkserver, whose parent is the worker (``sa_jobqueue.worker._isolation``)."""
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        # "pid (comm) state ppid ...": the name may hold spaces and parentheses.
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def action_of(plan: list[str], attempt: int) -> str:
+    """The action ``plan`` gives attempt ``attempt`` (the last one for every later attempt)."""
+    return plan[min(attempt, len(plan)) - 1]
+
+
+def _attempt(
+    ctx: JobContext, payload: dict[str, Any], record: Callable[..., None], pid: int | None = None
+) -> object:
+    action = action_of(payload["plan"], ctx.attempt)
+    pid = os.getpid() if pid is None else pid
     key = payload.get("k")
     error: Exception | None = None
     grouped: bool | None = None
@@ -241,7 +283,7 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
         starts,
         job_id=ctx.job_id,
         attempt=ctx.attempt,
-        pid=os.getpid(),
+        pid=pid,
         queue=ctx.queue,
         task=ctx.task,
         key=None if key is None else str(key),
@@ -253,7 +295,7 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
     if error is None:
         try:
             ctx.session.execute(
-                effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=os.getpid())
+                effects.insert().values(job_id=ctx.job_id, attempt=ctx.attempt, pid=pid)
             )
         except Exception as exc:
             error = exc
@@ -263,7 +305,7 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
             job_id=ctx.job_id,
             attempt=ctx.attempt,
             action=action,
-            pid=os.getpid(),
+            pid=pid,
             error=f"{type(error).__module__}.{type(error).__name__}: {error}"[:500],
             unusable=unusable(error),
         )
@@ -276,7 +318,7 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
         deadline = time.monotonic() + HOLD
         while not ctx.cancel_requested and time.monotonic() < deadline:
             time.sleep(0.05)
-    record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=os.getpid())
+    record(ends, job_id=ctx.job_id, attempt=ctx.attempt, action=action, pid=pid)
     if action == "fail":
         raise RuntimeError(f"planned failure of attempt {ctx.attempt}")
     if action == "retry":
@@ -286,6 +328,99 @@ def _attempt(ctx: JobContext, payload: dict[str, Any], record: Callable[..., Non
     return {"n": payload["n"]}
 
 
+def batched(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
+    """A batch: each job's attempt does its plan's action, as :func:`work` does for one job.
+
+    The starts of the batch's attempts are recorded in one statement; then an effect row is
+    written through the batch's ``ctx.session`` (one INSERT) for each job whose action may
+    succeed (``fail``, ``retry`` and ``discard`` are given to the job alone, with
+    ``ctx.fail``, ``ctx.retry`` and ``ctx.discard``, and get no row, as the batch tasks
+    how-to says to do); then the batch sleeps for its longest action (``slow``, ``long``,
+    ``hold`` waiting for ``ctx.stop_requested``), records every job's end, and raises if
+    any job's action is ``crash`` (every job of the batch fails, nothing it wrote commits).
+    """
+    pid = os.getpid()
+    actions = {job.id: action_of(job.payload["plan"], job.attempt) for job in jobs}
+    batch = f"{pid}:{jobs[0].id}:{jobs[0].attempt}"
+    _record_many(
+        starts,
+        [
+            {
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "pid": pid,
+                "queue": ctx.queue,
+                "task": ctx.task,
+                "key": None if job.payload.get("k") is None else str(job.payload["k"]),
+                "claimed_at": sa.select(jobs_table.c.started_at)
+                .where(jobs_table.c.id == job.id, jobs_table.c.attempts == job.attempt)
+                .scalar_subquery(),
+                "grouped": False,
+                "batch": batch,
+            }
+            for job in jobs
+        ],
+    )
+    rows = []
+    for job in jobs:
+        action = actions[job.id]
+        if action == "fail":
+            ctx.fail(job, RuntimeError(f"planned failure of attempt {job.attempt}"))
+        elif action == "retry":
+            ctx.retry(job, after=RETRY_AFTER)
+        elif action == "discard":
+            ctx.discard(job, "planned discard")
+        else:
+            rows.append({"job_id": job.id, "attempt": job.attempt, "pid": pid})
+    error: Exception | None = None
+    try:
+        if rows:
+            ctx.session.execute(effects.insert(), rows)
+    except Exception as exc:
+        error = exc
+    done = set(actions.values())
+    if error is None:
+        if "long" in done:
+            time.sleep(LEASES[ctx.task].total_seconds() * 1.5)
+        elif "hold" in done:
+            deadline = time.monotonic() + HOLD
+            while not ctx.stop_requested and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elif "slow" in done:
+            time.sleep(SLOW)
+    text = None if error is None else f"{type(error).__module__}.{type(error).__name__}: {error}"
+    _record_many(
+        ends,
+        [
+            {
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "action": actions[job.id],
+                "pid": pid,
+                "error": None if text is None else text[:500],
+                "unusable": None if error is None else unusable(error),
+            }
+            for job in jobs
+        ],
+    )
+    if error is not None:
+        raise error
+    if "crash" in done:
+        raise RuntimeError("planned failure of the batch")
+
+
+def _record_many(table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """:func:`_record` of many rows, in one statement."""
+    for tries in (1, 2):
+        try:
+            with _audit().begin() as conn:
+                conn.execute(table.insert().values(rows))
+            return
+        except sa.exc.DBAPIError:
+            if tries == 2:
+                raise
+
+
 def _declare(name: str, lease: timedelta = LEASE, handler: Any = work, **options: Any) -> None:
     queue.task(name=name, lease=lease, backoff=BACKOFF, max_attempts=3, **options)(handler)
     LEASES[name] = lease
@@ -293,6 +428,8 @@ def _declare(name: str, lease: timedelta = LEASE, handler: Any = work, **options
         KEEPS.add(name)
     if handler is quick:
         LATE.add(name)
+    if options.get("hard_timeout"):
+        LIMITED.add(name)
 
 
 _declare("plain")
@@ -303,6 +440,19 @@ _declare("replacing", unique_key=lambda p: p.get("uk"), unique_mode="replace", k
 _declare("periodic_key", unique_key=lambda p: p.get("uk"), unique_period=timedelta(seconds=2))
 _declare("quick", handler=quick)
 _declare("typed", handler=typed, queue="q1")
+_declare("limited", handler=limited, hard_timeout=HARD_LIMIT)
+
+queue.batch_task(
+    name="batched",
+    max_size=BATCH_SIZE,
+    max_wait=timedelta(milliseconds=200),
+    batch_key="k",
+    lease=LEASE,
+    backoff=BACKOFF,
+    max_attempts=3,
+)(batched)
+LEASES["batched"] = LEASE
+BATCHES["batched"] = BATCH_SIZE
 
 #: The tasks a schedule draws from.
 TASKS = tuple(LEASES)
