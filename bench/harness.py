@@ -122,6 +122,12 @@ class Workers:
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):  # it exited, its group is gone
                 os.killpg(proc.pid, signum)
+        # And every process of each tree: a child that leads a session of its own (a child of
+        # ``sa-jobqueue worker --processes``) is in no group of these, and left running it
+        # would drain the jobs while they are loaded, before the timed window.
+        for pid in cpu.tree(self.pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def all_exited(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
