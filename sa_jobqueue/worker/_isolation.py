@@ -140,9 +140,8 @@ class Isolation:
         # Each child is forked from the forkserver with the handlers' modules imported once.
         modules = sorted({t.handler.__module__ for t in queue.tasks.values() if t.hard_timeout})
         self._context.set_forkserver_preload(["sa_jobqueue.worker._isolation", *modules])
-        # Started now, in the background, rather than at the first attempt. (Waiting here for
-        # it to be up, with a first child, made the worker notice cancellations only at its
-        # heartbeat, seconds late: tests/acceptance/test_hard_timeouts.py.)
+        # Started now, in the background, rather than at the first attempt: on a loaded
+        # machine a worker's first hard-limited attempts may still wait a moment for it.
         forkserver.ensure_running()
 
     def run(self, job: Claimed, task: Task, ctx: JobContext) -> ChildEnd:
