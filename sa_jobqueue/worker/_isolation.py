@@ -140,9 +140,14 @@ class Isolation:
         # Each child is forked from the forkserver with the handlers' modules imported once.
         modules = sorted({t.handler.__module__ for t in queue.tasks.values() if t.hard_timeout})
         self._context.set_forkserver_preload(["sa_jobqueue.worker._isolation", *modules])
-        # Started now, in the background, rather than at the first attempt: on a loaded
-        # machine a worker's first hard-limited attempts may still wait a moment for it.
+        # Started now, and waited for (its first child says it is up): the forkserver imports
+        # the handlers' modules, which on a loaded machine takes seconds. Waited for at the
+        # first attempt instead, that time would add to the attempt's, and to a shutdown that
+        # waits for it.
         forkserver.ensure_running()
+        ready = self._context.Process(target=_ready, name="sa-jobqueue forkserver check")
+        ready.start()
+        ready.join()
 
     def run(self, job: Claimed, task: Task, ctx: JobContext) -> ChildEnd:
         """Run ``job``'s attempt in a child and wait for it, killing it at the task's limit,
@@ -279,6 +284,10 @@ class Isolation:
                 conn.execute(session_sql.terminate_backend(), {"pid": backend})
         except SQLAlchemyError as exc:
             log.warning("could not end the server session of a killed attempt: %s", exc)
+
+
+def _ready() -> None:
+    """The forkserver's first child: it does nothing; that it started says the server is up."""
 
 
 def _exit_text(child: multiprocessing.process.BaseProcess) -> str:
