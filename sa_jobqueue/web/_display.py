@@ -8,7 +8,7 @@ Pure functions, registered as the templates' filters; nothing here escapes HTML 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -138,27 +138,35 @@ class Bar:
     minutes_ago: int
 
 
-def chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> list[Bar]:
-    """The stacked bars of a queue's finished jobs per minute, oldest minute on the left.
-
-    ``scale`` is the count a full-height bar stands for (the busiest minute's, usually).
-    """
-    bars: list[Bar] = []
+def _stacked(
+    per_minute: Mapping[str, Sequence[int]], scale: int
+) -> Iterator[tuple[int, float, float, str, int]]:
+    """Each status's part of each minute's bar, minute by minute, oldest first: its minute's
+    index, its top and height in SVG units (the first status at the bottom), its status and
+    its count. Nothing when ``scale`` (the count of a full-height bar) is not positive."""
     if scale <= 0:
-        return bars
+        return
     minutes = max((len(v) for v in per_minute.values()), default=0)
     for i in range(minutes):
         base = float(CHART_HEIGHT)
         for status, counts in per_minute.items():
             n = counts[i]
-            if not n:
-                continue
-            height = max(CHART_HEIGHT * n / scale, 1.0)
-            base -= height
-            bars.append(
-                Bar(i * BAR_STEP, round(base, 2), round(height, 2), status, n, minutes - 1 - i)
-            )
-    return bars
+            if n:
+                height = max(CHART_HEIGHT * n / scale, 1.0)
+                base -= height
+                yield i, base, height, status, n
+
+
+def chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> list[Bar]:
+    """The stacked bars of a queue's finished jobs per minute, oldest minute on the left.
+
+    ``scale`` is the count a full-height bar stands for (the busiest minute's, usually).
+    """
+    minutes = max((len(v) for v in per_minute.values()), default=0)
+    return [
+        Bar(i * BAR_STEP, round(top, 2), round(height, 2), status, n, minutes - 1 - i)
+        for i, top, height, status, n in _stacked(per_minute, scale)
+    ]
 
 
 def minute_chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> Markup:
@@ -171,24 +179,18 @@ def minute_chart(per_minute: Mapping[str, Sequence[int]], scale: int) -> Markup:
     value a number or a status of our own (escaped all the same, once per status). The queue
     page's charts keep a tooltip per bar.
     """
-    minutes = max((len(v) for v in per_minute.values()), default=0)
-    tops = [float(CHART_HEIGHT)] * minutes
-    paths: list[str] = []
-    for status, counts in per_minute.items() if scale > 0 else ():
-        steps: list[str] = []
-        for i, n in enumerate(counts):
-            if n:
-                height = max(CHART_HEIGHT * n / scale, 1.0)
-                tops[i] -= height
-                steps.append(
-                    f"M{i * BAR_STEP} {tops[i]:.2f}h{BAR_WIDTH}v{height:.2f}h-{BAR_WIDTH}z"
-                )
-        if steps:
-            name = escape(status)
-            paths.append(
-                f'<path d="{"".join(steps)}" class="bar-{name}">'
-                f"<title>{sum(counts):,} {name} in the last hour</title></path>"
-            )
+    steps: dict[str, list[str]] = {status: [] for status in per_minute}  # in their order
+    for i, top, height, status, _ in _stacked(per_minute, scale):
+        steps[status].append(f"M{i * BAR_STEP} {top:.2f}h{BAR_WIDTH}v{height:.2f}h-{BAR_WIDTH}z")
+    paths = []
+    for status, parts in steps.items():
+        if not parts:
+            continue
+        name = escape(status)
+        paths.append(
+            f'<path d="{"".join(parts)}" class="bar-{name}">'
+            f"<title>{sum(per_minute[status]):,} {name} in the last hour</title></path>"
+        )
     return Markup(
         '<svg class="chart" viewBox="0 0 240 32" width="240" height="32" role="img"'
         ' aria-label="jobs finished per minute in the last hour">'
