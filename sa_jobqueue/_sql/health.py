@@ -28,6 +28,7 @@ from sqlalchemy import (
 
 from ..models import DEAD, QUEUED, RUNNING, claimable, jobs_table, queues_table, workers_table
 from .clock import seconds
+from .queues import paused_queues
 from .stats import elapsed
 
 j = jobs_table.c
@@ -71,7 +72,7 @@ def due_and_stale() -> CompoundSelect[Any]:
         .group_by(j.queue)
         .cte("per_queue")
     )
-    paused = select(queues_table.c.queue).where(queues_table.c.paused_at.is_not(None))
+    paused = paused_queues().with_only_columns(queues_table.c.queue).order_by(None)
     marked = select(
         per_queue,
         per_queue.c.queue.in_(paused).label("paused"),
