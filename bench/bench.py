@@ -77,9 +77,6 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "batch-write": ("sa_jobqueue", "reference"),
 }
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
-#: Scenarios run only when named with --scenarios (not part of a full run).
-OPT_IN_SCENARIOS = ("async",)
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in OPT_IN_SCENARIOS)
 #: The async scenario's pairs: (measure, sync kind, async kind), each the same handler.
 ASYNC_PAIRS = (
     ("noop", "noop", "noop_async"),
@@ -102,9 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of minutes")
     p.add_argument("--repeat", type=int, help="repetitions per measurement (default 3; quick 1)")
-    p.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
-                   help="comma-separated subset (opt-in:"
-                   f" {', '.join(OPT_IN_SCENARIOS)})")  # fmt: skip
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="comma-separated subset")  # fmt: skip
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated subset (opt-in: {', '.join(OPT_IN)})")  # fmt: skip
     p.add_argument("--single", type=int, help="single-row enqueues (default 2000)")

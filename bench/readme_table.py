@@ -75,7 +75,15 @@ def _median(row: dict[str, Any] | None, key: str) -> float:
 
 
 def _change(name: str, row: dict[str, Any] | None, first: str, this: str) -> str:
-    """For the second line of history and pinned: the change from the first line."""
+    """For the second line of history and pinned: the change from the first line; for an
+    async handler's line: its rate against its sync twin's."""
+    if name == "async":
+        if not this.endswith(" async"):
+            return ""
+        sync, rate = _median(row, this.removesuffix(" async") + " sync"), _median(row, this)
+        if math.isnan(sync + rate) or not sync:
+            return ""
+        return f" ({rate / sync:.2f}\N{MULTIPLICATION SIGN} sync)"
     if name not in ("history", "pinned") or first == this:
         return ""
     before, after = _median(row, first), _median(row, this)
@@ -162,6 +170,10 @@ def render_table(document: report.Document, source: str) -> str:
             + (", a REPEATABLE READ snapshot held" if m.key == "pinned" else "")
         ),
         "backlog": lambda m: f"drain out of a backlog, {options['procs']} processes, {m.label}",
+        "async": lambda m: (
+            f"drain {options['drain']:,} jobs, 1 process, {options['async_concurrency']} at once:"
+            f" {m.label}"
+        ),
     }
     for name in document["scenarios"]:
         for m in report.measures(name, options):

@@ -27,7 +27,7 @@ TITLES = {
     "pinned": "7. sustained drain while a REPEATABLE READ snapshot is held open",
     "backlog": "8. drain out of a backlog of queued jobs, by backlog size",
     "batch-write": "9. drain of jobs written in batches, one multi-row INSERT per batch",
-    "async": "async def handlers next to the same handlers written sync (opt-in)",
+    "async": "async def handlers next to the same handlers written sync",
 }
 
 FOOTNOTES = {

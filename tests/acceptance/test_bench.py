@@ -28,7 +28,7 @@ ROOT = REPO_ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # some fifteen drains, each paying worker start-up and stop
+@pytest.mark.timeout(400)  # some twenty drains, each paying worker start-up and stop
 def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": url_string(server_url)}
     # Every drain pays about a second and a half of worker start-up, warm-up and stop, which
@@ -50,7 +50,7 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
     scenarios = document["scenarios"]
     assert set(scenarios) == {
         "enqueue", "bulk", "drain", "write", "latency", "history", "pinned", "backlog",
-        "batch-write",
+        "batch-write", "async",
     }  # fmt: skip
     for rows in scenarios.values():
         for row in rows:
@@ -59,8 +59,8 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
             assert row["medians"], row
     assert document["full_run"] is False
     assert document["command"].startswith("python bench/bench.py --quick")
-    # Every drain of a full run (the async scenario is opt-in: not in this one).
-    for name in [name for name in report.DRAINS if name != "async"]:
+    # Every drain of a full run.
+    for name in report.DRAINS:
         for row in scenarios[name]:
             for run in row["runs"]:
                 assert run["verified"], run
@@ -141,11 +141,10 @@ def test_a_failed_or_broken_peer_is_never_the_best_one() -> None:
     assert math.isclose(document["scenarios"]["drain"][0]["ratios"]["1p"]["vs_best_peer"], 3.0)
 
 
-def test_the_async_scenario_is_opt_in_and_shows_each_async_rate_against_its_sync_twin() -> None:
+def test_the_async_scenario_is_in_a_full_run_and_shows_async_rates_against_sync_ones() -> None:
     from bench import bench as runner
 
-    assert "async" not in runner.parse_args([]).scenarios  # not part of a full run
-    assert not runner.is_full_run(runner.parse_args(["--scenarios", "drain,async"]))
+    assert "async" in runner.parse_args([]).scenarios  # part of a full run: the docs show it
     medians = {"noop sync": 2_000.0, "noop async": 3_000.0, "write sync": 400.0,
                "write async": 100.0, "1ms sync": 1_000.0, "1ms async": 1_000.0}  # fmt: skip
     document = _document(sa_jobqueue=1.0)
@@ -160,6 +159,13 @@ def test_the_async_scenario_is_opt_in_and_shows_each_async_rate_against_its_sync
     cells = [(line.split()[-8], line.split()[-2]) for line in lines if line.endswith(" ok")]
     assert cells == [("2,000", "-"), ("3,000", "1.50x"), ("400", "-"), ("100", "0.25x"),
                      ("1,000", "-"), ("1,000", "1.00x")]  # fmt: skip
+    # The docs' table: each async line's rate, with its ratio to its sync twin's.
+    document["options"]["async_concurrency"] = 16
+    table = readme_table.render_table(document, "bench/runs/x.json")
+    times = "\N{MULTIPLICATION SIGN}"
+    assert "| drain 20,000 jobs, 1 process, 16 at once: noop, sync | 2,000 |" in table
+    write = "| drain 20,000 jobs, 1 process, 16 at once: write, async |"
+    assert f"{write} 100 (0.25{times} sync) |" in table
 
 
 def test_only_a_full_run_feeds_the_docs() -> None:
