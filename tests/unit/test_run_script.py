@@ -82,8 +82,8 @@ def test_both_pytest_passes_run_and_either_failure_fails_the_run(
 ) -> None:
     status, output, passes = run_script(tmp_path, external, embedded)
     assert passes == [
-        "external postgresql://somewhere/db -n 2",
-        "embedded -n 2 -m integration or migrations",
+        "external postgresql://somewhere/db -n 3 --dist worksteal",
+        "embedded -n 3 --dist worksteal -m integration or migrations",
     ], output
     assert (status != 0) == failed, output
     summary = output.strip().splitlines()[-2:]
@@ -98,12 +98,12 @@ def test_pytest_arguments_go_to_both_passes_whole(tmp_path: Path) -> None:
     status, output, passes = run_script(tmp_path, args=("-q", "tests/unit"))
     assert status == 0, output
     assert passes == [
-        "external postgresql://somewhere/db -n 2 -q tests/unit",
-        "embedded -n 2 -q tests/unit",
+        "external postgresql://somewhere/db -n 3 --dist worksteal -q tests/unit",
+        "embedded -n 3 --dist worksteal -q tests/unit",
     ]
 
 
 def test_without_a_server_the_whole_suite_runs_against_the_embedded_one(tmp_path: Path) -> None:
     status, output, passes = run_script(tmp_path, url="")
     assert status == 0, output
-    assert passes == ["embedded -n 2"], output
+    assert passes == ["embedded -n 3 --dist worksteal"], output
