@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
@@ -38,6 +37,8 @@ def run_worker(args: argparse.Namespace) -> int:
     """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
     if not usable(args):
         return EXIT_USAGE
+    from ..worker._signals import relayed
+
     app = load_app(args.app)
     metrics: MetricsServer | None = None
     if args.metrics_port is not None:
@@ -50,7 +51,7 @@ def run_worker(args: argparse.Namespace) -> int:
         raise
     health = None if args.health_port is None else _health_server(args, worker)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         if worker._stopping.is_set():
             # Second signal: leave now. Running jobs are reclaimed when their leases expire.
             logging.getLogger("sa_jobqueue.worker").warning("second signal: exiting at once")
@@ -62,10 +63,9 @@ def run_worker(args: argparse.Namespace) -> int:
         )
         worker.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        clean = worker.run(burst=args.burst)  # disposes of the worker's engines as it returns
+        with relayed((signal.SIGTERM, signal.SIGINT), on_signal):
+            clean = worker.run(burst=args.burst)  # disposes of the worker's engines as it returns
     finally:
         if metrics is not None:
             metrics.close()

@@ -25,7 +25,6 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import Final
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -33,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._error_text import one_line
 from ..errors import JobQueueError
 from ..observability import JobRun, Observer
+from ._signals import relayed
 from ._worker import Worker
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -129,39 +129,41 @@ def child_main(make_worker: WorkerFactory, options: ChildOptions) -> None:
     stopping = threading.Event()
     worker: Worker | None = None
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_term(signum: int) -> None:
         stopping.set()
         if worker is not None:
             worker.stop()
 
-    signal.signal(signal.SIGTERM, on_term)
-    observers: list[Observer] = []
-    recycler = None
-    if options.max_jobs is not None or options.max_memory is not None:
-        recycler = Recycler(options.max_jobs, options.max_memory)
-        observers.append(recycler)
-    if options.metrics:
-        # The supervisor set PROMETHEUS_MULTIPROC_DIR before starting this process: these
-        # counters live in files there, which the supervisor's endpoint adds up.
-        from ..observability.metrics import PrometheusObserver
+    with relayed((signal.SIGTERM,), on_term):
+        observers: list[Observer] = []
+        recycler = None
+        if options.max_jobs is not None or options.max_memory is not None:
+            recycler = Recycler(options.max_jobs, options.max_memory)
+            observers.append(recycler)
+        if options.metrics:
+            # The supervisor set PROMETHEUS_MULTIPROC_DIR before starting this process: these
+            # counters live in files there, which the supervisor's endpoint adds up.
+            from ..observability.metrics import PrometheusObserver
 
-        observers.append(PrometheusObserver())
-    try:
-        worker = make_worker(observers)
-        given = worker._observe.observers
-        if any(observer not in given for observer in observers):
-            raise TypeError("the worker factory must pass the observers it is given to the Worker")
-        if recycler is not None:
-            recycler.attach(worker.stop)
-        _stop_with_parent(worker)
-        if stopping.is_set():  # SIGTERM came while the worker was being built
-            worker.stop()
-        clean = worker.run(burst=options.burst)
-    except (JobQueueError, SQLAlchemyError) as exc:
-        # What the user can fix (the database, the schema, the app): one line, as the command.
-        log.error("worker process cannot run: %s", one_line(exc))
-        logging.shutdown()
-        sys.exit(EXIT_UNCLEAN)
+            observers.append(PrometheusObserver())
+        try:
+            worker = make_worker(observers)
+            given = worker._observe.observers
+            if any(observer not in given for observer in observers):
+                raise TypeError(
+                    "the worker factory must pass the observers it is given to the Worker"
+                )
+            if recycler is not None:
+                recycler.attach(worker.stop)
+            _stop_with_parent(worker)
+            if stopping.is_set():  # SIGTERM came while the worker was being built
+                worker.stop()
+            clean = worker.run(burst=options.burst)
+        except (JobQueueError, SQLAlchemyError) as exc:
+            # What the user can fix (the database, the schema, the app): one line, as the command.
+            log.error("worker process cannot run: %s", one_line(exc))
+            logging.shutdown()
+            sys.exit(EXIT_UNCLEAN)
     logging.shutdown()
     if not clean:
         os._exit(EXIT_UNCLEAN)  # handler threads still running cannot be joined; do not wait

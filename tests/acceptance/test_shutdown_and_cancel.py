@@ -218,7 +218,7 @@ def test_sigterm_drains_running_jobs_and_leaves_the_rest_untouched(
     tables: sa.Engine, workers: Workers, tmp_path: Path
 ) -> None:
     engine = tables
-    grace = 10.0
+    grace = 20.0
     worker = workers.start(
         "--shutdown-grace", str(grace), "--prefetch", "1", concurrency=2, poll=0.2
     )
@@ -244,7 +244,10 @@ def test_sigterm_drains_running_jobs_and_leaves_the_rest_untouched(
 
     workers.signal(worker, signal.SIGTERM)
     signalled = time.monotonic()
-    wait_for(lambda: not listen_backends(engine), timeout=5)  # it has stopped claiming
+    # It has stopped claiming.
+    wait_for(
+        lambda: not listen_backends(engine), timeout=10, context=lambda: workers.output(worker)
+    )
     # Let the future job come due while the worker is still draining.
     wait_for(lambda: job_row(engine, future_id).due, timeout=10)
     assert worker.poll() is None, workers.output(worker)  # the handlers are still blocked
@@ -286,7 +289,10 @@ def test_second_signal_exits_at_once_and_the_job_is_reclaimed(
     workers.wait(lambda: attempts_run(engine, job_id) == [1], timeout=20)
 
     workers.signal(worker_a, signal.SIGTERM)
-    wait_for(lambda: not listen_backends(engine), timeout=5)  # the first signal was handled
+    # The first signal was handled.
+    wait_for(
+        lambda: not listen_backends(engine), timeout=10, context=lambda: workers.output(worker_a)
+    )
     assert worker_a.poll() is None, workers.output(worker_a)  # draining: the job still blocks
     later = enqueue(engine, "quick")  # it has stopped claiming
 

@@ -13,15 +13,22 @@ from sa_jobqueue import Worker
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    context: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``,
+    with what ``context`` then says (a worker's log, say)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+            said = f"\n{context()}" if context is not None else ""
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}{said}")
         time.sleep(interval)
 
 
