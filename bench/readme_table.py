@@ -78,12 +78,8 @@ def _change(name: str, row: dict[str, Any] | None, first: str, this: str) -> str
     """For the second line of history and pinned: the change from the first line; for an
     async handler's line: its rate against its sync twin's."""
     if name == "async":
-        if not this.endswith(" async"):
-            return ""
-        sync, rate = _median(row, this.removesuffix(" async") + " sync"), _median(row, this)
-        if math.isnan(sync + rate) or not sync:
-            return ""
-        return f" ({rate / sync:.2f}\N{MULTIPLICATION SIGN} sync)"
+        ratio = None if row is None else report.vs_sync(row, this)
+        return "" if ratio is None else f" ({ratio:.2f}\N{MULTIPLICATION SIGN} sync)"
     if name not in ("history", "pinned") or first == this:
         return ""
     before, after = _median(row, first), _median(row, this)

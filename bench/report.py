@@ -122,6 +122,15 @@ def _value(row: dict[str, Any], key: str) -> float:
     return float("nan") if value is None else float(value)
 
 
+def vs_sync(row: dict[str, Any], key: str) -> float | None:
+    """An async handler's rate over its sync twin's in the async scenario (``key`` ends
+    " async"), or None: a sync line, or a side that did not run."""
+    if not key.endswith(" async"):
+        return None
+    sync, rate = _value(row, key.removesuffix(" async") + " sync"), _value(row, key)
+    return rate / sync if sync and not math.isnan(sync + rate) else None
+
+
 def _usable(row: dict[str, Any]) -> bool:
     return not row.get("error") and not row.get("failures")
 
@@ -226,12 +235,7 @@ def render_scenario(name: str, document: Document) -> str:
                         change = f"{(this / first - 1) * 100:+.0f}%"
                     cells.append(change)
                 elif name == "async":
-                    ratio = None
-                    if m.key.endswith(" async"):
-                        sync = _value(row, m.key.removesuffix(" async") + " sync")
-                        this = _value(row, m.key)
-                        ratio = this / sync if sync and not math.isnan(sync + this) else None
-                    cells.append(fmt(ratio, "x"))
+                    cells.append(fmt(vs_sync(row, m.key), "x"))
                 elif name in ("history", "pinned"):
                     first, this = _value(row, ms[0].key), _value(row, m.key)
                     change = "-"
