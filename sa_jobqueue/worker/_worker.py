@@ -250,7 +250,12 @@ class Worker:
         met the prepared-statement errors of an undeclared transaction pooler (see
         :func:`sa_jobqueue.database.create_engine`'s ``pooler``).
         """
-        self._check_schema()
+        try:
+            self._check_schema()
+        except BaseException:
+            for owned in self._owned:  # as once run: what from_url made holds no connection
+                owned.dispose()
+            raise
         log.info(
             "worker %s serving %s with concurrency %d",
             self.name,

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobqueue import JobContext, JobQueue, Worker
 from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, pooler_of
-from sa_jobqueue.errors import WorkerConfigError
+from sa_jobqueue.errors import SchemaError, WorkerConfigError
 from sa_jobqueue.observability.health import start_health_server
 from tests.helpers.jobs import job
 
@@ -41,6 +41,18 @@ def test_from_url_builds_the_engines_the_command_builds(database_url: URL) -> No
         worker.control_engine.dispose()
     with pytest.raises(WorkerConfigError):
         Worker.from_url(database_url, JobQueue(), concurrency=0)
+
+
+def test_a_worker_from_url_that_cannot_start_leaves_no_connection_open(
+    empty_database_url: URL,
+) -> None:
+    """Its schema check fails (no tables): run() raises, and the engines it owns are disposed
+    of, as when it returns, not left to the garbage collector with their connections."""
+    worker = Worker.from_url(empty_database_url, JobQueue(), concurrency=1)
+    with pytest.raises(SchemaError):
+        worker.run(burst=True)
+    for engine in (worker.engine, worker.control_engine):
+        assert engine.pool.checkedin() == 0  # type: ignore[attr-defined]
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
