@@ -56,6 +56,9 @@ STOP_HURRY = 3.0
 _LOOK_AGAIN = 0.25
 #: Execution option that overrides the deadline for one connection's statements (seconds).
 DEADLINE_OPTION = "sa_jobqueue_deadline"
+#: Execution option: the StopClock that hurries the statements of an engine (see
+#: guard_statements), for those it sends to the driver itself (``HeldConnection.rows``).
+CLOCK_OPTION = "sa_jobqueue_stop_clock"
 
 _INFO_KEY = "sa_jobqueue_deadline_token"
 
@@ -234,7 +237,7 @@ def guard_statements(
     stopping worker's statements are hurried (see :class:`StopClock`).
     """
     limit = STATEMENT_DEADLINE if seconds is None else seconds
-    engine.update_execution_options(**{DEADLINE_OPTION: limit})
+    engine.update_execution_options(**{DEADLINE_OPTION: limit, CLOCK_OPTION: clock})
 
     @event.listens_for(engine, "before_cursor_execute")
     def arm(conn: Any, cursor: Any, *_: Any) -> None:

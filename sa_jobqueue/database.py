@@ -7,13 +7,15 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, event, inspect
 from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
 
 from ._binds import _driver_text, _DriverText, transient
-from ._deadlines import DEADLINES, PING_DEADLINE
+from ._deadlines import CLOCK_OPTION, DEADLINE_OPTION, DEADLINES, PING_DEADLINE, StopClock
 from ._error_text import one_line
 from ._pooler import parse_options, set_local_in_every_transaction, set_on_connect
 from ._sql import schema as schema_sql
@@ -292,12 +294,18 @@ class HeldConnection:
         at its deadline) runs once more on a fresh one: for statements that are safe to repeat.
 
         With ``as_text``, the statement goes as the text and constants SQLAlchemy would send
-        (compiled once), through ``exec_driver_sql``: the engine's events, deadlines and
-        transaction pooler settings apply as for any statement, but neither compiling nor the
-        statement's result types are looked at again, about 0.15 ms of the claim's path. Only
-        for statements whose values and rows need no processing of SQLAlchemy's (the plain
-        claim's); one it cannot send so, or a connection with a ``schema_translate_map``,
-        goes through ``execute``.
+        (compiled once), and neither compiling nor the statement's result types are looked at
+        again. Only for statements whose values and rows need no processing of SQLAlchemy's
+        (the plain claim's); one it cannot send so, or a connection with a
+        ``schema_translate_map``, goes through ``execute``. On a worker's own statements'
+        engine behind no transaction pooler (see :func:`_direct`), it goes to the driver
+        itself, under the deadline the engine's statements have: SQLAlchemy's execution and
+        result set-up cost an idle worker's claim about 0.2 ms of its pickup
+        (``bench/idle_round_trip.py``). Engine events do not see it then. After a driver
+        error it is sent again the usual way, on the same connection, where the engine's
+        error hooks (a pooler's prepared statements) and SQLAlchemy's exceptions apply as
+        for any statement: a claim is safe to repeat (what a lost one took waits for its
+        lease). Anywhere else it goes through ``exec_driver_sql``, with the engine's events.
         """
         try:
             return self._rows(statement, params, as_text)
@@ -316,6 +324,13 @@ class HeldConnection:
                 return list(conn.execute(statement, params).all())
             values = {**text.constants, **params}
             by_position = tuple(values[name] for name in text.names)
+            limits = _direct(conn)
+            if limits is not None:
+                with contextlib.suppress(psycopg.Error):
+                    return _driver_rows(conn, text.text, by_position, limits)
+                # Again the usual way, on the same connection: it meets the same error (a
+                # pooler's prepared statements, a connection lost or cut) where the engine's
+                # hooks and SQLAlchemy's exceptions apply, or it claims after all.
             return list(conn.exec_driver_sql(text.text, by_position).all())
         except BaseException:
             self.close()
@@ -326,6 +341,40 @@ class HeldConnection:
         if conn is not None:
             with contextlib.suppress(Exception):  # it may be broken already
                 conn.close()
+
+
+def _direct(conn: Connection) -> tuple[float, StopClock | None] | None:
+    """The statement deadline and stop clock of ``conn`` if :meth:`HeldConnection.rows` may
+    send its text to the driver itself: a worker's own statements' connection
+    (``guard_statements`` gave it a deadline), in autocommit, behind no transaction pooler
+    (whose settings come with each transaction through the engine's events). None
+    otherwise."""
+    options = conn.get_execution_options()
+    deadline = options.get(DEADLINE_OPTION)
+    if deadline is None or not getattr(conn.connection.driver_connection, "autocommit", False):
+        return None
+    if as_pooler(options.get(POOLER_OPTION)) != "session":
+        return None
+    return float(deadline), options.get(CLOCK_OPTION)
+
+
+def _driver_rows(
+    conn: Connection,
+    text: str,
+    by_position: tuple[Any, ...],
+    limits: tuple[float, StopClock | None],
+) -> list[Any]:
+    """Run ``text`` on ``conn``'s psycopg connection under its deadline; its rows, as named
+    tuples (what :class:`~sqlalchemy.engine.Row` offers the callers: ``_fields`` and
+    attributes)."""
+    driver: Any = conn.connection.driver_connection
+    seconds, clock = limits
+    with DEADLINES.guard(driver, seconds, clock):
+        cursor = driver.cursor(row_factory=namedtuple_row)
+        try:
+            return list(cursor.execute(text, by_position).fetchall())
+        finally:
+            cursor.close()
 
 
 def _as_text(conn: Connection, statement: sa.Executable) -> _DriverText | None:

@@ -1,9 +1,10 @@
 """The plain claim sent as text (``HeldConnection.rows(..., as_text=True)``) is the same claim.
 
-It skips SQLAlchemy's compiling and result types on an idle worker's pickup path, and must keep
-what goes through the engine's events: the rows as ``execute`` reads them, the client-side
-deadline, and behind a transaction pooler the settings applied in the claim's own transaction
-and gone after it.
+It skips SQLAlchemy's compiling and result types on an idle worker's pickup path, and on a
+worker's own statements' engine behind no transaction pooler SQLAlchemy's execution too (it goes
+to the driver). It must keep the rows as ``execute`` reads them, the client-side deadline, what
+the engine's error hooks see of a driver error, and behind a transaction pooler the settings
+applied in the claim's own transaction and gone after it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL
 
 from sa_jobqueue._deadlines import guard_statements
+from sa_jobqueue._pooler import on_prepared_statement_clash
 from sa_jobqueue._sql import claiming
 from sa_jobqueue.database import CONTROL_SETTINGS, HeldConnection, Pooler, create_engine
 from sa_jobqueue.worker._claimed import Claimed
@@ -130,3 +132,49 @@ def test_behind_a_transaction_pooler_a_claim_sent_as_text_has_its_settings_for_i
     finally:
         held.close()
         engine.dispose()
+
+
+def test_a_claim_sent_as_text_goes_to_the_driver_past_the_execution_events(
+    single: sa.Engine,
+) -> None:
+    seen: list[str] = []
+
+    @event.listens_for(single, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement)
+
+    held = HeldConnection(single)
+    try:
+        _enqueue(single)
+        _claim(held, as_text=True)
+        assert not [s for s in seen if s.startswith("WITH picked")]
+        _enqueue(single)
+        _claim(held, as_text=False)
+        assert [s for s in seen if s.startswith("WITH picked")]
+    finally:
+        held.close()
+
+
+def test_a_driver_error_meets_the_engine_error_hooks_as_a_pooler_clash_does(
+    single: sa.Engine,
+) -> None:
+    """The claim's prepared statement dropped under it, as a transaction pooler that hands on
+    another server connection does: the claim goes again through SQLAlchemy on the same
+    connection, meets the same error, and the engine's error hooks see the clash (on which the
+    worker stops and says what to pass)."""
+    clashes: list[None] = []
+    on_prepared_statement_clash(single, lambda: clashes.append(None))
+    held = HeldConnection(single)
+    try:
+        for _ in range(6):  # psycopg prepares a statement at its 5th run
+            _enqueue(single)
+            _claim(held, as_text=True)
+        driver = held._conn.connection.driver_connection  # type: ignore[union-attr]
+        # Past psycopg, which would forget its prepared statements on a DEALLOCATE of its own.
+        driver.pgconn.exec_(b"DEALLOCATE ALL")
+        _enqueue(single)
+        with pytest.raises(sa.exc.ProgrammingError, match="does not exist"):
+            held.rows(claiming.claim(), PARAMS, as_text=True)
+        assert clashes == [None]  # the hook saw it, once
+    finally:
+        held.close()
