@@ -8,7 +8,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,18 @@ def drop_database(admin_url: str, name: str) -> None:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+@contextlib.contextmanager
+def scratch_database(name: str) -> Iterator[str]:
+    """Database ``name`` made afresh on $DATABASE_URL's server (the local one if unset) for
+    the ``with`` block, and dropped after it; yields its URL. For the single-purpose scripts."""
+    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    dsn = recreate_database(admin, name)
+    try:
+        yield dsn
+    finally:
+        drop_database(admin, name)
 
 
 def analyze(dsn: str) -> None:

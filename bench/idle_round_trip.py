@@ -19,7 +19,6 @@ Variants alternate call by call, so a change of the machine's speed falls on eac
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -61,9 +60,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=300, help="calls per variant and gap")
     p.add_argument("--idle", type=float, default=0.05, help="the idle gap (seconds)")
     args = p.parse_args()
-    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    dsn = harness.recreate_database(admin, DATABASE)
-    try:
+    with harness.scratch_database(DATABASE) as dsn:
         engine = create_engine(dsn)
         control = create_control_engine(dsn, 1)
         upgrade(engine)
@@ -137,8 +134,6 @@ def main() -> int:
         raw.close()
         engine.dispose()
         control.dispose()
-    finally:
-        harness.drop_database(admin, DATABASE)
     print(f"wall-clock ms per statement, {args.calls} calls each")
     print(f"  {'statement':<42} {'when':<20} {'p50':>6} {'p95':>6}")
     for (name, gap_name), values in samples.items():

@@ -23,7 +23,6 @@ its ``COMMIT`` and of the fenced completion, and the claim, are not in these fig
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -94,9 +93,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=500, help="calls per variant per round")
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds (medians)")
     args = p.parse_args()
-    admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-    dsn = harness.recreate_database(admin, DATABASE)
-    try:
+    with harness.scratch_database(DATABASE) as dsn:
         engine = create_engine(dsn)
         with engine.begin() as setup:
             setup.exec_driver_sql("CREATE TABLE bench_results (n integer)")
@@ -120,8 +117,6 @@ def main() -> int:
                     if counted:
                         samples.setdefault(name, []).append(spent / args.calls * 1e6)
         engine.dispose()
-    finally:
-        harness.drop_database(admin, DATABASE)
     base = statistics.median(samples["INSERT, psycopg, cursor kept"])
     print(f"client CPU per call, median of {args.rounds} rounds of {args.calls} calls")
     for name, values in samples.items():
