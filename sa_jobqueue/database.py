@@ -369,12 +369,8 @@ def _driver_rows(
     attributes)."""
     driver: Any = conn.connection.driver_connection
     seconds, clock = limits
-    with DEADLINES.guard(driver, seconds, clock):
-        cursor = driver.cursor(row_factory=namedtuple_row)
-        try:
-            return list(cursor.execute(text, by_position).fetchall())
-        finally:
-            cursor.close()
+    with DEADLINES.guard(driver, seconds, clock), driver.cursor(row_factory=namedtuple_row) as cur:
+        return list(cur.execute(text, by_position).fetchall())
 
 
 def _as_text(conn: Connection, statement: sa.Executable) -> _DriverText | None:
