@@ -24,6 +24,7 @@ import resource
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,10 @@ from sqlalchemy.orm import Session  # noqa: E402
 from bench import harness  # noqa: E402
 
 RESULTS = sa.table("profile_results", sa.column("job_id"), sa.column("n"))
+BATCH_INSERT = sa.text(
+    "INSERT INTO profile_results (job_id, n)"
+    " SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:ns AS integer[]))"
+)
 #: Jobs not finished yet.
 LEFT = sa.text("SELECT count(*) FROM sa_jobqueue_jobs WHERE status IN ('queued', 'running')")
 
@@ -112,13 +117,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=10)
     kinds = ("write", "noop", "sleep_1ms")
     parser.add_argument(
-        "--handler", choices=(*kinds, *(f"{k}_async" for k in kinds)), default="write"
+        "--handler",
+        choices=(*kinds, *(f"{k}_async" for k in kinds), "batch_write"),
+        default="write",
     )
     args = parser.parse_args()
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     dsn = harness.recreate_database(admin, "bench_profile")
     try:
-        from sa_jobqueue import JobContext, JobQueue, Worker
+        from sa_jobqueue import BatchContext, BatchJob, JobContext, JobQueue, Worker
         from sa_jobqueue.database import create_engine
         from sa_jobqueue.migrations import upgrade
 
@@ -147,10 +154,20 @@ def main() -> int:
         async def sleep_1ms_async(ctx: JobContext, payload: dict[str, int]) -> None:
             await asyncio.sleep(0.001)
 
+        def batch_write(ctx: BatchContext, jobs: list[BatchJob[dict[str, int]]]) -> None:
+            # One multi-row INSERT per batch, as bench/tasks.py's batch task writes.
+            ctx.session.execute(
+                BATCH_INSERT,
+                {"ids": [job.id for job in jobs], "ns": [job.payload["n"] for job in jobs]},
+            )
+
         # Only the handler profiled: a queue with an async handler runs an event loop beside
         # its threads, and each kind gets a lane's room.
         handlers = (write, noop, sleep_1ms, write_async, noop_async, sleep_1ms_async)
-        queue.task({h.__name__: h for h in handlers}[args.handler])
+        if args.handler == "batch_write":
+            queue.batch_task(max_size=500, max_wait=timedelta(milliseconds=50))(batch_write)
+        else:
+            queue.task({h.__name__: h for h in handlers}[args.handler])
 
         with Session(engine) as session, session.begin():
             queue.enqueue_many(session, args.handler, [{"n": n} for n in range(args.jobs)])
@@ -172,14 +189,18 @@ def main() -> int:
         runner.join()
         watcher.dispose()
         after = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+        switches = after.ru_nvcsw - before.ru_nvcsw + after.ru_nivcsw - before.ru_nivcsw
         with engine.connect() as conn:
             written = conn.exec_driver_sql("SELECT count(*) FROM profile_results").scalar_one()
         engine.dispose()
+        per_job = {"cpu": user + system, "user": user, "system": system}
+        us = {name: f"{seconds / args.jobs * 1e6:.0f}" for name, seconds in per_job.items()}
         print(
             f"{args.jobs:,} {args.handler} jobs, concurrency {args.concurrency}:"
-            f" {args.jobs / elapsed:,.0f} jobs/s, worker CPU {cpu / args.jobs * 1e6:.0f} µs/job,"
-            f" {written:,} rows written"
+            f" {args.jobs / elapsed:,.0f} jobs/s, worker CPU {us['cpu']} µs/job"
+            f" (user {us['user']}, system {us['system']}),"
+            f" {switches / args.jobs:.2f} context switches/job, {written:,} rows written"
         )
         print("statements per job (the worker's own and its handlers'):")
         for kind, n in statements.counts.most_common():

@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._sql import claim_limits, transitions
 from .._sql.fence import held_many
 from ..batching import BatchContext, BatchJob
+from ..database import HeldConnection
 from ..errors import JobQueueError, PayloadError
 from ..middleware import arun_chain, run_chain
 from ..queue import JobQueue
@@ -106,8 +107,13 @@ class Batches:
         task = self._queue.get_task(leader.task)
         tickets: list[Ticket] = []
         members = [leader]
+        # The batch's claims share one connection (no checkout, no pre-ping per claim).
+        conn = HeldConnection(self._single)
         try:
-            self._fill(leader, task, lane, tickets, members)
+            try:
+                self._fill(leader, task, lane, tickets, members, conn)
+            finally:
+                conn.close()
             self._run(task, members)
         except (SQLAlchemyError, psycopg.Error) as exc:
             # Most likely a connection lost: what was not recorded is left to the fence, the
@@ -126,6 +132,7 @@ class Batches:
         lane: Lane,
         tickets: list[Ticket],
         found: list[Claimed],
+        conn: HeldConnection,
     ) -> None:
         """Claim more jobs of the leader's batch into ``found`` (which holds the leader) until
         it is full or its wait is over; each is in ``found`` as soon as it is claimed, so that
@@ -143,10 +150,10 @@ class Batches:
         while len(found) < batching.max_size and not self._stopping.is_set():
             params["limit"] = batching.max_size - len(found)
             keyed = self._keyed.get(leader.queue, False)
-            with self._single.connect() as conn:
-                rows = list(
-                    conn.execute(claim_limits.claim_limited(keyed=keyed, batch=True), params)
-                )
+            # As text, to the driver: its rows are read as the plain claim's are, without
+            # SQLAlchemy's processing of each of up to max_size rows.
+            statement = claim_limits.claim_limited(keyed=keyed, batch=True)
+            rows = conn.rows(statement, params, as_text=True)
             if rows[0].keyed is not None and bool(rows[0].keyed) != keyed:
                 self._keyed[leader.queue] = bool(rows[0].keyed)  # its limits per key changed
             # Not limited_jobs(): a member's completion is the batch's, never a batched one
