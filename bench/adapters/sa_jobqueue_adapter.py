@@ -107,6 +107,21 @@ class SaJobqueue(System):
         ]
 
 
+class SaJobqueueConcurrency(SaJobqueue):
+    """The CLI's worker with fewer handler threads than its default.
+
+    For jobs that are short and mostly talk to PostgreSQL, handler threads beyond what the
+    machine's cores can keep busy cost more than they give: they take turns at Python's
+    GIL, a context switch each time, and their connections contend inside the server.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.key = f"sa_jobqueue_c{concurrency}"
+        self.label = f"sa_jobqueue --concurrency {concurrency}"
+        self.config = f"sa-jobqueue worker --concurrency {concurrency}"
+
+
 class SaJobqueueProcesses(SaJobqueue):
     """One ``sa-jobqueue worker --processes N`` command: a supervisor and its N children."""
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from sa_jobqueue.worker._sessions import GroupSession, group_engine
+from sa_jobqueue.worker._sessions import GroupSession, broken, group_engine
 
 TABLES = sa.MetaData()
 ROWS = sa.Table("group_savepoint_rows", TABLES, sa.Column("name", sa.Text, primary_key=True))
@@ -77,3 +77,25 @@ def test_the_engine_the_view_was_made_from_releases_its_savepoints(tables: sa.En
         with pytest.raises(psycopg.errors.InvalidSavepointSpecification):
             driver.execute('RELEASE SAVEPOINT "sa_savepoint_1"')
         conn.rollback()
+
+
+def test_a_savepoint_the_server_refuses_raises_the_servers_error(
+    group_conn: sa.Connection,
+) -> None:
+    write(group_conn, "before").close()
+    with pytest.raises(psycopg.errors.InvalidSavepointSpecification):
+        group_conn.dialect.do_rollback_to_savepoint(group_conn, "never_made")
+
+
+def test_a_savepoint_on_a_lost_connection_raises_an_operational_error_and_reads_as_broken(
+    group_conn: sa.Connection, tables: sa.Engine
+) -> None:
+    write(group_conn, "before").close()
+    driver = group_conn.connection.driver_connection
+    assert driver is not None
+    with tables.connect() as other:
+        other.execute(sa.select(sa.func.pg_terminate_backend(driver.info.backend_pid)))
+    with pytest.raises(psycopg.OperationalError):
+        group_conn.dialect.do_savepoint(group_conn, "after_the_loss")
+    assert broken(group_conn)
+    group_conn.invalidate()
