@@ -67,6 +67,11 @@ def _rows(document: report.Document, name: str) -> dict[str, dict[str, Any]]:
     return {r["system"]: r for r in document["scenarios"].get(name, []) if not r.get("error")}
 
 
+#: Per scenario, the other sa_jobqueue configurations the table shows a line for, when the
+#: run measured them: the writing drain with fewer handler threads (see bench/bench.py).
+VARIANTS: dict[str, dict[str, str]] = {"write": {"sa_jobqueue_c2": "`--concurrency 2`"}}
+
+
 def _median(row: dict[str, Any] | None, key: str) -> float:
     if row is None:
         return float("nan")
@@ -90,9 +95,16 @@ def _change(name: str, row: dict[str, Any] | None, first: str, this: str) -> str
     return f" (slowdown {before / after:.2f}\N{MULTIPLICATION SIGN})"
 
 
-def _line(document: report.Document, name: str, m: report.Measure, title: str) -> str:
+def _line(
+    document: report.Document,
+    name: str,
+    m: report.Measure,
+    title: str,
+    ours: str = "sa_jobqueue",
+) -> str:
+    """The table's line for one measure; ``ours``: the sa_jobqueue configuration it shows."""
     rows = _rows(document, name)
-    sa, ref = rows.get("sa_jobqueue"), rows.get("reference")
+    sa, ref = rows.get(ours), rows.get("reference")
     best = document["best_peer"].get(name, {}).get(m.key)
     peer = rows.get(best["system"]) if best else None
     peer_label = document["systems"][best["system"]]["label"] if best else "-"
@@ -175,6 +187,9 @@ def render_table(document: report.Document, source: str) -> str:
         for m in report.measures(name, options):
             title = titles.get(name, lambda m, name=name: f"{name} {m.label}")(m)
             lines.append(_line(document, name, m, title))
+            for key, label in VARIANTS.get(name, {}).items():
+                if key in _rows(document, name):
+                    lines.append(_line(document, name, m, f"{title}, {label}", ours=key))
     lines += [
         "",
         "Writing drains: sa_jobqueue's row commits with the job's completion (exactly once),"
