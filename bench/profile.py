@@ -85,6 +85,17 @@ class Statements:
             return await aexecute(cursor, query, *args, **kwargs)
 
         psycopg.AsyncCursor.execute = counted_aexecute  # type: ignore[method-assign]
+        # A group's savepoints go to libpq itself, past the cursor: counted where they are sent.
+        from sa_jobqueue.worker import _sessions
+
+        command = _sessions._command
+
+        def counted_command(driver: Any, statement: sql.Composed) -> None:
+            words = statement.as_string(driver).split()
+            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            command(driver, statement)
+
+        _sessions._command = counted_command
         for name in ("commit", "rollback"):
             self._wrap(name)
 
