@@ -51,10 +51,10 @@ LEFT = sa.text("SELECT count(*) FROM sa_jobqueue_jobs WHERE status IN ('queued',
 class Statements:
     """Counts the statements the worker's threads send, by their first words, thread-safely.
 
-    Counted at the driver (psycopg's cursor ``execute``, and the connection's ``commit`` and
-    ``rollback``), so that a statement counts only if it is sent: the worker sends some below
-    SQLAlchemy (its group savepoints) and SQLAlchemy skips some it is asked for. The main
-    thread, which watches the drain, is left out.
+    Counted where they are sent (psycopg's cursor ``execute``, the libpq commands a group's
+    savepoints go as, and the connection's ``commit`` and ``rollback``), so that a statement
+    counts only if it is sent: the worker sends some below SQLAlchemy and SQLAlchemy skips some
+    it is asked for. The main thread, which watches the drain, is left out.
     """
 
     def __init__(self) -> None:
@@ -63,41 +63,38 @@ class Statements:
         execute = psycopg.Cursor.execute
 
         def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(query, sql.Composable):
-                query = query.as_string(cursor.connection)
-            elif isinstance(query, bytes):
-                query = query.decode()
-            words = str(query).split()
-            # Savepoint names differ each time: count the kind of statement only.
-            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            self._count(query, cursor.connection)
             return execute(cursor, query, *args, **kwargs)
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
         aexecute = psycopg.AsyncCursor.execute
 
         async def counted_aexecute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(query, sql.Composable):
-                query = query.as_string(cursor.connection)
-            elif isinstance(query, bytes):
-                query = query.decode()
-            words = str(query).split()
-            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            self._count(query, cursor.connection)
             return await aexecute(cursor, query, *args, **kwargs)
 
         psycopg.AsyncCursor.execute = counted_aexecute  # type: ignore[method-assign]
-        # A group's savepoints go to libpq itself, past the cursor: counted where they are sent.
         from sa_jobqueue.worker import _sessions
 
         command = _sessions._command
 
         def counted_command(driver: Any, statement: sql.Composed) -> None:
-            words = statement.as_string(driver).split()
-            self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
+            self._count(statement, driver)
             command(driver, statement)
 
         _sessions._command = counted_command
         for name in ("commit", "rollback"):
             self._wrap(name)
+
+    def _count(self, query: Any, connection: Any) -> None:
+        """Count ``query`` (text, bytes or a psycopg Composable) by its first words."""
+        if isinstance(query, sql.Composable):
+            query = query.as_string(connection)
+        elif isinstance(query, bytes):
+            query = query.decode()
+        words = str(query).split()
+        # Savepoint names differ each time: count the kind of statement only.
+        self._add(" ".join(w for w in words[:3] if not w.startswith('"')))
 
     def _add(self, kind: str) -> None:
         if threading.current_thread() is threading.main_thread():
