@@ -158,10 +158,10 @@ class Batches:
                 self._keyed[leader.queue] = bool(rows[0].keyed)  # its limits per key changed
             # Not limited_jobs(): a member's completion is the batch's, never a batched one
             # that waits to free its slot (what ``holds_slot`` is for).
-            jobs = Claimed.of_rows([r for r in rows if r.id is not None])
-            jobs = [job for job in jobs if runnable(job)]
+            claimed = Claimed.of_rows([r for r in rows if r.id is not None])
+            jobs = [job for job in claimed if runnable(job)]
             tickets += self._leases.hold_running(lane, jobs)
-            found += jobs
+            _take_over(found, claimed, jobs)
             if rows[0].keyed is not None and bool(rows[0].keyed) != keyed:
                 continue  # claimed with the variant the queue's limits need, at once
             left = until - time.monotonic()
@@ -388,6 +388,22 @@ class Batches:
                 await session.close()
 
             self._loop.submit(discard()).result()
+
+
+def _take_over(found: list[Claimed], claimed: list[Claimed], runnable: list[Claimed]) -> None:
+    """Add the ``runnable`` jobs of a fill's claim to the batch (``found``).
+
+    A member whose lease ran out while the batch formed (its worker was stopped, its
+    connection lost) can come back in the claim at its next attempt, or finished (dead,
+    cancelled). Its attempt in the batch is stale: no statement of it would pass the fence,
+    and it never started, so it leaves the batch with nothing to record (its lease table
+    entry is the new attempt's now), and the new attempt, if runnable, takes its place. So a
+    batch never holds one job twice, and its handler never sees a stale attempt.
+    """
+    again = {job.id for job in claimed}
+    if any(job.id in again for job in found):
+        found[:] = [job for job in found if job.id not in again]
+    found += runnable
 
 
 def _decoded(jobs: list[Claimed]) -> list[Any]:

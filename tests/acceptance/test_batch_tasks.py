@@ -149,6 +149,30 @@ def test_a_stale_member_makes_the_batch_commit_nothing(db: sa.Engine, tmp_path: 
     assert {(i, "succeeded") for i in ids} <= set(outcomes.seen)
 
 
+def test_a_job_reclaimed_while_its_batch_forms_runs_once_at_its_new_attempt(
+    db: sa.Engine,
+) -> None:
+    """A batch member whose lease runs out while the batch still fills (its worker was
+    stopped, its connection lost) is claimed again by the fill: the batch runs the new attempt
+    alone, never the stale one beside it (model checker seeds 910037, 920006)."""
+    (job_id,) = enqueue(db, "slow_fill", [{}])
+    worker = Worker(queue, db, concurrency=1, prefetch=0, poll_interval=timedelta(seconds=1))
+    with running(worker):
+        wait_for(lambda: statuses(db)[job_id] == "running", timeout=20)
+        # The leader's lease has run out, as after a stop of its worker longer than the lease.
+        with db.begin() as conn:
+            conn.execute(
+                sa.update(Job)
+                .where(Job.id == job_id)
+                .values(visible_at=sa.func.now() - timedelta(seconds=1))
+            )
+        wait_for(lambda: statuses(db)[job_id] == "succeeded", timeout=30)
+    # The batch's handler ran the job once, at the attempt the fill's claim started.
+    assert runs_of(db) == [(job_id, 2)]
+    assert rows_per_job(db) == {job_id: 1}
+    assert batch_sizes(db) == {job_id: 1}
+
+
 @pytest.mark.slow
 def test_sigkill_mid_batch_loses_nothing_and_writes_once(
     tables: sa.Engine, workers: Workers, tmp_path: Path

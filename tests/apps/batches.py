@@ -96,6 +96,13 @@ def write_rows(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
         raise RuntimeError("the batch failed")
 
 
+@queue.batch_task(max_size=50, max_wait=timedelta(seconds=5))
+def slow_fill(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
+    """One row per job, from a batch that fills for up to 5 s: a test acts while it forms."""
+    _record_runs(ctx.session.get_bind().engine, jobs)  # type: ignore[union-attr]
+    ctx.session.execute(rows.insert(), _values(jobs))
+
+
 @queue.batch_task(max_size=10, max_wait=timedelta(milliseconds=50), batch_key="tenant")
 def per_tenant(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
     """One row per job; a batch holds one tenant's jobs."""
