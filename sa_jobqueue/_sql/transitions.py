@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Select,
     Text,
     Update,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     literal,
     null,
     or_,
+    select,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -30,7 +32,7 @@ from ..models import (
 )
 from .attempt_history import appended
 from .clock import seconds
-from .dependencies import settled_here, settling
+from .dependencies import settle, settled_here, settling
 from .fence import fenced, fenced_many
 
 j = jobs_table.c
@@ -84,6 +86,41 @@ def complete_many() -> Select[Any]:
     Their dependents are settled once for the whole batch (see ``dependencies.settling``).
     """
     return settling(complete_many_update())
+
+
+@cache
+def complete_many_unless_locked() -> CompoundSelect[Any]:
+    """:func:`complete_many` that never waits for another transaction's row lock.
+
+    A claim whose snapshot still saw a job as queued, and that reached it just after another
+    worker's claim of it committed, locks the job's newest version and keeps that lock, though
+    it then skips the row, until it commits (READ COMMITTED's recheck of an updated row, for
+    ``FOR UPDATE`` and ``UPDATE`` alike). A completion that came right behind its own claim
+    would wait for that stranger's claim to end. Here each row is locked ``SKIP LOCKED`` first:
+    the rows another transaction holds are not waited for but returned with ``busy`` true (the
+    caller tries them again in a moment), the others completed as :func:`complete_many`
+    completes them (one row each, ``busy`` false). A row of the fence that is neither is
+    stale or cancelled, as for :func:`complete_many`.
+    """
+    locked = (
+        select(j.id)
+        .where(*fenced_many())
+        .with_for_update(key_share=True, skip_locked=True)  # FOR NO KEY UPDATE SKIP LOCKED
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
+    )
+    ended = complete_many_update().where(j.id.in_(select(locked.c.id))).cte("ended")
+    done = select(
+        ended.c.id,
+        literal(False).label("busy"),
+        # Read, so that each row's announcement and the dependents' settling are evaluated.
+        cast(ended.c.notified, Text).label("notified"),
+        settle(ended).label("settled"),
+    )
+    busy = select(j.id, literal(True), null(), literal(0)).where(
+        *fenced_many(), j.id.not_in(select(locked.c.id))
+    )
+    return done.union_all(busy)
 
 
 def complete_many_update() -> Update:

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 from .._deadlines import StopClock
 from .._error_text import one_line
@@ -35,8 +36,30 @@ BATCH_SIZE = 1_000
 MAX_PENDING = 10_000
 
 
-#: Completes a batch of ``(job id, attempt)`` pairs (fenced); the job ids that matched.
-Flush = Callable[[list[tuple[int, int]]], set[int]]
+#: A batch whose rows another transaction held locked is tried again this long after
+#: (seconds), with what else has arrived: such a lock is a claim's, held for the rest of its
+#: statement (see ``transitions.complete_many_unless_locked``).
+BUSY_RETRY = MAX_DELAY
+#: After this many tries that found its row locked, a completion waits for the lock.
+BUSY_TRIES = 20
+
+_Pair = tuple[int, int]  # (job id, attempt)
+
+
+class Flushed(NamedTuple):
+    """What one flush wrote: the ids it completed, and the pairs whose rows another
+    transaction held locked (neither completed nor stale: tried again in a later batch)."""
+
+    done: set[int]
+    busy: list[_Pair]
+
+
+class Flush(Protocol):
+    """Completes a batch of ``(job id, attempt)`` pairs (fenced): the job ids that matched, or
+    a :class:`Flushed`. With ``wait`` false it may pass over rows locked by another
+    transaction (``Flushed.busy``); with ``wait`` it waits for their locks."""
+
+    def __call__(self, batch: list[_Pair], *, wait: bool) -> set[int] | Flushed: ...
 
 
 class Completer:
@@ -150,41 +173,62 @@ class Completer:
 
     def _loop(self) -> None:
         closing = False
-        while not closing:
-            first = self._pending.get()
-            if first is None:
-                break
-            batch = [first]
+        busy: dict[_Pair, int] = {}  # pairs whose rows were locked: how many tries so far
+        while not closing or busy:
+            batch = list(busy)
+            if not closing:
+                closing = self._gather(batch, BUSY_RETRY if busy else None)
+            # Past BUSY_TRIES, or on the way out, a lock is waited for rather than tried again.
+            wait = closing or any(n >= BUSY_TRIES for n in busy.values())
+            still: list[_Pair] = []
             try:
-                while len(batch) < self._batch_size:
-                    # What is already waiting joins the batch; more is waited for only when
-                    # no completion in it is wanted at once.
-                    wait = not self._at_once.is_set()
-                    item = self._pending.get(block=wait, timeout=self._max_delay if wait else None)
-                    if item is None:
-                        closing = True
-                        break
-                    batch.append(item)
-            except queue.Empty:
-                pass
-            self._at_once.clear()
-            try:
-                self._flush(batch)
+                still = self._flush(batch, wait)
             except Exception as exc:  # never let the thread die: later batches must still go
                 log.error("completing %d jobs failed: %s", len(batch), exc)
             finally:
+                again = set(still)
                 with self._lock:
-                    self._in_flight -= len(batch)
+                    self._in_flight -= len(batch) - len(again)
                     for pair in batch:
-                        written = self._waiting.pop(pair, None)
+                        written = None if pair in again else self._waiting.pop(pair, None)
                         if written is not None:
                             written.set()
                 if self._on_flushed is not None:
                     self._on_flushed()
+            busy = {pair: busy.get(pair, 0) + 1 for pair in still}
 
-    def _flush(self, batch: list[tuple[int, int]]) -> None:
+    def _gather(self, batch: list[_Pair], first_within: float | None) -> bool:
+        """Add what arrives to ``batch``: the first pair waited for (for ``first_within``
+        seconds at most, or for ever), the rest as :meth:`_loop` batches them; whether
+        :meth:`close` was called."""
         try:
-            done = self._complete_retrying(batch)
+            first = self._pending.get(timeout=first_within)
+        except queue.Empty:
+            return False
+        if first is None:
+            return True
+        batch.append(first)
+        closing = False
+        try:
+            while len(batch) < self._batch_size:
+                # What is already waiting joins the batch; more is waited for only when
+                # no completion in it is wanted at once.
+                wait = not self._at_once.is_set()
+                item = self._pending.get(block=wait, timeout=self._max_delay if wait else None)
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+        except queue.Empty:
+            pass
+        self._at_once.clear()
+        return closing
+
+    def _flush(self, batch: list[_Pair], wait: bool) -> list[_Pair]:
+        """Write ``batch`` and tell the callbacks; the pairs to try again (their rows were
+        locked by another transaction)."""
+        try:
+            flushed = self._complete_retrying(batch, wait)
         except Exception as exc:  # the jobs stay running and are reclaimed after their leases
             log.error(
                 "could not record %d completions (%s); they will be retried after their"
@@ -194,20 +238,23 @@ class Completer:
             )
             if self._on_unrecorded is not None:
                 self._on_unrecorded(batch)
-            return
+            return []
+        done, busy = flushed
         if self._on_completed is not None:
             try:
                 self._on_completed([pair for pair in batch if pair[0] in done])
             except Exception as exc:  # an observer's trouble; the completions stand
                 log.error("after completing %d jobs: %s", len(done), exc)
+        again = set(busy)
         for job_id, attempt in batch:
-            if job_id not in done:
+            if job_id not in done and (job_id, attempt) not in again:
                 try:
                     self._on_not_completed(job_id, attempt)
                 except Exception as exc:  # the job stays as it is; its lease settles it
                     log.error("job %d: could not settle its completion: %s", job_id, exc)
+        return busy
 
-    def _complete_retrying(self, batch: list[tuple[int, int]]) -> set[int]:
+    def _complete_retrying(self, batch: list[_Pair], wait: bool) -> Flushed:
         """Complete the batch, trying again with backoff for up to ``retry_for`` seconds.
 
         Safe to repeat: the statement is fenced, so a try whose commit reached the server
@@ -224,9 +271,13 @@ class Completer:
             )
             self._flowing.clear()
 
+        def complete() -> Flushed:
+            flushed = self._complete(batch, wait=wait)
+            return flushed if isinstance(flushed, Flushed) else Flushed(flushed, [])
+
         try:
             return retry_with_backoff(
-                lambda: self._complete(batch),
+                complete,
                 self._retry_for,
                 self._retryable,
                 first_failure,

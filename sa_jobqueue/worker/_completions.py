@@ -31,7 +31,7 @@ from ..database import HeldConnection
 from ..errors import PayloadError
 from ..tasks import Task
 from ._claimed import Claimed
-from ._completer import Completer
+from ._completer import Completer, Flushed
 from ._reports import Reports
 from ._retries import RECORD_RETRY
 from ._sessions import HandlerSession, deadline
@@ -86,6 +86,19 @@ class HeldResults:
     def take(self, job_id: int, attempt: int) -> str | None:
         """The attempt's result, if it has one; forgotten here."""
         return self._held.pop((job_id, attempt), None) if self._held else None
+
+    def of_many(self, batch: Iterable[_Key]) -> str:
+        """:meth:`take_many`, keeping the results here (see :meth:`forget_many`)."""
+        if not self._held:
+            return "{}"
+        found = ((job_id, self._held.get((job_id, attempt))) for job_id, attempt in batch)
+        return "{" + ",".join(f'"{job_id}":{text}' for job_id, text in found if text) + "}"
+
+    def forget_many(self, batch: Iterable[_Key]) -> None:
+        """Forget the results of ``batch``'s attempts."""
+        if self._held:
+            for key in batch:
+                self._held.pop(key, None)
 
     def take_many(self, batch: Iterable[_Key]) -> str:
         """The batch's results as one JSON object from job id to result (``{}``: none)."""
@@ -208,29 +221,43 @@ class Completions:
     def _result(self, job: Claimed) -> str | None:
         return self.results.take(job.id, job.attempts)
 
-    def _complete_batch(self, batch: list[_Key]) -> set[int]:
+    def _complete_batch(self, batch: list[_Key], *, wait: bool) -> set[int] | Flushed:
         """Complete a batch of attempts that wrote nothing (on the completer's thread).
 
         When some of them hold slots of a limited queue, the statement also claims as many of
-        that queue's jobs (the one with the most, if several), within its limits.
+        that queue's jobs (the one with the most, if several), within its limits. Otherwise,
+        unless ``wait``, rows that another transaction holds locked are not waited for: they
+        come back busy, to be tried again (see ``transitions.complete_many_unless_locked``).
         """
         freed: Counter[str] = Counter()
         if self._slots:  # only jobs of limited queues are noted there
             with self._slots_lock:
                 freed.update(q for q in map(self._slots.pop, batch, repeat(None)) if q is not None)
-        results = self.results.take_many(batch)
         if freed and self._handoff is not None:
+            results = self.results.take_many(batch)
             queue, n = freed.most_common(1)[0]
             try:
                 return self._handoff.complete(self._batch_conn, batch, results, queue, n)
             except SQLAlchemyError as exc:  # completed below, without the claim
                 log.warning("completing and claiming in one failed: %s", one_line(exc))
+            wait = True  # its results are taken: no try may leave any for later
+        else:
+            results = self.results.of_many(batch)
+        statement = (
+            transitions.complete_many() if wait else transitions.complete_many_unless_locked()
+        )
         rows = self._batch_conn.rows(
-            transitions.complete_many(),
+            statement,
             {**held_many(batch), "results": results},
             # A connection lost on the way (a silent network cut at its deadline) most likely
             # never delivered the statement: try once more on a fresh one rather than leave
             # the jobs to run again after their leases.
             again=True,
         )
-        return {row.id for row in rows}
+        if wait:
+            self.results.forget_many(batch)
+            return {row.id for row in rows}
+        busy = {row.id for row in rows if row.busy}
+        again = [pair for pair in batch if pair[0] in busy]
+        self.results.forget_many(pair for pair in batch if pair[0] not in busy)
+        return Flushed({row.id for row in rows if not row.busy}, again)

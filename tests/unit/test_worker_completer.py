@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from sa_jobqueue._deadlines import StopClock
-from sa_jobqueue.worker._completer import Completer
+from sa_jobqueue.worker._completer import BUSY_TRIES, Completer, Flushed
 
 Pair = tuple[int, int]
 
@@ -23,7 +24,7 @@ class Recording:
         self.gate = threading.Event()
         self.gate.set()
 
-    def flush(self, batch: list[Pair]) -> set[int]:
+    def flush(self, batch: list[Pair], *, wait: bool = False) -> set[int]:
         assert self.gate.wait(10)
         self.batches.append(list(batch))
         if self.fail:
@@ -81,7 +82,7 @@ def test_a_callback_that_raises_does_not_stop_the_others() -> None:
         raise RuntimeError("an observer's trouble")
 
     completer = Completer(
-        lambda batch: {1}, lambda j, a: not_completed.append((j, a)), complain, max_delay=10.0
+        lambda batch, wait: {1}, lambda j, a: not_completed.append((j, a)), complain, max_delay=10.0
     )
     completer.add(1, 1)
     completer.add(2, 1)
@@ -96,7 +97,7 @@ class FailingFor(Recording):
         super().__init__()
         self.tries = [(threading.Event(), threading.Event()) for _ in range(failures)]
 
-    def flush(self, batch: list[Pair]) -> set[int]:
+    def flush(self, batch: list[Pair], *, wait: bool = False) -> set[int]:
         if self.tries:
             started, go_on = self.tries.pop(0)
             started.set()
@@ -203,7 +204,7 @@ def test_try_add_refuses_once_max_pending_completions_wait(
     go_on = threading.Event()
     flushed: list[list[Pair]] = []
 
-    def flush(batch: list[Pair]) -> set[int]:
+    def flush(batch: list[Pair], *, wait: bool = False) -> set[int]:
         flushing.set()
         assert go_on.wait(10)
         flushed.append(list(batch))
@@ -218,3 +219,34 @@ def test_try_add_refuses_once_max_pending_completions_wait(
     go_on.set()
     completer.close()
     assert sorted(pair for batch in flushed for pair in batch) == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_a_completion_whose_row_is_locked_is_tried_again_not_settled_nor_waited_for() -> None:
+    """A row another transaction holds locked comes back busy: neither completed nor stale,
+    it is tried again in a later batch; a completion found busy BUSY_TRIES times then waits."""
+    tries: list[tuple[list[Pair], bool]] = []
+    completed: list[Pair] = []
+    not_completed: list[Pair] = []
+    locked_for = {2: 3, 3: BUSY_TRIES + 5}  # job 3's lock outlasts the tries
+
+    def flush(batch: list[Pair], *, wait: bool) -> Flushed:
+        tries.append((list(batch), wait))
+        busy = [p for p in batch if not wait and locked_for.get(p[0], 0) > 0]
+        for job_id, _ in busy:
+            locked_for[job_id] -= 1
+        return Flushed({j for j, _ in batch if (j, 1) not in busy}, busy)
+
+    completer = Completer(flush, lambda *pair: not_completed.append(pair), completed.extend)
+    for job_id in (1, 2, 3):
+        completer.add(job_id, 1)
+    # The busy pairs are tried again on their own, with no new completion to carry them.
+    deadline = time.monotonic() + 10
+    while len(completed) < 3:
+        assert time.monotonic() < deadline, tries
+        time.sleep(0.005)
+    assert completer.close() == 0
+    assert sorted(completed) == [(1, 1), (2, 1), (3, 1)]
+    assert not_completed == []
+    waits = [wait for batch, wait in tries if (3, 1) in batch]
+    assert waits == [False] * BUSY_TRIES + [True]  # then it waited for the lock
+    assert sum((2, 1) in batch for batch, _ in tries) == 4

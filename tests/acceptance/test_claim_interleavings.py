@@ -1,0 +1,121 @@
+"""Interleavings of claims and completions, forced one statement at a time on real connections.
+
+The wait found at scale: a claim whose snapshot still saw a job queued reaches it just after
+another worker's claim of it committed; READ COMMITTED then locks the job's newest version
+(``running``, the other worker's), finds it no longer due and skips it, but keeps the lock
+until the claim's transaction ends. The other worker's completion of that job, a moment
+later, came to wait on a stranger's claim. The limited claim makes the interleaving easy to
+force: it locks its queue's settings row after its snapshot is taken, so a test that holds
+that row makes the claim wait between its snapshot and its scan of the jobs.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from sa_jobqueue import JobQueue
+from sa_jobqueue._sql import claim_limits, transitions
+from sa_jobqueue._sql.fence import held_many
+from sa_jobqueue.models import Job, QueueSettings
+from tests.helpers.waiting import wait_for
+
+queue = JobQueue()
+
+
+@queue.task(queue="capped")
+def noop(ctx: object, payload: object) -> None:
+    pass
+
+
+def _claim_by_another_worker(engine: sa.Engine, job_id: int) -> int:
+    """What a worker's claim does to a job, committed: running, its attempt counted."""
+    with engine.begin() as conn:
+        return conn.execute(
+            sa.update(Job)
+            .where(Job.id == job_id)
+            .values(
+                status="running",
+                attempts=Job.attempts + 1,
+                worker="other",
+                started_at=sa.func.now(),
+                visible_at=sa.func.now() + timedelta(seconds=30),
+            )
+            .returning(Job.attempts)
+        ).scalar_one()
+
+
+def _waiting_for_lock(engine: sa.Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p"),
+                {"p": pid},
+            ).scalar()
+        )
+
+
+def test_a_claim_that_skips_a_job_another_claim_took_never_makes_its_completion_wait(
+    db: sa.Engine,
+) -> None:
+    with Session(db) as session, session.begin():
+        (job_id,) = queue.enqueue_many(session, "noop", [{}])
+        session.add(QueueSettings(queue="capped", concurrency=10))
+
+    with db.connect() as holder, db.connect() as claimer:
+        # 1. The queue's row held, the limited claim starts: its snapshot sees the job queued.
+        holder.begin()
+        holder.execute(sa.select(QueueSettings).with_for_update())
+        # (Its transaction, begun here, stays open until the test commits it.)
+        claimer_pid = claimer.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        claimed: list[list[sa.Row[object]]] = []
+        claiming = threading.Thread(
+            target=lambda: claimed.append(
+                list(
+                    claimer.execute(
+                        claim_limits.claim_limited(keyed=False),
+                        {"from_queue": "capped", "limit": 10, "worker": "stranger"},
+                    )
+                )
+            )
+        )
+        claiming.start()
+        wait_for(lambda: _waiting_for_lock(db, claimer_pid), timeout=10)
+        # 2. Meanwhile another worker claims the job, and commits.
+        attempt = _claim_by_another_worker(db, job_id)
+        # 3. The claim goes on: it reaches the job, finds it taken, skips it.
+        holder.rollback()
+        claiming.join(10)
+        assert [row.id for row in claimed[0] if row.id is not None] == []
+        # ... and holds a lock on it until its transaction ends (the cause).
+        with db.connect() as probe:
+            probe.execute(sa.text("SET lock_timeout = '100ms'"))
+            with pytest.raises(OperationalError, match="lock"):
+                probe.execute(sa.select(Job.id).where(Job.id == job_id).with_for_update())
+
+        # 4. The plain batched completion waits for it (what the worker sent before) ...
+        fence = {**held_many([(job_id, attempt)]), "results": "{}"}
+        with db.connect() as completer:
+            completer.execute(sa.text("SET lock_timeout = '100ms'"))
+            with pytest.raises(OperationalError, match="lock"):
+                completer.execute(transitions.complete_many(), fence)
+        # ... the worker's does not: the job comes back busy, to be tried again.
+        with db.connect() as completer:
+            completer.execute(sa.text("SET lock_timeout = '2s'"))
+            rows = completer.execute(transitions.complete_many_unless_locked(), fence).all()
+            completer.commit()
+        assert [(row.id, row.busy) for row in rows] == [(job_id, True)]
+
+        # 5. Once the stranger's claim ends, the completion goes through.
+        claimer.commit()
+    with db.connect() as completer:
+        rows = completer.execute(transitions.complete_many_unless_locked(), fence).all()
+        completer.commit()
+    assert [(row.id, row.busy) for row in rows] == [(job_id, False)]
+    with Session(db) as session:
+        assert session.get_one(Job, job_id).status == "succeeded"
