@@ -77,7 +77,12 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     # but calls its handler once per job; procrastinate and Chancy document none either. The
     # reference loop's write drain is one already (a claimed batch, one INSERT, one commit).
     "batch-write": ("sa_jobqueue", "reference"),
+    # More worker processes against one server: the no-op, writing and batch-writing drains
+    # at each count of --scale-procs, with the backends' sampled wait events.
+    "scale": ("sa_jobqueue", "pgqueuer_b100", "reference"),
 }
+#: What the scale scenario drains, in its order.
+SCALE_KINDS = ("noop", "write", "batch_write")
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
 #: The async scenario's pairs: (measure, sync kind, async kind), each the same handler.
 ASYNC_PAIRS = (
@@ -114,6 +119,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="worker processes of the no-op drains (default 1,2,4)")  # fmt: skip
     p.add_argument("--write-procs", type=_procs, default=[2],
                    help="worker processes of the writing drains (default 2)")  # fmt: skip
+    p.add_argument("--scale-procs", type=_procs, default=[1, 2, 4, 8, 16],
+                   help="worker processes of the scale scenario's drains (default"
+                   " 1,2,4,8,16)")  # fmt: skip
+    p.add_argument("--scale-drain", type=int,
+                   help="jobs per drain of the scale scenario (default 20000)")  # fmt: skip
     p.add_argument("--procs", type=int, default=2, help="worker processes in the history,"
                    " pinned and backlog drains (default 2)")  # fmt: skip
     p.add_argument("--latency-jobs", type=int, help="jobs in the latency run (default 200)")
@@ -145,6 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "single": 500 if quick else 2_000,
         "bulk": 5_000 if quick else 20_000,
         "drain": 5_000 if quick else 20_000,
+        "scale_drain": 5_000 if quick else 20_000,
         "latency_jobs": 40 if quick else 200,
         "history": 200_000 if quick else 1_000_000,
         "history_drain": 5_000 if quick else 40_000,
@@ -495,6 +506,27 @@ def scenario_async(run: Run, row: Row, dsn: str) -> None:
         system.concurrency = usual  # type: ignore[attr-defined]
 
 
+def scenario_scale(run: Run, row: Row, dsn: str) -> None:
+    # One run per cell: five process counts of three drains are the scenario's cost, and the
+    # rate's trend over the counts, not one cell's noise, is what it shows.
+    for kind in SCALE_KINDS:
+        if kind == "batch_write" and row.system.key not in SCENARIO_SYSTEMS["batch-write"]:
+            continue  # no batch handlers (PgQueuer's write drain is its line)
+        for procs in run.args.scale_procs:
+            result = harness.drain(
+                row.system,
+                dsn,
+                run.args.scale_drain,
+                kind=kind,
+                procs=procs,
+                cap=run.args.max_drain_seconds,
+                sample_waits=True,
+            )
+            run.record_drain(row, f"{kind} {procs}p", result)
+            if result.error is not None:
+                return
+
+
 SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "enqueue": scenario_enqueue,
     "bulk": scenario_bulk,
@@ -506,6 +538,7 @@ SCENARIO_BODIES: dict[str, Callable[[Run, Row, str], None]] = {
     "backlog": scenario_backlog,
     "async": scenario_async,
     "batch-write": scenario_batch_write,
+    "scale": scenario_scale,
 }
 
 
@@ -524,6 +557,7 @@ def describe_sizes(args: argparse.Namespace) -> dict[str, str]:
         "backlog": f"({args.backlog_drain:,} jobs out of each larger backlog, {args.procs}"
         " processes, one run each; a smaller one drained whole, median of up to 5)",
         "async": f"({args.drain:,} jobs, 1 process, --concurrency {args.async_concurrency}, {r})",
+        "scale": f"({args.scale_drain:,} jobs a drain, one run each)",
     }
 
 

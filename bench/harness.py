@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from bench import cpu
+from bench import cpu, waits
 from bench.adapters.base import WRITING, Kind, System
 from bench.record import RECORD_DIR_ENV, Records, Tail
 
@@ -202,6 +202,8 @@ class Drain:
     db_backends: int = 0
     vanished_backends: int = 0
     ready: str = ""  # how the workers were found ready before the window
+    #: The backends' sampled wait events over the window (``bench.waits``), when asked for.
+    waits: dict[str, Any] | None = None
     error: str | None = None
 
     @property
@@ -282,6 +284,7 @@ def drain(
     pin_snapshot: bool = False,
     reset: bool = True,
     stop_after: int | None = None,
+    sample_waits: bool = False,
 ) -> Drain:
     """Start ``procs`` workers, let them warm up, then time them over ``jobs`` fresh jobs.
 
@@ -299,6 +302,9 @@ def drain(
     ``stop_after`` (backlog) ends the window once that many of the ``jobs`` have started: the
     workers are stopped (SIGSTOP) there, CPU is read, and the jobs finished by then count; the
     rest of the backlog stays queued. The database is not polled during such a window.
+
+    ``sample_waits`` samples the backends' wait events over the window (``bench.waits``),
+    on a connection whose backend's CPU is not counted.
     """
     result = Drain(jobs, procs)
     keys = range(jobs)
@@ -314,10 +320,15 @@ def drain(
         tempfile.TemporaryDirectory(prefix="bench-") as tmp,
         psycopg.connect(dsn, autocommit=True) as watch,
         psycopg.connect(dsn) as pinner,
+        contextlib.ExitStack() as sampling,
     ):
         record_dir = Path(tmp)
         tail = Tail(record_dir, warmup)
         own = [watch.info.backend_pid, pinner.info.backend_pid]
+        sampler = waits.WaitSampler(dsn) if sample_waits else None
+        if sampler is not None:
+            own.append(sampler.pid)
+            sampling.callback(sampler.close)
         workers = Workers(system, dsn, kind, procs, record_dir)
         try:
             system.enqueue_bulk(dsn, warmup, kind)
@@ -341,6 +352,8 @@ def drain(
             db_before = cpu.snapshot(backends or [])
             poll_before = cpu.snapshot([watch.info.backend_pid])
             resumed = time.time()
+            if sampler is not None:
+                sampler.start()
             workers.resume()
             first: float | None = None
             while True:
@@ -365,6 +378,9 @@ def drain(
                 if done_at - (first or resumed) > cap + (0 if first else STARTUP_ALLOWANCE):
                     break
             after = cpu.tree_snapshot(workers.pids)
+            if sampler is not None:
+                sampler.close()
+                result.waits = sampler.as_dict()
             result.worker_cpu_seconds = cpu.cpu_seconds(before, after).seconds
             if backends is not None:
                 # Connections opened during the window count whole.

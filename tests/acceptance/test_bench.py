@@ -28,7 +28,7 @@ ROOT = REPO_ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # some twenty drains, each paying worker start-up and stop
+@pytest.mark.timeout(500)  # some thirty drains, each paying worker start-up and stop
 def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": url_string(server_url)}
     # Every drain pays about a second and a half of worker start-up, warm-up and stop, which
@@ -41,6 +41,7 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
          "--single", "20", "--bulk", "200", "--drain", "300", "--latency-jobs", "5",
          "--latency-rate", "50", "--history", "2000", "--history-drain", "300",
          "--pinned", "500", "--backlog", "500,3000", "--backlog-drain", "1000",
+         "--scale-procs", "1,2", "--scale-drain", "300",
          "--max-drain-seconds", "30", "--results-dir", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -50,7 +51,7 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
     scenarios = document["scenarios"]
     assert set(scenarios) == {
         "enqueue", "bulk", "drain", "write", "latency", "history", "pinned", "backlog",
-        "batch-write", "async",
+        "batch-write", "async", "scale",
     }  # fmt: skip
     for rows in scenarios.values():
         for row in rows:
@@ -81,6 +82,14 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
         assert large["measure"] == "3k", large
         assert large["finished"] <= 1_500, large
         assert large["db_cpu_seconds"] is not None, large
+    # The scale scenario: each drain at each count, with the backends' waits sampled.
+    for row in scenarios["scale"]:
+        runs = row["runs"]
+        assert [r["measure"] for r in runs] == [
+            f"{kind} {p}p" for kind in ("noop", "write", "batch_write") for p in (1, 2)
+        ]
+        assert all(r["waits"]["samples"] > 0 for r in runs), runs
+    assert "Sampled backends" in report.render_scenario("scale", document)
     drains = {row["system"]: row for row in scenarios["drain"]}
     assert {r["measure"] for r in drains["sa_jobqueue"]["runs"]} == {"1p", "2p"}
     assert drains["sa_jobqueue"]["ratios"]["2p"]["vs_reference"] > 0
