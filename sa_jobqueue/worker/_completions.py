@@ -257,7 +257,8 @@ class Completions:
         if wait:
             self.results.forget_many(batch)
             return {row.id for row in rows}
-        busy = {row.id for row in rows if row.busy}
-        again = [pair for pair in batch if pair[0] in busy]
-        self.results.forget_many(pair for pair in batch if pair[0] not in busy)
-        return Flushed({row.id for row in rows if not row.busy}, again)
+        (row,) = rows
+        locked = set(row.locked)
+        again = [pair for pair in batch if pair[0] not in locked]
+        self.results.forget_many(pair for pair in batch if pair[0] in locked)
+        return Flushed(set(row.done), again)
