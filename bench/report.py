@@ -75,7 +75,8 @@ FOOTNOTES = {
     " acknowledgement, its handler still takes one job; procrastinate and Chancy document none.",
     "scale": "noop: no-op handlers; write: one row per job (as scenario 4); batch_write: one"
     " multi-row INSERT per batch where the system has batch handlers (sa_jobqueue's batch task"
-    " of max_size 500, the reference loop's 100), not run for PgQueuer, whose handlers take one job (its write line is its best). 'PG"
+    " of max_size 500, the reference loop's 100), not run for PgQueuer, whose handlers take"
+    " one job (its write line is its best). 'PG"
     " us/job' at each count against the smallest shows what the server pays for more"
     " processes. Below the table: the backends' wait events, sampled from pg_stat_activity"
     " every 20 ms (average backends per sample), with the statement that held the lock of"

@@ -19,13 +19,17 @@ import psycopg
 
 #: Seconds between samples.
 INTERVAL = 0.02
+#: Blockers are asked for in one sample of this many: ``pg_blocking_pids()`` takes every
+#: partition lock of the lock manager, and asked of every waiting backend every 20 ms it
+#: made the lock manager a wait of its own (``LWLock:LockManager``).
+BLOCKERS_EVERY = 10
 
 #: The active client backends of this database but the sampler's own, with what blocks each
 #: backend that waits on a heavyweight lock (pg_blocking_pids takes the lock manager's locks:
 #: asked only of those).
 SAMPLE = """
 SELECT a.query, a.wait_event_type, a.wait_event,
-       CASE WHEN a.wait_event_type = 'Lock' THEN
+       CASE WHEN a.wait_event_type = 'Lock' AND %(blockers)s THEN
            (SELECT b.query FROM pg_stat_activity b
             WHERE b.pid = (pg_blocking_pids(a.pid))[1])
        END
@@ -49,6 +53,7 @@ class WaitSampler:
         self._conn = psycopg.connect(dsn, autocommit=True)
         self.pid = self._conn.info.backend_pid
         self.samples = 0
+        self.blocker_samples = 0  # the samples that asked for blockers
         self.states: Counter[tuple[str, str]] = Counter()
         self.blockers: Counter[tuple[str, str]] = Counter()
         self._stop = threading.Event()
@@ -66,29 +71,31 @@ class WaitSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL):
+            blockers = self.samples % BLOCKERS_EVERY == 0
             try:
-                rows = self._conn.execute(SAMPLE).fetchall()
+                rows = self._conn.execute(SAMPLE, {"blockers": blockers}).fetchall()
             except psycopg.Error:
                 return
             self.samples += 1
+            self.blocker_samples += blockers
             for query, kind, event, blocker in rows:
                 statement = label(query)
                 self.states[(statement, "CPU" if kind is None else f"{kind}:{event}")] += 1
-                if kind == "Lock":
+                if kind == "Lock" and blockers:
                     held = label(blocker) if blocker else "(ended before it was read)"
                     self.blockers[(statement, held)] += 1
 
     def as_dict(self) -> dict[str, Any]:
         """Average backends per sample in each (statement, state), and each (waiting
         statement, blocking statement), the largest first."""
-        n = max(self.samples, 1)
 
-        def averaged(counts: Counter[tuple[str, str]]) -> list[list[Any]]:
-            return [[a, b, round(c / n, 3)] for (a, b), c in counts.most_common()]
+        def averaged(counts: Counter[tuple[str, str]], n: int) -> list[list[Any]]:
+            return [[a, b, round(c / max(n, 1), 3)] for (a, b), c in counts.most_common()]
 
         return {
             "samples": self.samples,
             "interval": INTERVAL,
-            "states": averaged(self.states),
-            "blocked_by": averaged(self.blockers),
+            "blocker_samples": self.blocker_samples,
+            "states": averaged(self.states, self.samples),
+            "blocked_by": averaged(self.blockers, self.blocker_samples),
         }
