@@ -5,6 +5,10 @@ worker need not spend a commit (an fsync) on each such job. Its ``(job id, attem
 to a :class:`Completer`, which marks many jobs succeeded in one statement, flushed when
 ``batch_size`` pairs have gathered or ``max_delay`` after the first one arrived.
 
+A row another transaction holds locked is not waited for (see :data:`BUSY_RETRY`): its
+completion goes out again with the next batch, and waits for the lock only after
+:data:`BUSY_TRIES` tries, or when the completer closes.
+
 What this does not change: the fence (an attempt that lost its lease matches no row and is not
 completed) and at-least-once execution (a worker that dies between a handler's return and the
 flush leaves the job running; it is reclaimed when its lease expires and runs again, and is
