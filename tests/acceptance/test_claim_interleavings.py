@@ -13,24 +13,40 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from sa_jobqueue import JobQueue
+from sa_jobqueue import JobContext, JobQueue, Worker
 from sa_jobqueue._sql import claim_limits, transitions
 from sa_jobqueue._sql.fence import held_many
 from sa_jobqueue.models import Job, QueueSettings
-from tests.helpers.waiting import wait_for
+from tests.helpers.observers import Outcomes
+from tests.helpers.waiting import running, wait_for
 
 queue = JobQueue()
+#: Set by the test: the ``held`` task's handler returns once it is.
+release = threading.Event()
 
 
 @queue.task(queue="capped")
 def noop(ctx: object, payload: object) -> None:
     pass
+
+
+@queue.task(queue="plain")
+def held(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """Returns at once, or, with ``{"hold": true}``, once the test sets ``release``."""
+    if payload.get("hold"):
+        assert release.wait(30)
+
+
+def _statuses(engine: sa.Engine) -> dict[int, str]:
+    with Session(engine) as session:
+        return {job.id: job.status for job in session.scalars(sa.select(Job))}
 
 
 def _claim_by_another_worker(engine: sa.Engine, job_id: int) -> int:
@@ -119,3 +135,27 @@ def test_a_claim_that_skips_a_job_another_claim_took_never_makes_its_completion_
     assert (row.done, row.locked) == ([job_id], [job_id])
     with Session(db) as session:
         assert session.get_one(Job, job_id).status == "succeeded"
+
+
+def test_a_worker_completes_around_a_row_another_transaction_holds(db: sa.Engine) -> None:
+    """The worker's batched completion of a job whose row another transaction holds locked
+    (a claim that skipped it, here a test's ``FOR UPDATE``) waits for nothing: the jobs after
+    it succeed meanwhile, and it succeeds, reported once, as soon as the lock is gone."""
+    release.clear()
+    with Session(db) as session, session.begin():
+        (blocked,) = queue.enqueue_many(session, "held", [{"hold": True}])
+    outcomes = Outcomes()
+    worker = Worker(queue, db, queues=["plain"], concurrency=4, observers=[outcomes])
+    with running(worker), db.connect() as holder:
+        wait_for(lambda: _statuses(db)[blocked] == "running", timeout=20)
+        # Its handler is still running: lock its row, then let the handler return.
+        holder.execute(sa.select(Job.id).where(Job.id == blocked).with_for_update())
+        release.set()
+        with Session(db) as session, session.begin():
+            later = queue.enqueue_many(session, "held", [{} for _ in range(5)])
+        wait_for(lambda: all(_statuses(db)[i] == "succeeded" for i in later), timeout=20)
+        assert _statuses(db)[blocked] == "running"  # its completion is tried again meanwhile
+        holder.rollback()
+        wait_for(lambda: _statuses(db)[blocked] == "succeeded", timeout=20)
+    assert outcomes.seen.count((blocked, "succeeded")) == 1
+    assert not [seen for seen in outcomes.seen if seen[0] == blocked and seen[1] != "succeeded"]
