@@ -8,6 +8,7 @@ committed once, never, or twice.
 from __future__ import annotations
 
 import signal
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import BatchContext, BatchJob, JobQueue, Worker
+from sa_jobqueue.database import HeldConnection
 from sa_jobqueue.middleware import Middleware
 from sa_jobqueue.models import Job
 from sa_jobqueue.testing import drain
@@ -171,6 +173,41 @@ def test_a_job_reclaimed_while_its_batch_forms_runs_once_at_its_new_attempt(
     assert runs_of(db) == [(job_id, 2)]
     assert rows_per_job(db) == {job_id: 1}
     assert batch_sizes(db) == {job_id: 1}
+
+
+def test_a_workers_threads_fill_their_batches_one_claim_at_a_time(
+    db: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every thread that takes a job of a batch task leads a batch and fills it; the fill
+    claims of one process take turns, so they do not collide at the head of the queue."""
+    in_flight = 0
+    most = 0
+    counting = threading.Lock()
+    overlapped = threading.Event()
+    real = HeldConnection.rows
+
+    def rows(self: HeldConnection, statement: Any, params: dict[str, Any], **kw: Any) -> Any:
+        nonlocal in_flight, most
+        if "batch_task" not in params:  # not a fill
+            return real(self, statement, params, **kw)
+        with counting:
+            in_flight += 1
+            most = max(most, in_flight)
+            if in_flight > 1:
+                overlapped.set()
+        try:
+            overlapped.wait(0.05)  # room for another thread's fill to overlap this one
+            return real(self, statement, params, **kw)
+        finally:
+            with counting:
+                in_flight -= 1
+
+    monkeypatch.setattr(HeldConnection, "rows", rows)
+    ids = enqueue(db, "per_tenant", [{"tenant": f"t{i % 20}"} for i in range(200)])
+    Worker(queue, db, concurrency=8).run(burst=True)
+    assert statuses(db) == dict.fromkeys(ids, "succeeded")
+    assert rows_per_job(db) == dict.fromkeys(ids, 1)
+    assert most == 1
 
 
 @pytest.mark.slow
