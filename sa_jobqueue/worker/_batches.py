@@ -4,8 +4,9 @@ A job thread that takes a job of a batch task (the leader) claims more of the ta
 (:meth:`Batches._fill`, with ``claim_limits.claim_limited(batch=True)``: the rules of the
 queue's claim, restricted to the batch; one such claim at a time in a process), registers
 each in the lease table (renewed, counted in the lane) and commits that claim before the
-handler runs, so every member's attempt is counted even if the process dies next. It fills again, on a short poll, until the batch is
-full or ``max_wait`` has passed since it started (a burst does not wait: it runs what is due).
+handler runs, so every member's attempt is counted even if the process dies next. It fills
+again, on a short poll, until the batch is full or ``max_wait`` has passed since it started (a
+burst does not wait: it runs what is due).
 
 Settling: the jobs the handler did not mark are completed in one fenced statement in the
 batch's own transaction, which then commits with what the handler wrote; if that statement
