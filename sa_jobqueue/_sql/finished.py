@@ -89,7 +89,19 @@ def requeue_dead_batch(
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    stmt = update(jobs_table).where(j.id == picked.c.id)
+    # Two dead jobs of one task with one unique key (each died holding it, in turn) are
+    # both free by the check in _requeued, which sees neither live: the batch requeues the
+    # lower id alone and leaves the other dead, as if the first were live already. Requeued
+    # together, the second broke the unique index and aborted the caller's transaction.
+    twin = jobs_table.alias("twin")
+    others = picked.alias("others")
+    twin_picked = exists().where(
+        twin.c.id.in_(select(others.c.id)),
+        twin.c.id < j.id,
+        twin.c.task == j.task,
+        twin.c.unique_key == j.unique_key,
+    )
+    stmt = update(jobs_table).where(j.id == picked.c.id, ~twin_picked)
     requeued = _requeued(stmt, reset).returning(j.id, j.queue).cte("requeued")
     return (
         select(picked.c.id, requeued.c.queue)

@@ -71,6 +71,24 @@ def test_a_batch_left_dead_by_unique_keys_does_not_stop_the_walk(conn: sa.Connec
     assert row(conn, free).status == "queued"
 
 
+def test_of_two_dead_jobs_with_one_unique_key_the_lower_id_is_requeued(
+    conn: sa.Connection,
+) -> None:
+    """Each died holding the key in turn, so neither sees a live holder: requeued together,
+    the second broke the unique index and aborted the caller's transaction (model checker
+    seed 940113). The lower id is requeued, the other stays dead; a later batch finds it held."""
+    first, second = (add_dead(conn, queue="rq-twins", unique_key="twin") for _ in range(2))
+    other = add_dead(conn, queue="rq-twins", unique_key="single")
+
+    done = requeue_dead_jobs(conn, queue="rq-twins")
+
+    assert (done.requeued, done.kept) == (2, 1)
+    assert [row(conn, i).status for i in (first, second, other)] == ["queued", "dead", "queued"]
+    again = requeue_dead_jobs(conn, queue="rq-twins")
+    assert (again.requeued, again.kept) == (0, 1)
+    assert row(conn, second).status == "dead"
+
+
 def test_extend_raises_max_attempts_as_requeue_job_does(conn: sa.Connection) -> None:
     job_id = add_dead(conn, queue="rq-extend", attempts=3, max_attempts=3)
     done = requeue_dead_jobs(conn, queue="rq-extend")
