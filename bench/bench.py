@@ -81,8 +81,6 @@ SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     # at each count of --scale-procs, with the backends' sampled wait events.
     "scale": ("sa_jobqueue", "pgqueuer_b100", "reference"),
 }
-#: What the scale scenario drains, in its order.
-SCALE_KINDS = ("noop", "write", "batch_write")
 SCENARIOS = tuple(SCENARIO_SYSTEMS)
 #: The async scenario's pairs: (measure, sync kind, async kind), each the same handler.
 ASYNC_PAIRS = (
@@ -509,7 +507,7 @@ def scenario_async(run: Run, row: Row, dsn: str) -> None:
 def scenario_scale(run: Run, row: Row, dsn: str) -> None:
     # One run per cell: five process counts of three drains are the scenario's cost, and the
     # rate's trend over the counts, not one cell's noise, is what it shows.
-    for kind in SCALE_KINDS:
+    for kind in report.SCALE_KINDS:
         if kind == "batch_write" and row.system.key not in SCENARIO_SYSTEMS["batch-write"]:
             continue  # no batch handlers (PgQueuer's write drain is its line)
         for procs in run.args.scale_procs:

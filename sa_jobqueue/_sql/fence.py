@@ -71,11 +71,13 @@ def held_many(pairs: Iterable[tuple[int, int]]) -> dict[str, list[int]]:
     return {"job_ids": job_ids, "attempt_list": attempts}
 
 
-def fenced_many() -> tuple[ColumnElement[bool], ...]:
+def fenced_many(rows: ColumnElement[bool] | None = None) -> tuple[ColumnElement[bool], ...]:
     """The fence of :func:`fenced` for many attempts at once, row by row.
 
     ``:job_ids`` and ``:attempt_list`` are parallel arrays (each id once). The rows are found
     by ``id = ANY(:job_ids)`` through the primary key, and no join is left for the planner to
-    get wrong (see :func:`held_attempt`).
+    get wrong (see :func:`held_attempt`); or by ``rows``, a condition that finds a subset of
+    them (a second ``= ANY`` on the key beside the first would make the index scan step
+    through both arrays).
     """
-    return (held_ids(), j.status == RUNNING, j.attempts == held_attempt())
+    return (held_ids() if rows is None else rows, j.status == RUNNING, j.attempts == held_attempt())

@@ -124,13 +124,11 @@ def complete_many_unless_locked() -> Select[Any]:
 
 def complete_many_update(rows: ColumnElement[bool] | None = None) -> Update:
     """:func:`complete_many`'s UPDATE alone (RETURNING ``id``, ``status``, ``notified``), for a
-    statement that settles the dependents itself. ``rows`` finds the rows instead of
-    ``id = ANY (:job_ids)`` (a second ``= ANY`` on the key would make the index scan step
-    through both arrays); the rest of the fence applies as ever."""
-    fence = fenced_many() if rows is None else (rows, *fenced_many()[1:])
+    statement that settles the dependents itself; ``rows`` as :func:`.fence.fenced_many`
+    takes it."""
     return (
         update(jobs_table)
-        .where(*fence, j.cancel_requested.is_(False))
+        .where(*fenced_many(rows), j.cancel_requested.is_(False))
         .values(
             status=SUCCEEDED,
             finished_at=func.statement_timestamp(),

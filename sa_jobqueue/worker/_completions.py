@@ -88,7 +88,8 @@ class HeldResults:
         return self._held.pop((job_id, attempt), None) if self._held else None
 
     def of_many(self, batch: Iterable[_Key]) -> str:
-        """:meth:`take_many`, keeping the results here (see :meth:`forget_many`)."""
+        """The batch's results as one JSON object from job id to result (``{}``: none), kept
+        here (see :meth:`forget_many`)."""
         if not self._held:
             return "{}"
         found = ((job_id, self._held.get((job_id, attempt))) for job_id, attempt in batch)
@@ -101,11 +102,14 @@ class HeldResults:
                 self._held.pop(key, None)
 
     def take_many(self, batch: Iterable[_Key]) -> str:
-        """The batch's results as one JSON object from job id to result (``{}``: none)."""
+        """The batch's results as one JSON object from job id to result (``{}``: none);
+        forgotten here."""
         if not self._held:
             return "{}"
-        found = ((job_id, self._held.pop((job_id, attempt), None)) for job_id, attempt in batch)
-        return "{" + ",".join(f'"{job_id}":{text}' for job_id, text in found if text) + "}"
+        pairs = list(batch)
+        text = self.of_many(pairs)
+        self.forget_many(pairs)
+        return text
 
 
 class Completions:
