@@ -319,6 +319,28 @@ def render_waits(rows: list[dict[str, Any]], labels: dict[str, str], top: int = 
                 out.append(f"     {n:6.2f}  {state:<28} {statement}")
             for statement, blocker, n in waits["blocked_by"][:3]:
                 out.append(f"     {n:6.2f}  blocked by: {blocker}  <- {statement}")
+        out += render_statements(row, drains, labels)
+    return out
+
+
+def render_statements(
+    row: dict[str, Any], drains: list[dict[str, Any]], labels: dict[str, str], top: int = 6
+) -> list[str]:
+    """Per drain, the statements the server ran most often (``pg_stat_statements``, where the
+    server has it): calls per 1,000 jobs, rows per call and milliseconds per call. What a job
+    costs in claims, completions and commits at each process count."""
+    out: list[str] = []
+    for r in drains:
+        statements = r["waits"].get("statements") or []
+        jobs = r.get("finished") or 0
+        if not statements or not jobs:
+            continue
+        out.append(f"   {labels[row['system']]}, {r['measure']}: statements per 1,000 jobs")
+        for text, calls, rows, ms in statements[:top]:
+            out.append(
+                f"     {calls * 1000 / jobs:8.1f} calls  {rows / calls:6.1f} rows/call"
+                f"  {ms / calls:7.3f} ms/call  {text}"
+            )
     return out
 
 

@@ -6,6 +6,10 @@ statement (a short label of its text) how often it was on the CPU or waiting, on
 backend waiting on a heavyweight lock, which statement holds it (``pg_blocking_pids()``). The
 result is the average number of backends in each state per sample: 3.2 means that, at any
 moment, about three backends were there.
+
+Where the server has ``pg_stat_statements`` (loaded, and the extension in the drain's
+database), the sampler also reads each statement's calls, rows and execution time over the
+same window: how many claims, completions and commits a job cost at each process count.
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ WHERE a.datname = current_database() AND a.backend_type = 'client backend'
 """
 
 
+#: Each statement of this database as ``pg_stat_statements`` counts it so far.
+STATEMENTS = """
+SELECT s.queryid, s.query, s.calls, s.rows, s.total_exec_time
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = current_database()
+"""
+
+
 def label(query: str | None) -> str:
     """A statement's label: its first words, whitespace collapsed, at most 48 characters."""
     if not query:
@@ -56,18 +68,52 @@ class WaitSampler:
         self.blocker_samples = 0  # the samples that asked for blockers
         self.states: Counter[tuple[str, str]] = Counter()
         self.blockers: Counter[tuple[str, str]] = Counter()
+        self._counted_at_start: dict[int, tuple[str, int, int, float]] | None = None
+        self.statements: list[list[Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wait-sampler", daemon=True)
 
     def start(self) -> None:
+        self._counted_at_start = self._statements()
         self._thread.start()
 
     def close(self) -> None:
-        """Stop sampling (if started) and close the connection; again: nothing."""
+        """Stop sampling (if started), read the statements' counts and close the connection;
+        again: nothing."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
+        if self._conn.closed:
+            return
+        if self._counted_at_start is not None and self._thread.ident is not None:
+            self.statements = self._statements_since(self._counted_at_start)
         self._conn.close()
+
+    def _statements(self) -> dict[int, tuple[str, int, int, float]] | None:
+        """Each statement's (text, calls, rows, milliseconds) so far; None without
+        ``pg_stat_statements``."""
+        try:
+            rows = self._conn.execute(STATEMENTS).fetchall()
+        except psycopg.Error:
+            return None
+        return {qid: (query, calls, n, ms) for qid, query, calls, n, ms in rows}
+
+    def _statements_since(
+        self, before: dict[int, tuple[str, int, int, float]]
+    ) -> list[list[Any]]:
+        """[label, calls, rows, milliseconds] of each statement run since ``before``, the most
+        called first (statements of the same label summed)."""
+        now = self._statements() or {}
+        summed: dict[str, list[Any]] = {}
+        for qid, (query, calls, n, ms) in now.items():
+            _, calls0, n0, ms0 = before.get(qid, ("", 0, 0, 0.0))
+            if calls == calls0:
+                continue
+            entry = summed.setdefault(label(query), [label(query), 0, 0, 0.0])
+            entry[1] += calls - calls0
+            entry[2] += n - n0
+            entry[3] = round(entry[3] + ms - ms0, 1)
+        return sorted(summed.values(), key=lambda e: -e[1])
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL):
@@ -98,4 +144,5 @@ class WaitSampler:
             "blocker_samples": self.blocker_samples,
             "states": averaged(self.states, self.samples),
             "blocked_by": averaged(self.blockers, self.blocker_samples),
+            "statements": self.statements,
         }
