@@ -98,9 +98,7 @@ class WaitSampler:
             return None
         return {qid: (query, calls, n, ms) for qid, query, calls, n, ms in rows}
 
-    def _statements_since(
-        self, before: dict[int, tuple[str, int, int, float]]
-    ) -> list[list[Any]]:
+    def _statements_since(self, before: dict[int, tuple[str, int, int, float]]) -> list[list[Any]]:
         """[label, calls, rows, milliseconds] of each statement run since ``before``, the most
         called first (statements of the same label summed)."""
         now = self._statements() or {}
