@@ -120,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scale-procs", type=_procs, default=[1, 2, 4, 8, 16],
                    help="worker processes of the scale scenario's drains (default"
                    " 1,2,4,8,16)")  # fmt: skip
+    p.add_argument("--scale-kinds", type=lambda v: v.split(","), default=list(report.SCALE_KINDS),
+                   help="drains of the scale scenario (default "
+                   + ",".join(report.SCALE_KINDS) + ")")  # fmt: skip
     p.add_argument("--scale-drain", type=int,
                    help="jobs per drain of the scale scenario (default 20000)")  # fmt: skip
     p.add_argument("--procs", type=int, default=2, help="worker processes in the history,"
@@ -507,7 +510,7 @@ def scenario_async(run: Run, row: Row, dsn: str) -> None:
 def scenario_scale(run: Run, row: Row, dsn: str) -> None:
     # One run per cell: five process counts of three drains are the scenario's cost, and the
     # rate's trend over the counts, not one cell's noise, is what it shows.
-    for kind in report.SCALE_KINDS:
+    for kind in run.args.scale_kinds:
         if kind == "batch_write" and row.system.key not in SCENARIO_SYSTEMS["batch-write"]:
             continue  # no batch handlers (PgQueuer's write drain is its line)
         for procs in run.args.scale_procs:
