@@ -180,9 +180,21 @@ def basic_credentials(text: str) -> tuple[str, str]:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: any free port) and listening; OSError if it cannot."""
+    """A socket bound to ``host:port`` (0: any free port) and listening; OSError if it cannot.
+
+    The connections it accepts under asyncio have Nagle's algorithm off (``TCP_NODELAY``).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0, though the kernel makes the same TCP socket either way:
+    # asyncio sets TCP_NODELAY on a connection's transport only when ``sock.proto`` is
+    # IPPROTO_TCP (``base_events._set_nodelay``), and ``socket.accept`` gives each accepted
+    # connection the listening socket's ``proto`` as Python recorded it, so 0 here meant Nagle
+    # on for every connection uvicorn served from ``sockets=[sock]`` (``loop.create_server(
+    # sock=sock)``). With Nagle on, the answer to each request after the first on a kept-alive
+    # connection waited for the client's delayed ACK: 40 ms on Linux. Setting the option on
+    # the listening socket instead would rely on the kernel copying it to accepted sockets,
+    # which Linux does and no standard promises.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -7,9 +7,11 @@ the CLI's credentials are checked on their own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -35,7 +37,7 @@ from sa_jobqueue.web._display import (
     visible,
 )
 from sa_jobqueue.web._filters import PAGE, JobFilter, finished_statuses, read_filter
-from sa_jobqueue.web._serve import CredentialsGate, basic_credentials
+from sa_jobqueue.web._serve import CredentialsGate, basic_credentials, listen
 from sa_jobqueue.web._tokens import CSRF_COOKIE, CSRF_FIELD, Signer
 from tests.helpers.pages import LOCAL
 
@@ -382,6 +384,41 @@ def test_basic_credentials(inner: Starlette) -> None:
         assert client.get("/", auth=("ops", "pa:ss")).text == "hello"
         assert client.get("/", auth=("ops", "wrong")).status_code == 401
         assert client.get("/", headers={"authorization": "Basic %%%"}).status_code == 401
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_connections_accepted_on_the_listening_socket_have_nagle_off(host: str) -> None:
+    """TCP_NODELAY on what the server accepts: with Nagle on, each answer after the first on a
+    kept-alive connection waited for the client's delayed ACK (40 ms on Linux).
+
+    Served as uvicorn serves ``sockets=[...]``: ``loop.create_server(..., sock=sock)``, whose
+    transports set the option only on sockets made with ``IPPROTO_TCP``.
+    """
+    try:
+        sock = listen(host, 0)
+    except OSError:
+        pytest.skip(f"no {host} on this machine")
+
+    async def nodelay_of_accepted() -> int:
+        loop = asyncio.get_running_loop()
+        found: asyncio.Future[int] = loop.create_future()
+
+        class Record(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted = transport.get_extra_info("socket")
+                found.set_result(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await loop.create_server(Record, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            try:
+                return await asyncio.wait_for(found, timeout=10)
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+    assert asyncio.run(nodelay_of_accepted()) != 0
 
 
 def test_basic_credentials_text() -> None:
