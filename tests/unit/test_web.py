@@ -37,7 +37,7 @@ from sa_jobqueue.web._display import (
     visible,
 )
 from sa_jobqueue.web._filters import PAGE, JobFilter, finished_statuses, read_filter
-from sa_jobqueue.web._serve import CredentialsGate, basic_credentials, listen
+from sa_jobqueue.web._serve import CredentialsGate, UnderPrefix, basic_credentials, listen
 from sa_jobqueue.web._tokens import CSRF_COOKIE, CSRF_FIELD, Signer
 from tests.helpers.pages import LOCAL
 
@@ -358,7 +358,13 @@ def _hello(request: Request) -> PlainTextResponse:
 
 @pytest.fixture
 def inner() -> Starlette:
-    return Starlette(routes=[Route("/", _hello, methods=["GET", "POST"]), Route("/jobs", _hello)])
+    return Starlette(
+        routes=[
+            Route("/", _hello, methods=["GET", "POST"]),
+            Route("/jobs", _hello),
+            Route("/api/v1/jobs", _hello),
+        ]
+    )
 
 
 def test_a_token_as_bearer_or_once_in_a_link(inner: Starlette) -> None:
@@ -384,6 +390,57 @@ def test_basic_credentials(inner: Starlette) -> None:
         assert client.get("/", auth=("ops", "pa:ss")).text == "hello"
         assert client.get("/", auth=("ops", "wrong")).status_code == 401
         assert client.get("/", headers={"authorization": "Basic %%%"}).status_code == 401
+
+
+def unauthenticated(response: object, challenge: str) -> None:
+    """A refusal of the API: 401, the typed JSON error, and the scheme(s) to answer with."""
+    assert getattr(response, "status_code", None) == 401
+    headers = response.headers  # type: ignore[attr-defined]
+    assert headers["content-type"] == "application/json"
+    assert headers["cache-control"] == "no-store"
+    assert headers["www-authenticate"] == challenge
+    body = response.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"}
+    assert body["error"]["type"] == "not_authenticated"
+    assert "Authorization" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "challenge"),
+    [
+        ({"token": "t0ken"}, 'Bearer realm="sa_jobqueue"'),
+        ({"basic": ("ops", "pa:ss")}, 'Basic realm="sa_jobqueue", charset="UTF-8"'),
+        (
+            {"token": "t0ken", "basic": ("ops", "pa:ss")},
+            'Bearer realm="sa_jobqueue", Basic realm="sa_jobqueue", charset="UTF-8"',
+        ),
+    ],
+)
+def test_the_api_refuses_without_credentials_in_json(
+    inner: Starlette, gate: dict[str, object], challenge: str
+) -> None:
+    with TestClient(CredentialsGate(inner, **gate)) as client:  # type: ignore[arg-type]
+        for path in ("/api/v1/jobs", "/api/v1", "/api/v1/nothing-here"):
+            unauthenticated(client.get(path), challenge)
+        unauthenticated(client.post("/api/v1/jobs", json={}), challenge)
+        unauthenticated(client.get("/api/v1/jobs", auth=("ops", "wrong")), challenge)
+        page = client.get("/jobs")  # the pages keep their sign-in page
+        assert page.status_code == 401
+        assert page.headers["content-type"].startswith("text/html")
+        assert "Sign in" in page.text
+        assert "Bearer" not in page.headers.get("www-authenticate", "")
+        assert client.get("/apis").headers["content-type"].startswith("text/html")
+
+
+def test_the_api_refuses_in_json_under_a_root_path(inner: Starlette) -> None:
+    served = UnderPrefix(CredentialsGate(inner, token="t0ken"), "/dashboard")
+    with TestClient(served) as client:
+        # As opened directly, and as a proxy that removed the prefix passes it on.
+        for path in ("/dashboard/api/v1/jobs", "/api/v1/jobs"):
+            unauthenticated(client.get(path), 'Bearer realm="sa_jobqueue"')
+        assert client.get("/dashboard/jobs").headers["content-type"].startswith("text/html")
+        bearer = {"authorization": "Bearer t0ken"}
+        assert client.get("/dashboard/api/v1/jobs", headers=bearer).text == "hello"
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
