@@ -5,6 +5,8 @@ The types (stable words a script can test) and their status codes:
 ===  ==========================  =============================================================
 400  ``invalid_parameter``        a query parameter (a filter, a page bound) is not valid
 400  ``invalid_json``             the body is not a JSON object
+401  ``not_authenticated``        ``sa-jobqueue web`` only: no token or basic credentials, or
+                                  wrong ones (``_serve.CredentialsGate``)
 403  ``actions_disabled``         an action, on a dashboard started without actions
 403  ``cross_origin``             a request that changes something, sent by another origin
 403  ``not_authorized``           ``authorize`` refused the request

@@ -1,7 +1,8 @@
 """Serving the dashboard on its own, for ``sa-jobqueue web``: credentials and the server.
 
 :class:`CredentialsGate` asks every request for a token (``Authorization: Bearer``, or once
-``?token=`` in a link, which it swaps for a cookie) or HTTP basic credentials. Mounted in an
+``?token=`` in a link, which it swaps for a cookie) or HTTP basic credentials, and refuses
+without them with its sign-in page, or under the API with the API's JSON error. Mounted in an
 application, the dashboard uses that application's own authentication through ``authorize``
 instead, and none of this runs.
 """
@@ -20,8 +21,10 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ._api_errors import error_response, under_api
 
 #: The cookie that stands for the token once a link carrying ``?token=`` was opened.
 SESSION_COOKIE: Final = "sajq_session"
@@ -33,6 +36,8 @@ _SIGN_IN: Final = """<!doctype html>
 address (the token is in <code>$SA_JOBQUEUE_WEB_TOKEN</code> where it runs), send an
 <code>Authorization: Bearer</code> header, or sign in with the user and password it was given.
 """
+_BEARER_CHALLENGE: Final = 'Bearer realm="sa_jobqueue"'
+_BASIC_CHALLENGE: Final = 'Basic realm="sa_jobqueue", charset="UTF-8"'
 
 
 class CredentialsGate:
@@ -76,10 +81,36 @@ class CredentialsGate:
         ):
             await self._sign_in(request)(scope, receive, send)
             return
+        if under_api(scope):
+            await self._api_refusal()(scope, receive, send)
+            return
         headers = {"cache-control": "no-store"}
         if self.basic is not None:
-            headers["www-authenticate"] = 'Basic realm="sa_jobqueue", charset="UTF-8"'
+            headers["www-authenticate"] = _BASIC_CHALLENGE
         await HTMLResponse(_SIGN_IN, 401, headers=headers)(scope, receive, send)
+
+    def _api_refusal(self) -> JSONResponse:
+        """The API's 401: its JSON error, the same whether credentials were missing or wrong.
+
+        Scripts call the API: they read the status and the error's type, and a 401 names in
+        ``WWW-Authenticate`` each scheme that would be accepted (RFC 9110). The pages keep
+        their Basic-only challenge: a Bearer one means nothing to a browser, and Basic there
+        is what makes a browser ask for the user and password.
+        """
+        schemes: list[str] = []
+        ways: list[str] = []
+        if self.token is not None:
+            schemes.append(_BEARER_CHALLENGE)
+            ways.append("Authorization: Bearer with the dashboard's token")
+        if self.basic is not None:
+            schemes.append(_BASIC_CHALLENGE)
+            ways.append("Authorization: Basic with its user and password")
+        return error_response(
+            401,
+            "not_authenticated",
+            "credentials required: send " + ", or ".join(ways),
+            {"cache-control": "no-store", "www-authenticate": ", ".join(schemes)},
+        )
 
     def _admitted(self, request: Request) -> bool:
         authorization = request.headers.get("authorization", "")
@@ -180,9 +211,21 @@ def basic_credentials(text: str) -> tuple[str, str]:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: any free port) and listening; OSError if it cannot."""
+    """A socket bound to ``host:port`` (0: any free port) and listening; OSError if it cannot.
+
+    The connections it accepts under asyncio have Nagle's algorithm off (``TCP_NODELAY``).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0, though the kernel makes the same TCP socket either way:
+    # asyncio sets TCP_NODELAY on a connection's transport only when ``sock.proto`` is
+    # IPPROTO_TCP (``base_events._set_nodelay``), and ``socket.accept`` gives each accepted
+    # connection the listening socket's ``proto`` as Python recorded it, so 0 here meant Nagle
+    # on for every connection uvicorn served from ``sockets=[sock]`` (``loop.create_server(
+    # sock=sock)``). With Nagle on, the answer to each request after the first on a kept-alive
+    # connection waited for the client's delayed ACK: 40 ms on Linux. Setting the option on
+    # the listening socket instead would rely on the kernel copying it to accepted sockets,
+    # which Linux does and no standard promises.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

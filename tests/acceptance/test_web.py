@@ -611,6 +611,10 @@ def test_the_web_command_asks_for_its_token_and_stops_on_sigterm(
         )
         base = f"http://127.0.0.1:{found[1]}"
         assert fetch(base + "/")[0] == 401
+        status, refused = fetch(base + "/api/v1/jobs")  # the API says it in JSON
+        assert status == 401
+        assert json.loads(refused)["error"]["type"] == "not_authenticated"
+        assert fetch(base + "/api/v1/jobs", {"authorization": "Bearer s3cret"})[0] == 200
         status, html = fetch(base + "/jobs?status=dead", {"authorization": "Bearer s3cret"})
         assert status == 200
         assert f'href="/jobs/{jobs["dead"]}"' in html

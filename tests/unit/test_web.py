@@ -7,9 +7,11 @@ the CLI's credentials are checked on their own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -35,7 +37,7 @@ from sa_jobqueue.web._display import (
     visible,
 )
 from sa_jobqueue.web._filters import PAGE, JobFilter, finished_statuses, read_filter
-from sa_jobqueue.web._serve import CredentialsGate, basic_credentials
+from sa_jobqueue.web._serve import CredentialsGate, UnderPrefix, basic_credentials, listen
 from sa_jobqueue.web._tokens import CSRF_COOKIE, CSRF_FIELD, Signer
 from tests.helpers.pages import LOCAL
 
@@ -356,7 +358,13 @@ def _hello(request: Request) -> PlainTextResponse:
 
 @pytest.fixture
 def inner() -> Starlette:
-    return Starlette(routes=[Route("/", _hello, methods=["GET", "POST"]), Route("/jobs", _hello)])
+    return Starlette(
+        routes=[
+            Route("/", _hello, methods=["GET", "POST"]),
+            Route("/jobs", _hello),
+            Route("/api/v1/jobs", _hello),
+        ]
+    )
 
 
 def test_a_token_as_bearer_or_once_in_a_link(inner: Starlette) -> None:
@@ -382,6 +390,92 @@ def test_basic_credentials(inner: Starlette) -> None:
         assert client.get("/", auth=("ops", "pa:ss")).text == "hello"
         assert client.get("/", auth=("ops", "wrong")).status_code == 401
         assert client.get("/", headers={"authorization": "Basic %%%"}).status_code == 401
+
+
+def unauthenticated(response: object, challenge: str) -> None:
+    """A refusal of the API: 401, the typed JSON error, and the scheme(s) to answer with."""
+    assert getattr(response, "status_code", None) == 401
+    headers = response.headers  # type: ignore[attr-defined]
+    assert headers["content-type"] == "application/json"
+    assert headers["cache-control"] == "no-store"
+    assert headers["www-authenticate"] == challenge
+    body = response.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"}
+    assert body["error"]["type"] == "not_authenticated"
+    assert "Authorization" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "challenge"),
+    [
+        ({"token": "t0ken"}, 'Bearer realm="sa_jobqueue"'),
+        ({"basic": ("ops", "pa:ss")}, 'Basic realm="sa_jobqueue", charset="UTF-8"'),
+        (
+            {"token": "t0ken", "basic": ("ops", "pa:ss")},
+            'Bearer realm="sa_jobqueue", Basic realm="sa_jobqueue", charset="UTF-8"',
+        ),
+    ],
+)
+def test_the_api_refuses_without_credentials_in_json(
+    inner: Starlette, gate: dict[str, object], challenge: str
+) -> None:
+    with TestClient(CredentialsGate(inner, **gate)) as client:  # type: ignore[arg-type]
+        for path in ("/api/v1/jobs", "/api/v1", "/api/v1/nothing-here"):
+            unauthenticated(client.get(path), challenge)
+        unauthenticated(client.post("/api/v1/jobs", json={}), challenge)
+        unauthenticated(client.get("/api/v1/jobs", auth=("ops", "wrong")), challenge)
+        page = client.get("/jobs")  # the pages keep their sign-in page
+        assert page.status_code == 401
+        assert page.headers["content-type"].startswith("text/html")
+        assert "Sign in" in page.text
+        assert "Bearer" not in page.headers.get("www-authenticate", "")
+        assert client.get("/apis").headers["content-type"].startswith("text/html")
+
+
+def test_the_api_refuses_in_json_under_a_root_path(inner: Starlette) -> None:
+    served = UnderPrefix(CredentialsGate(inner, token="t0ken"), "/dashboard")
+    with TestClient(served) as client:
+        # As opened directly, and as a proxy that removed the prefix passes it on.
+        for path in ("/dashboard/api/v1/jobs", "/api/v1/jobs"):
+            unauthenticated(client.get(path), 'Bearer realm="sa_jobqueue"')
+        assert client.get("/dashboard/jobs").headers["content-type"].startswith("text/html")
+        bearer = {"authorization": "Bearer t0ken"}
+        assert client.get("/dashboard/api/v1/jobs", headers=bearer).text == "hello"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_connections_accepted_on_the_listening_socket_have_nagle_off(host: str) -> None:
+    """TCP_NODELAY on what the server accepts: with Nagle on, each answer after the first on a
+    kept-alive connection waited for the client's delayed ACK (40 ms on Linux).
+
+    Served as uvicorn serves ``sockets=[...]``: ``loop.create_server(..., sock=sock)``, whose
+    transports set the option only on sockets made with ``IPPROTO_TCP``.
+    """
+    try:
+        sock = listen(host, 0)
+    except OSError:
+        pytest.skip(f"no {host} on this machine")
+
+    async def nodelay_of_accepted() -> int:
+        loop = asyncio.get_running_loop()
+        found: asyncio.Future[int] = loop.create_future()
+
+        class Record(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted = transport.get_extra_info("socket")
+                found.set_result(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await loop.create_server(Record, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            try:
+                return await asyncio.wait_for(found, timeout=10)
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+    assert asyncio.run(nodelay_of_accepted()) != 0
 
 
 def test_basic_credentials_text() -> None:
