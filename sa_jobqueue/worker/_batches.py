@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import SQLAlchemyError
 
-from .._sql import claim_limits, transitions
-from .._sql.fence import held_many
+from .._sql import claim_limits
 from ..batching import BatchContext, BatchJob
 from ..database import HeldConnection
 from ..errors import JobQueueError, PayloadError
@@ -49,7 +47,7 @@ from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import HandlerSession, deadline, decode, handler_session
-from ._settlement import BOTH_SESSIONS, Outcome, UnstorableResult, settle, shutting_down
+from ._settlement import BOTH_SESSIONS, UnstorableResult, settle, shutting_down
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -332,22 +330,17 @@ class Batches:
             done = cast(set[int], future.result())
         else:
             done = self._complete(ctx, done_jobs, until)
-        if len(done) == len(done_jobs):
-            for job in done_jobs:
-                self._recorder.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+        if len(done) < len(done_jobs):
+            # Some member could no longer complete: the batch committed nothing, and its
+            # marked jobs go back with the others rather than to their own outcomes.
             for job in marked:
-                self._recorder.record(job, settle(marks[job.id], wrote=False), task)
-            return
-        # Some member could no longer complete: the batch committed nothing.
-        stale = [job for job in done_jobs if job.id not in done]
-        again = [job for job in ready if job not in stale]
-        for job in stale:
-            self._recorder.not_completed(job.id, job.attempts)
-        for job in marked:
-            self._recorder.results.take(job.id, job.attempts)
-        if again:
+                self._recorder.results.take(job.id, job.attempts)
             why = "a job of their batch could not complete"
-            self._recorder.hand_back(again, why, report=True, ran=True)
+            self._recorder.completed_together(done_jobs, done, why, others=marked)
+            return
+        self._recorder.completed_together(done_jobs, done, "")
+        for job in marked:
+            self._recorder.record(job, settle(marks[job.id], wrote=False), task)
 
     def _complete(self, ctx: BatchContext, jobs: list[Claimed], until: float | None) -> set[int]:
         """Complete ``jobs`` (fenced) in the batch's transaction, and commit it if all matched
@@ -371,15 +364,7 @@ class Batches:
     async def _complete_async(self, session: AsyncSession, jobs: list[Claimed]) -> set[int]:
         """:meth:`_complete` in an async handler's session, on the event loop."""
         try:
-            pairs = [(job.id, job.attempts) for job in jobs]
-            params = {**held_many(pairs), "results": self._recorder.results.take_many(pairs)}
-            result = await session.execute(transitions.complete_many(), params)
-            done = set(cast(CursorResult[Any], result).scalars())
-            if len(done) == len(jobs):
-                await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
-            else:
-                await session.rollback()
-            return done
+            return await self._recorder.complete_group_async(session, jobs)
         finally:
             await session.close()
 

@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -38,6 +38,7 @@ from ._sessions import HandlerSession, deadline
 from ._settlement import Outcome, UnstorableResult
 
 if TYPE_CHECKING:
+    from sqlalchemy import CursorResult
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from ._claimer import HandOff
@@ -61,6 +62,20 @@ def encode_result(task: Task, value: object, max_bytes: int) -> str | None:
         raise UnstorableResult(
             f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
         ) from None
+
+
+def complete_in_transaction(
+    session: HandlerSession, job_id: int, attempt: int, result: str | None
+) -> bool:
+    """The fenced completion in a handler's own transaction, committed with its writes if it
+    matched; whether it did (if not, the caller rolls the writes back). The one statement a
+    job thread (under its deadline) and a hard-limited attempt's child (in its own process,
+    killed at its limit) complete with."""
+    params = {"job_id": job_id, "attempt": attempt, "result": result}
+    done = session.connection().execute(transitions.complete(), params).rowcount == 1
+    if done:
+        session.commit_for_real()
+    return done
 
 
 class HeldResults:
@@ -186,12 +201,8 @@ class Completions:
         False if it matched no row (cancelled, or no longer this worker's): the caller rolls
         the session back and records Abandon.
         """
-        conn = session.connection()
-        params = {"job_id": job.id, "attempt": job.attempts, "result": self._result(job)}
-        with deadline(conn):
-            done = conn.execute(transitions.complete(), params).rowcount == 1
-            if done:
-                session.commit_for_real()
+        with deadline(session.connection()):
+            done = complete_in_transaction(session, job.id, job.attempts, self._result(job))
         if done:
             self._reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
             log.debug("job %d (%s) attempt %d succeeded", job.id, job.task, job.attempts)
@@ -221,6 +232,19 @@ class Completions:
         pairs = [(j.id, j.attempts) for j in jobs]
         params = {**held_many(pairs), "results": self.results.take_many(pairs)}
         return set(conn.execute(transitions.complete_many(), params).scalars())
+
+    async def complete_group_async(self, session: AsyncSession, jobs: list[Claimed]) -> set[int]:
+        """:meth:`complete_group` in an async handler's session (a batch's, on the event loop),
+        committed if all matched and rolled back otherwise; the ids that matched."""
+        pairs = [(job.id, job.attempts) for job in jobs]
+        params = {**held_many(pairs), "results": self.results.take_many(pairs)}
+        result = await session.execute(transitions.complete_many(), params)
+        done = set(cast("CursorResult[Any]", result).scalars())
+        if len(done) == len(jobs):
+            await session.run_sync(lambda sync: cast(HandlerSession, sync).commit_for_real())
+        else:
+            await session.rollback()
+        return done
 
     def _result(self, job: Claimed) -> str | None:
         return self.results.take(job.id, job.attempts)

@@ -24,7 +24,6 @@ from ._lanes import Lane
 from ._leases import LeaseTable
 from ._recorder import Recorder
 from ._sessions import GroupSession, aborted, broken, deadline, group_engine
-from ._settlement import Outcome
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -135,8 +134,7 @@ class Groups:
             # whose outcome is unknown are left to their leases: reclaimed, and fenced.
             drop_connection(here, lost=True)
             self._leases.forget(group.done)
-            for job in group.done:
-                self._recorder.reports.report(job.id, job.attempts, Outcome.LOST)
+            self._recorder.lost(group.done)
         finally:
             self._leases.group_closed()
             if self._leases.burst:
@@ -182,18 +180,7 @@ class Groups:
         if here.lane.buffer_empty:
             drop_connection(here)  # else keep it for the next group: work is waiting
         self._leases.forget(jobs)
-        if len(done) == len(jobs):
-            for job in jobs:
-                self._recorder.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
-            return
-        stale = [job for job in jobs if job.id not in done]
-        again = [job for job in jobs if job.id in done]
-        for job in stale:
-            self._recorder.not_completed(job.id, job.attempts)
-        if again:
-            self._recorder.hand_back(
-                again, "their shared transaction was rolled back", report=True, ran=True
-            )
+        self._recorder.completed_together(jobs, done, "their shared transaction was rolled back")
 
 
 def drop_connection(here: ThreadState, *, lost: bool = False) -> None:

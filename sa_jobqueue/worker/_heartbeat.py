@@ -18,7 +18,6 @@ from ..observability import Observers
 from ._leases import Held, LeaseTable, overdue, renewal_due, schedule_renewals, schedule_retries
 from ._recorder import Recorder
 from ._sessions import waiting_on
-from ._settlement import Fail, outcome_of
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -184,6 +183,5 @@ class Heartbeat:
         if row is not None:
             log.warning("job %d timed out on attempt %d; now %s", job_id, held.attempt, row.status)
             if held.run is not None:
-                outcome = outcome_of(Fail(error), row.status)
                 timeout = held.task.timeout.total_seconds()
-                self._recorder.reports.timed_out(held.run, outcome, timeout, error)
+                self._recorder.timed_out(row, held.run, timeout, error)

@@ -52,22 +52,16 @@ from sqlalchemy.pool import NullPool
 from .._durations import duration_text
 from .._error_text import RemoteError
 from .._sql import session as session_sql
-from .._sql import transitions
 from ..database import as_pooler, create_engine, pooler_of
 from ..errors import HardTimeoutError
 from ..middleware import run_chain
 from ..queue import JobQueue
 from ..tasks import Discard, JobContext, Retry, Task
 from ._claimed import Claimed
-from ._completions import encode_result
-from ._recorder import Recorder
+from ._completions import complete_in_transaction, encode_result
 from ._sessions import HandlerSession, decode, handler_session
 from ._settlement import (
-    ABANDON,
-    BATCHED,
-    Outcome,
     UnstorableResult,
-    settle,
     shutting_down,
 )
 
@@ -256,22 +250,6 @@ class Isolation:
             return ChildEnd()
         return end
 
-    def record(
-        self, job: Claimed, task: Task, ctx: JobContext, end: ChildEnd, recorder: Recorder
-    ) -> None:
-        """Record how the attempt ended, unless the child committed its completion."""
-        if end.failure is not None:
-            # A kill at the limit during a shutdown is still the attempt's failure.
-            verdict = settle(end.failure, wrote=False, shutting_down=end.stopped)
-            recorder.record(job, verdict, task)
-        elif end.completed is None:  # it wrote nothing: completed here, in a batch
-            recorder.results.hold(job, end.result)
-            recorder.record(job, BATCHED, task)
-        elif end.completed:
-            recorder.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
-        else:  # its completion matched no row (cancelled, or no longer ours)
-            recorder.record(job, ABANDON, task)
-
     def _kill(self, child: multiprocessing.process.BaseProcess, backend: int | None) -> None:
         child.kill()
         child.join(SELF_KILL_MARGIN)
@@ -373,12 +351,10 @@ def _roll_back(ctx: JobContext) -> None:
 
 
 def _complete(session: HandlerSession, spec: ChildAttempt, result: str | None) -> bool:
-    """The fenced completion in the handler's transaction, committed with its writes."""
-    params = {"job_id": spec.job_id, "attempt": spec.attempt, "result": result}
-    done = session.connection().execute(transitions.complete(), params).rowcount == 1
-    if done:
-        session.commit_for_real()
-    else:
+    """The fenced completion in the handler's transaction, committed with its writes, or
+    (none matched) rolled back with them."""
+    done = complete_in_transaction(session, spec.job_id, spec.attempt, result)
+    if not done:
         session.rollback()
     return done
 

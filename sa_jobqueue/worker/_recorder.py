@@ -1,11 +1,15 @@
-"""The one place that writes an attempt's outcome, and tells the observers what was written.
+"""The one door an attempt's outcome leaves by: every transition is written, and every
+outcome told to the observers, through :class:`Recorder`.
 
 Each :data:`~sa_jobqueue.worker._settlement.Verdict` has its statement here, and every
 statement is fenced on ``(job id, attempt)``: a stale attempt's write matches no row and
 changes nothing. Successes are written by :class:`~sa_jobqueue.worker._completions.Completions`
-(with the handler's writes, with its group's commit, or in a batch), which the recorder owns;
-everything else here, each outcome in a statement of its own, tried again through transient
-errors (see :mod:`~sa_jobqueue.worker._retries`).
+(with the handler's writes, with its group's or batch's commit, or in a batch of completions),
+which the recorder owns; everything else here, each outcome in a statement of its own, tried
+again through transient errors (see :mod:`~sa_jobqueue.worker._retries`). The paths that run
+attempts (job threads and their groups, the event loop, batch tasks, hard-limited children)
+and the heartbeat (timeouts) come here to end one; none writes a transition or tells an
+observer an outcome itself.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ._retries import retrying
 from ._sessions import HandlerSession
 from ._settlement import (
     ABANDON,
+    BATCHED,
     Abandon,
     Bury,
     Complete,
@@ -40,12 +45,15 @@ from ._settlement import (
     Snooze,
     Verdict,
     outcome_of,
+    settle,
 )
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from ..observability import JobRun
     from ._claimer import HandOff
+    from ._isolation import ChildEnd
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -141,6 +149,54 @@ class Recorder:
     def complete_group(self, conn: Connection, jobs: list[Claimed]) -> set[int]:
         """Complete a group's jobs on its shared connection; the ids that matched."""
         return self._completions.complete_group(conn, jobs)
+
+    async def complete_group_async(self, session: AsyncSession, jobs: list[Claimed]) -> set[int]:
+        """:meth:`complete_group` in an async handler's session; the ids that matched."""
+        return await self._completions.complete_group_async(session, jobs)
+
+    def completed_together(
+        self, jobs: list[Claimed], done: set[int], why: str, others: list[Claimed] | None = None
+    ) -> None:
+        """Settle ``jobs`` after one statement completed them together (a group's commit, a
+        batch's), in a transaction committed if it matched them all (``done``: the ids it
+        matched) and rolled back otherwise.
+
+        All matched: each succeeded. Otherwise their writes are gone: the jobs it no longer
+        matched were cancelled or are stale (:meth:`not_completed`), and the others, with
+        ``others`` (jobs of the same transaction that were not in the statement), go back to
+        the queue with their attempts spent, ``why`` (see :meth:`hand_back` with ``ran``).
+        """
+        if len(done) == len(jobs):
+            for job in jobs:
+                self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+            return
+        again = [job for job in jobs if job.id in done] + (others or [])
+        for job in jobs:
+            if job.id not in done:
+                self.not_completed(job.id, job.attempts)
+        if again:
+            self.hand_back(again, why, report=True, ran=True)
+
+    def child_ended(self, job: Claimed, task: Task, end: ChildEnd) -> None:
+        """Record how a hard-limited attempt's child ended (see ``_isolation``), unless the
+        child committed its completion itself: then only tell the observers."""
+        if end.failure is not None:
+            # A kill at the limit during a shutdown is still the attempt's failure.
+            verdict = settle(end.failure, wrote=False, shutting_down=end.stopped)
+            self.record(job, verdict, task)
+        elif end.completed is None:  # it wrote nothing: completed here, in a batch
+            self.results.hold(job, end.result)
+            self.record(job, BATCHED, task)
+        elif end.completed:
+            self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)
+        else:  # its completion matched no row (cancelled, or no longer ours)
+            self.record(job, ABANDON, task)
+
+    def lost(self, jobs: list[Claimed]) -> None:
+        """Nothing is known of these attempts' outcomes, and nothing is written: their leases
+        settle them (the next claim takes them over). The observers hear they were lost."""
+        for job in jobs:
+            self.reports.report(job.id, job.attempts, Outcome.LOST)
 
     # -- no completion ----------------------------------------------------------------------
 
@@ -280,6 +336,11 @@ class Recorder:
                     "error": error_json(exc),
                 },
             ).one_or_none()
+
+    def timed_out(self, row: Row[Any], run: JobRun, timeout: float, error: BaseException) -> None:
+        """Tell the observers of an attempt whose timeout :meth:`fail` recorded (``row``, the
+        job as it left it), with the timeout as its run time (see ``Reports.timed_out``)."""
+        self.reports.timed_out(run, outcome_of(Fail(error), row.status), timeout, error)
 
     def _record_failure(self, job: Claimed, verdict: Fail, backoff: Backoff) -> None:
         exc = verdict.error

@@ -253,7 +253,7 @@ class Runner:
         with self._observe.running(run) if run is not None else contextlib.nullcontext():
             end = self._isolation.attempt(job, task, payload, ctx)
         self._ran(job, run, time.monotonic() - started)
-        self._isolation.record(job, task, ctx, end, self._recorder)
+        self._recorder.child_ended(job, task, end)
 
     def _handler(self, task: Task) -> ProceedRun:
         """The task's handler, inside the queue's middleware (none: the handler itself)."""
