@@ -19,16 +19,20 @@ modules are internal, not a stable API:
   (claimed, finished, a claim round starting or ending);
 - ``_claimer``: a ``LaneClaimer`` per lane, the claim loop that paces them, and the
   ``HandOff`` that claims a freed slot's next job in the completion's own statement;
-- ``_runner``: runs a claimed attempt on a job thread or the event loop (``_event_loop``), in
-  the handler's session (``_sessions``) or its thread's group transaction (``_groups``);
+- ``_attempt``: the one pipeline of an attempt (start, payload, middleware and handler, flush,
+  result, run time) that every path below runs through;
+- ``_runner``: runs a claimed attempt on a job thread, the event loop (``_event_loop``) or in a
+  child process (``_isolation``), in the handler's session (``_sessions``) or its thread's
+  group transaction (``_groups``);
 - ``_batches``: a batch task's batch, formed around a claimed job on its thread (the claim
   that fills it, its leases), run once and settled together in one transaction;
 - ``_settlement``: the one pure function from how a handler ended to a verdict, and the
   outcome names observers see;
-- ``_recorder``: the one place each verdict is written, fenced; successes through
+- ``_recorder``: the one door an outcome leaves by: each verdict written, fenced, and told to
+  the observers (``_reports``), whichever path ran the attempt (a group's or a batch's
+  commit, a child's end, the heartbeat's timeout included); successes through
   ``_completions`` (with the handler's writes, a group's commit, or batched by
-  ``_completer``); ``_reports`` tells the observers, ``_retries`` tries statements again
-  through transient errors;
+  ``_completer``); ``_retries`` tries statements again through transient errors;
 - ``_leases``: the lease table, the one place that knows which attempts are still held (and
   the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;

@@ -20,7 +20,6 @@ the batch committed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -40,7 +39,8 @@ from ..errors import JobQueueError, PayloadError
 from ..middleware import arun_chain, run_chain
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
-from ._claimed import Claimed, policy
+from ._attempt import Pipeline
+from ._claimed import Claimed
 from ._claimer import runnable
 from ._event_loop import ASYNC_STOP_CHECK, AttemptStopped, EventLoopThread
 from ._lanes import Lane
@@ -74,6 +74,7 @@ class Batches:
         single: Engine,
         leases: LeaseTable,
         recorder: Recorder,
+        pipeline: Pipeline,
         *,
         worker: str,
         loop: EventLoopThread | None,
@@ -85,7 +86,7 @@ class Batches:
         self._single = single
         self._leases = leases
         self._recorder = recorder
-        self._observe = recorder.reports.observe
+        self._pipeline = pipeline
         self._worker = worker
         self._loop = loop
         self._stopping = stopping
@@ -215,21 +216,12 @@ class Batches:
             session=functools.partial(handler_session, self._engine, until),
             async_session=self._async_session if is_async else None,
         )
-        runs = [job.run() if self._observe else None for job in ready]
-        if self._observe:
-            for job, member, run in zip(ready, contexts, runs, strict=True):
-                self._leases.start(job, member, task, run, policy(job, task))
-                if run is not None:
-                    self._observe.started(run)
-        else:
-            backoffs = [policy(job, task) for job in ready]
-            self._leases.start_many(ready, contexts, task, backoffs)
+        runs = self._pipeline.start_many(ready, contexts, task)
         failure: Exception | None = None
         started = time.monotonic()
-        leader_run = runs[0]
         try:
             # One span for the batch: its leader's (see the batch tasks how-to).
-            with self._observe.running(leader_run) if leader_run else contextlib.nullcontext():
+            with self._pipeline.running(runs[0]):
                 if is_async:
                     assert self._loop is not None
                     value = self._loop.submit(
@@ -246,8 +238,7 @@ class Batches:
             failure = exc
         elapsed = time.monotonic() - started
         for job, run in zip(ready, runs, strict=True):
-            if run is not None:
-                self._recorder.reports.ran(job, run, elapsed)
+            self._pipeline.ran(job, run, elapsed)
         self._settle(task, ctx, ready, contexts, failure, until)
 
     async def _call_async(self, task: Task, ctx: BatchContext, jobs: list[BatchJob[Any]]) -> object:
@@ -292,7 +283,7 @@ class Batches:
             if job.id in ctx._marks:
                 continue
             try:
-                self._recorder.results.keep(job, task, result, self._queue.max_payload_bytes)
+                self._pipeline.keep(job, task, result)
             except UnstorableResult as exc:
                 ctx._marks[job.id] = exc  # this job alone goes to dead, as a single job would
 

@@ -1,15 +1,16 @@
-"""Running claimed jobs: on a job thread (alone or in a group) or on the event loop.
+"""Running claimed jobs: on a job thread (alone or in a group), on the event loop, or in a
+child process (a hard-limited task's).
 
-Each path runs the handler, asks :func:`~sa_jobqueue.worker._settlement.settle` for the
-verdict, and hands it to the :class:`~sa_jobqueue.worker._recorder.Recorder`; what differs is
-only the session the handler wrote through (its own transaction, a savepoint of its thread's
-group, an async session) and so how its writes commit with the completion.
+Each path runs its attempt through the :class:`~sa_jobqueue.worker._attempt.Pipeline`, asks
+:func:`~sa_jobqueue.worker._settlement.settle` for the verdict, and hands it to the
+:class:`~sa_jobqueue.worker._recorder.Recorder`; what differs is only the session the handler
+wrote through (its own transaction, a savepoint of its thread's group, an async session) and
+so how its writes commit with the completion.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -25,11 +26,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import PayloadError, UnknownTaskError
 from ..middleware import ProceedArun, ProceedRun, arun_chain, run_chain
-from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
+from ._attempt import Pipeline
 from ._batches import Batches
-from ._claimed import Claimed, policy
+from ._claimed import Claimed
 from ._event_loop import EventLoopThread, Slots
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._isolation import Isolation, child_session
@@ -42,7 +43,6 @@ from ._sessions import (
     aborted,
     decode,
     handler_session,
-    pending_writes,
 )
 from ._settlement import ABANDON, Complete, settle, shutting_down
 
@@ -50,9 +50,6 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger("sa_jobqueue.worker")
-
-#: Weight of the newest run in a task's moving average of run times.
-DURATION_WEIGHT = 0.2
 
 
 class Runner:
@@ -69,6 +66,7 @@ class Runner:
         engine: Engine,
         leases: LeaseTable,
         recorder: Recorder,
+        pipeline: Pipeline,
         groups: Groups,
         *,
         loop: EventLoopThread | None,
@@ -81,13 +79,11 @@ class Runner:
         self._engine = engine
         self._leases = leases
         self._recorder = recorder
-        self._reports = recorder.reports
-        self._observe = recorder.reports.observe
+        self._pipeline = pipeline
         self._groups = groups
         self._loop = loop
         self._stopping = stopping
         self._wake = wake
-        self._durations: dict[str, float] = {}  # task -> moving average of its run time
         # Hard-limited tasks' attempts run in child processes, forked from a forkserver that
         # is started with the worker.
         hard = any(t.hard_timeout is not None for t in queue.tasks.values())
@@ -200,7 +196,7 @@ class Runner:
         is_async = inspect.iscoroutinefunction(task.handler)
         # A slow task runs in a transaction of its own: commit the group before it starts, or
         # the group's row locks would be held for as long as it runs.
-        usual = self._durations.get(job.task)
+        usual = self._pipeline.usual(job.task)
         grouped = not is_async and usual is not None and usual < GROUP_FAST
         if not grouped:
             # ... and give its connection back: a job never holds two connections at once.
@@ -218,25 +214,9 @@ class Runner:
             else functools.partial(handler_session, self._engine, until),
             self._async_session if is_async else None,
         )
-        run = job.run() if self._observe else None
         if is_async:
-            return self._run_async(job, task, payload, ctx, run)
-        self._starting(job, task, ctx, run)
-        failure: Exception | None = None
-        started = time.monotonic()
-        try:
-            with self._observe.running(run) if run is not None else contextlib.nullcontext():
-                if task.payload_codec is not None:
-                    # A typed payload: one that no longer fits its type fails this attempt,
-                    # which is retried under the task's policy like any failure.
-                    payload = task.payload_codec.rebuild(payload)
-                value = self._handler(task)(ctx, payload)
-                if ctx.session_used:
-                    ctx.session.flush()
-            self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
-        except Exception as exc:
-            failure = exc
-        self._ran(job, run, time.monotonic() - started)
+            return self._run_async(job, task, payload, ctx)
+        _, failure = self._pipeline.run(job, task, ctx, payload, self._handler(task))
         if grouped and ctx.session_used:
             self._settle_grouped(job, task, ctx, failure, here)
         else:
@@ -244,15 +224,15 @@ class Runner:
         return None
 
     def _run_isolated(self, job: Claimed, task: Task, payload: Any) -> None:
-        """A hard-limited task's attempt, run in a child (see :mod:`._isolation`)."""
+        """A hard-limited task's attempt, run in a child (see :mod:`._isolation`): the
+        pipeline's start and run time here, its payload, handler and result in the child."""
         assert self._isolation is not None
         ctx = job.context(child_session)
-        run = job.run() if self._observe else None
-        self._starting(job, task, ctx, run)
+        run = self._pipeline.start(job, task, ctx)
         started = time.monotonic()
-        with self._observe.running(run) if run is not None else contextlib.nullcontext():
+        with self._pipeline.running(run):
             end = self._isolation.attempt(job, task, payload, ctx)
-        self._ran(job, run, time.monotonic() - started)
+        self._pipeline.ran(job, run, time.monotonic() - started)
         self._recorder.child_ended(job, task, end)
 
     def _handler(self, task: Task) -> ProceedRun:
@@ -264,21 +244,6 @@ class Runner:
         """:meth:`_handler` for an ``async def`` handler."""
         handler = cast(ProceedArun, task.handler)
         return arun_chain(self._queue.middleware, handler) if self._queue.middleware else handler
-
-    def _starting(self, job: Claimed, task: Task, ctx: JobContext, run: JobRun | None) -> None:
-        """Just before a handler starts: arm its timeout, give the heartbeat its context."""
-        self._leases.start(job, ctx, task, run, policy(job, task))
-        if run is not None:
-            self._observe.started(run)
-
-    def _ran(self, job: Claimed, run: JobRun | None, elapsed: float) -> None:
-        """Just after a handler returned or raised: note its run time."""
-        if run is not None:
-            self._reports.ran(job, run, elapsed)
-        usual = self._durations.get(job.task)
-        self._durations[job.task] = (
-            elapsed if usual is None else usual + DURATION_WEIGHT * (elapsed - usual)
-        )
 
     # -- settling: the session's side; the verdict is settle()'s, the writing the recorder's --
 
@@ -367,7 +332,6 @@ class Runner:
         task: Task,
         payload: Any,
         ctx: JobContext,
-        run: JobRun | None,
     ) -> None:
         """An async handler's attempt, on the event loop, in one of its lane's slots (up to
         the lane's concurrency at once).
@@ -384,20 +348,13 @@ class Runner:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(None, self._recorder.hand_back, [job], "not started")
                 return
-            self._starting(job, task, ctx, run)
-            failure: Exception | None = None
-            started = time.monotonic()
-            try:
-                with self._observe.running(run) if run is not None else contextlib.nullcontext():
-                    if task.payload_codec is not None:
-                        payload = task.payload_codec.rebuild(payload)  # as for a sync one
-                    value = await self._loop.supervised(self._ahandler(task)(ctx, payload), ctx)
-                    if ctx.async_session_used and pending_writes(ctx.async_session):
-                        await ctx.async_session.flush()
-                self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
-            except Exception as exc:
-                failure = exc
-            self._ran(job, run, time.monotonic() - started)
+            handler = self._ahandler(task)
+            supervised = self._loop.supervised
+
+            async def supervise(ctx: JobContext, payload: Any) -> object:
+                return await supervised(handler(ctx, payload), ctx)
+
+            failure = await self._pipeline.arun(job, task, ctx, payload, supervise)
             await self._settle_async(job, task, ctx, failure)
         except (SQLAlchemyError, psycopg.Error) as exc:
             # A statement of its own, off the loop (like recording any other outcome).

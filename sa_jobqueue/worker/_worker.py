@@ -25,6 +25,7 @@ from ..database import HeldConnection, Pooler, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
+from ._attempt import Pipeline
 from ._batches import Batches
 from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
 from ._embedding import CONCURRENCY, WorkerOptions, engines_for, run_on_loop
@@ -281,12 +282,14 @@ class Worker:
         loop = None
         if self._has_async:
             loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
+        pipeline = Pipeline(self.queue, self._leases, recorder)
         batches = Batches(
             self.queue,
             self.engine,
             self._single,
             self._leases,
             recorder,
+            pipeline,
             worker=self.name,
             loop=loop,
             stopping=self._stopping,
@@ -297,6 +300,7 @@ class Worker:
             self.engine,
             self._leases,
             recorder,
+            pipeline,
             Groups(self.engine, self._leases, recorder, self._wake),
             loop=loop,
             stopping=self._stopping,

@@ -14,6 +14,7 @@ from sa_jobqueue._sql import claiming
 from sa_jobqueue.models import Job
 from sa_jobqueue.observability import Observers
 from sa_jobqueue.ops.admin import cancel_job
+from sa_jobqueue.worker._attempt import Pipeline
 from sa_jobqueue.worker._claimed import Claimed
 from sa_jobqueue.worker._groups import Groups
 from sa_jobqueue.worker._lanes import Intake, Lane
@@ -134,6 +135,7 @@ def run(
         db,
         leases,
         recorder,
+        Pipeline(queue, leases, recorder),
         Groups(db, leases, recorder, wake),
         loop=None,
         stopping=stopping,
