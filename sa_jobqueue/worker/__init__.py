@@ -31,7 +31,7 @@ modules are internal, not a stable API:
 - ``_recorder``: the one door an outcome leaves by: each verdict written, fenced, and told to
   the observers (``_reports``), whichever path ran the attempt (a group's or a batch's
   commit, a child's end, the heartbeat's timeout included); successes through
-  ``_completions`` (with the handler's writes, a group's commit, or batched by
+  ``_successes`` (with the handler's writes, a group's commit, or batched by
   ``_completer``); ``_retries`` tries statements again through transient errors;
 - ``_leases``: the lease table, the one place that knows which attempts are still held (and
   the lock under which lanes count their jobs);

@@ -58,12 +58,12 @@ from ..middleware import run_chain
 from ..queue import JobQueue
 from ..tasks import Discard, JobContext, Retry, Task
 from ._claimed import Claimed
-from ._completions import complete_in_transaction, encode_result
 from ._sessions import HandlerSession, decode, handler_session
 from ._settlement import (
     UnstorableResult,
     shutting_down,
 )
+from ._successes import complete_in_transaction, encode_result
 
 log = logging.getLogger("sa_jobqueue.worker")
 

@@ -3,7 +3,7 @@ outcome told to the observers, through :class:`Recorder`.
 
 Each :data:`~sa_jobqueue.worker._settlement.Verdict` has its statement here, and every
 statement is fenced on ``(job id, attempt)``: a stale attempt's write matches no row and
-changes nothing. Successes are written by :class:`~sa_jobqueue.worker._completions.Completions`
+changes nothing. Successes are written by :class:`~sa_jobqueue.worker._successes.Successes`
 (with the handler's writes, with its group's or batch's commit, or in a batch of completions),
 which the recorder owns; everything else here, each outcome in a statement of its own, tried
 again through transient errors (see :mod:`~sa_jobqueue.worker._retries`). The paths that run
@@ -29,7 +29,6 @@ from .._sql.fence import held_many
 from ..models import CANCELLED, DEAD
 from ..tasks import Backoff, Retry, Task
 from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
-from ._completions import Completions, HeldResults
 from ._reports import Reports
 from ._retries import retrying
 from ._sessions import HandlerSession
@@ -47,6 +46,7 @@ from ._settlement import (
     outcome_of,
     settle,
 )
+from ._successes import HeldResults, Successes
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -64,7 +64,7 @@ SHUTDOWN_RELEASE = "stopped part-way by the worker's shutdown"
 class Recorder:
     """Writes verdicts, each with its fenced statement, on the worker's own connections.
 
-    Owns the :class:`Completions`, built with it: ``handoff`` (claims the successors of
+    Owns the :class:`Successes`, built with it: ``handoff`` (claims the successors of
     batched completions that held slots of a limited queue), ``on_flushed`` (told after each
     batch) and ``clock`` (hurries retries once the worker stops) go there too. :meth:`close`
     flushes the batched completions.
@@ -82,7 +82,7 @@ class Recorder:
         self._single = single
         self._clock = clock
         self.reports = reports
-        self._completions = Completions(
+        self._successes = Successes(
             single,
             reports,
             self.not_completed,
@@ -94,16 +94,16 @@ class Recorder:
     @property
     def results(self) -> HeldResults:
         """The results waiting for their attempts' completions."""
-        return self._completions.results
+        return self._successes.results
 
     def completing(self) -> bool:
         """Whether completions wait for their batch (see ``Completer.pending``)."""
-        return self._completions.pending()
+        return self._successes.pending()
 
     def close(self, timeout: float | None = None) -> int:
         """Flush the completions still waiting for their batch; how many were still not
         written after ``timeout`` seconds (left to their leases)."""
-        return self._completions.close(timeout)
+        return self._successes.close(timeout)
 
     def record(self, job: Claimed, verdict: Verdict, task: Task) -> None:
         """Write a verdict in a statement of its own (or the next batch, for a completion).
@@ -115,7 +115,7 @@ class Recorder:
             self.results.take(job.id, job.attempts)  # not completed: nothing to store
         if isinstance(verdict, Complete):
             # Nothing to commit with the completion: it goes out in a batch with others'.
-            self._completions.batch(job)
+            self._successes.batch(job)
         elif isinstance(verdict, Abandon):
             self.not_completed(job.id, job.attempts)
         elif isinstance(verdict, Release):
@@ -127,32 +127,32 @@ class Recorder:
 
     def try_batch(self, job: Claimed) -> bool:
         """Queue an attempt's completion for the next batch if that needs no waiting (see
-        :meth:`Completions.try_batch`); False if it would wait: :meth:`record` it then, on a
+        :meth:`Successes.try_batch`); False if it would wait: :meth:`record` it then, on a
         thread that may block.
 
         For the event loop, where a wait would stall every other handler: recording a
         success this way touches no connection and takes no lock held across I/O.
         """
-        return self._completions.try_batch(job)
+        return self._successes.try_batch(job)
 
-    # -- success: see Completions -----------------------------------------------------------
+    # -- success: see Successes -----------------------------------------------------------
 
     def complete_in(self, session: HandlerSession, job: Claimed) -> bool:
         """The fenced completion in the handler's own transaction (see
-        :meth:`Completions.complete_in`); False if it matched no row."""
-        return self._completions.complete_in(session, job)
+        :meth:`Successes.complete_in`); False if it matched no row."""
+        return self._successes.complete_in(session, job)
 
     async def complete_in_async(self, session: AsyncSession, job: Claimed) -> bool:
         """:meth:`complete_in`, for an async handler's session."""
-        return await self._completions.complete_in_async(session, job)
+        return await self._successes.complete_in_async(session, job)
 
     def complete_group(self, conn: Connection, jobs: list[Claimed]) -> set[int]:
         """Complete a group's jobs on its shared connection; the ids that matched."""
-        return self._completions.complete_group(conn, jobs)
+        return self._successes.complete_group(conn, jobs)
 
     async def complete_group_async(self, session: AsyncSession, jobs: list[Claimed]) -> set[int]:
         """:meth:`complete_group` in an async handler's session; the ids that matched."""
-        return await self._completions.complete_group_async(session, jobs)
+        return await self._successes.complete_group_async(session, jobs)
 
     def completed_together(
         self, jobs: list[Claimed], done: set[int], why: str, others: list[Claimed] | None = None
@@ -185,7 +185,7 @@ class Recorder:
             verdict = settle(end.failure, wrote=False, shutting_down=end.stopped)
             self.record(job, verdict, task)
         elif end.completed is None:  # it wrote nothing: completed here, in a batch
-            self.results.hold(job, end.result)
+            self.results.keep_encoded(job, end.result)
             self.record(job, BATCHED, task)
         elif end.completed:
             self.reports.report(job.id, job.attempts, Outcome.SUCCEEDED)

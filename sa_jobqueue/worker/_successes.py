@@ -93,7 +93,7 @@ class HeldResults:
         if text is not None:
             self._held[(job.id, job.attempts)] = text
 
-    def hold(self, job: Claimed, text: str | None) -> None:
+    def keep_encoded(self, job: Claimed, text: str | None) -> None:
         """Hold a result already encoded (by :func:`encode_result`, elsewhere)."""
         if text is not None:
             self._held[(job.id, job.attempts)] = text
@@ -127,7 +127,7 @@ class HeldResults:
         return text
 
 
-class Completions:
+class Successes:
     """Writes successes, each with its fenced statement; owns the batching :class:`Completer`.
 
     ``not_completed`` settles a batched completion that matched no row; ``handoff``, if given,
