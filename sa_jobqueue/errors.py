@@ -6,7 +6,8 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
     JobQueueError
      ├── InvalidJobError (ValueError)        bad input to enqueue or a job operation; nothing sent
      │    ├── PayloadError                     the payload is not plain JSON, or is too large
-     │    │    └── PayloadTypeError             it does not fit the type the task's handler takes
+     │    │    ├── PayloadTypeError             it does not fit the type the task's handler takes
+     │    │    └── UnstorableResultError        a result a task keeps is not JSON, or too large
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
      │    └── InvalidScheduleError             run_at is naive, or an option is out of range
      ├── InvalidLimitError (ValueError)      a queue's concurrency cap or rate is not valid
@@ -15,6 +16,8 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      ├── ResultTimeoutError (TimeoutError)   a wait for a result ran out of time
      ├── JobFailedError                      a result asked of a job that did not succeed
      ├── HardTimeoutError (TimeoutError)     an attempt was killed at its task's hard_timeout
+     ├── AttemptStoppedError                 the worker stopped an async or batch handler
+     ├── SwallowedError                      a handler went on past a failed statement
      ├── TaskDefinitionError (ValueError)    a task is declared twice, or with bad options
      ├── SchemaError                         the database lacks the schema this version needs
      │    ├── SchemaMissingError
@@ -57,6 +60,15 @@ class PayloadTypeError(PayloadError):
     a stored payload that no longer fits (the type changed in a deploy since the job was
     enqueued) fails the attempt with it, recorded as the job's ``last_error``, and the job is
     retried under its task's policy like any failure.
+    """
+
+
+class UnstorableResultError(PayloadError):
+    """What a task that keeps its result returned cannot be stored (not JSON, or too large).
+
+    Never raised to a caller: the attempt's error (``last_error``). Deterministic, so the job
+    goes to dead at once: another attempt would run the handler (and its effects outside
+    ``ctx.session``) again, only to be refused the same way.
     """
 
 
@@ -113,6 +125,25 @@ class HardTimeoutError(JobQueueError, TimeoutError):
     Never raised to a caller: a worker records it as the attempt's error (``last_error``,
     the attempt history) when it kills an attempt of a task with a ``hard_timeout``, or when
     such an attempt's process dies; the job is retried under its task's policy.
+    """
+
+
+class AttemptStoppedError(JobQueueError):
+    """The worker stopped the attempt: its timeout ran out, it was cancelled, or its lease was
+    lost.
+
+    Never raised to a caller: what an ``async def`` handler (or a batch task's handler) gets
+    at its next ``await`` when its worker cancels it, and the attempt's error (``last_error``)
+    when the handler lets it through.
+    """
+
+
+class SwallowedError(JobQueueError):
+    """A handler went on after one of its statements failed, without ``rollback()``.
+
+    Never raised to a caller: the attempt's error (``last_error``) when a handler caught a
+    database error of its session and returned as if nothing had happened; its writes are
+    rolled back and the job is retried under its task's policy.
     """
 
 

@@ -143,7 +143,7 @@ class Pipeline:
 
     def keep(self, job: Claimed, task: Task, value: object) -> None:
         """Hold what a task that keeps results returned, for its completion to store; a value
-        that cannot be stored raises ``UnstorableResult``."""
+        that cannot be stored raises ``UnstorableResultError``."""
         self._keep(job, task, value)
 
     def _keep(self, job: Claimed, task: Task, value: object) -> None:

@@ -35,19 +35,19 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._sql import claim_limits
 from ..batching import BatchContext, BatchJob
 from ..database import HeldConnection
-from ..errors import JobQueueError, PayloadError
+from ..errors import AttemptStoppedError, JobQueueError, PayloadError, UnstorableResultError
 from ..middleware import arun_chain, run_chain
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
 from ._attempt import Pipeline
 from ._claimed import Claimed
 from ._claimer import runnable
-from ._event_loop import ASYNC_STOP_CHECK, AttemptStopped, EventLoopThread
+from ._event_loop import ASYNC_STOP_CHECK, EventLoopThread
 from ._lanes import Lane
 from ._leases import LeaseTable, Ticket
 from ._recorder import Recorder
 from ._sessions import HandlerSession, deadline, decode, handler_session
-from ._settlement import BOTH_SESSIONS, UnstorableResult, settle, shutting_down
+from ._settlement import BOTH_SESSIONS, settle, shutting_down
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -257,7 +257,7 @@ class Batches:
         try:
             value = await running
         except asyncio.CancelledError:
-            raise AttemptStopped("the worker cancelled this batch") from None
+            raise AttemptStoppedError("the worker cancelled this batch") from None
         if ctx.async_session_used:
             await ctx.async_session.flush()
         return value
@@ -284,7 +284,7 @@ class Batches:
                 continue
             try:
                 self._pipeline.keep(job, task, result)
-            except UnstorableResult as exc:
+            except UnstorableResultError as exc:
                 ctx._marks[job.id] = exc  # this job alone goes to dead, as a single job would
 
     # -- settling ------------------------------------------------------------------------------

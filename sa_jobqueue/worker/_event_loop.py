@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import URL
 
 from ..database import CONNECT_ARGS, Pooler
+from ..errors import AttemptStoppedError
 from ..tasks import JobContext
 
 if TYPE_CHECKING:
@@ -24,15 +25,6 @@ log = logging.getLogger("sa_jobqueue.worker")
 
 #: How often an async handler's stop flag is checked (seconds).
 ASYNC_STOP_CHECK = 0.05
-
-
-class AttemptStopped(Exception):
-    """The worker cancelled an async handler (timeout, cancellation or lost lease)."""
-
-
-# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
-# name this error has always been stored under, from before the worker became a package.
-AttemptStopped.__module__ = "sa_jobqueue.execution"
 
 
 class Slots:
@@ -174,7 +166,7 @@ class EventLoopThread:
 
         Unlike a sync handler, it is really stopped: once ``ctx.stop_requested`` turns True
         (timeout, cancellation, lost lease) it is cancelled at its next ``await``, within
-        ``ASYNC_STOP_CHECK`` seconds, and :class:`AttemptStopped` is raised in its place; so
+        ``ASYNC_STOP_CHECK`` seconds, and :class:`AttemptStoppedError` is raised in its place; so
         is it for a ``CancelledError`` of the handler's own. A shutdown only asks: the
         handler sees ``ctx.stop_requested`` and has the shutdown grace to end by itself. A
         handler that catches the cancellation and returns has returned.
@@ -182,7 +174,7 @@ class EventLoopThread:
         if ctx._stop:  # stopped before it started: it does not start
             if inspect.iscoroutine(coroutine):
                 coroutine.close()
-            raise AttemptStopped("the worker cancelled this attempt")
+            raise AttemptStoppedError("the worker cancelled this attempt")
         task = asyncio.current_task()
         assert task is not None  # called from a task: the job's
         self._watched[task] = ctx
@@ -191,7 +183,7 @@ class EventLoopThread:
         try:
             return await coroutine
         except asyncio.CancelledError:
-            raise AttemptStopped("the worker cancelled this attempt") from None
+            raise AttemptStoppedError("the worker cancelled this attempt") from None
         finally:
             del self._watched[task]
             if task in self._cancelled:

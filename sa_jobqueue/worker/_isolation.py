@@ -53,16 +53,13 @@ from .._durations import duration_text
 from .._error_text import RemoteError
 from .._sql import session as session_sql
 from ..database import as_pooler, create_engine, pooler_of
-from ..errors import HardTimeoutError
+from ..errors import HardTimeoutError, UnstorableResultError
 from ..middleware import run_chain
 from ..queue import JobQueue
 from ..tasks import Discard, JobContext, Retry, Task
 from ._claimed import Claimed
 from ._sessions import HandlerSession, decode, handler_session
-from ._settlement import (
-    UnstorableResult,
-    shutting_down,
-)
+from ._settlement import shutting_down
 from ._successes import complete_in_transaction, encode_result
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -336,7 +333,7 @@ def _attempt(spec: ChildAttempt, engine: Engine) -> ChildEnd:
             return ChildEnd(result=result)
         session.flush()
         return ChildEnd(completed=_complete(session, spec, result))
-    except UnstorableResult as exc:
+    except UnstorableResultError as exc:
         _roll_back(ctx)
         return ChildEnd(failure=exc)
     except Exception as exc:

@@ -18,21 +18,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..errors import PayloadError
+from ..errors import SwallowedError, UnstorableResultError
 from ..models import CANCELLED, DEAD
 from ..tasks import Discard, JobContext, Retry
 
 #: The message of the error a handler gets for writing through both of its sessions.
 BOTH_SESSIONS = "a handler writes through ctx.session or ctx.async_session, not both"
-
-
-class SwallowedError(Exception):
-    """A handler went on after one of its statements failed, without ``rollback()``."""
-
-
-# last_error keeps the failure's type as "module.name", and users search jobs by it: keep the
-# name this error has always been stored under, from before the worker became a package.
-SwallowedError.__module__ = "sa_jobqueue.running"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +44,13 @@ class Snooze:
     retry: Retry
 
 
-class UnstorableResult(PayloadError):
-    """What a task that keeps its result returned cannot be stored (not JSON, or too large).
-
-    Deterministic, so the job goes to dead at once: another attempt would run the handler (and
-    its effects outside ``ctx.session``) again, only to be refused the same way. It is stored
-    in ``last_error`` as a :class:`~sa_jobqueue.errors.PayloadError`.
-    """
-
-
-# Users search jobs by last_error's type: store it under the public error's name.
-UnstorableResult.__module__ = PayloadError.__module__
-UnstorableResult.__name__ = UnstorableResult.__qualname__ = PayloadError.__name__
-
-
 @dataclass(frozen=True, slots=True)
 class Bury:
     """Move the job to dead at once, whatever attempts are left: the handler raised
-    :class:`~sa_jobqueue.Discard`, or its result cannot be stored (:class:`UnstorableResult`).
+    :class:`~sa_jobqueue.Discard`, or its result cannot be stored (:class:`UnstorableResultError`).
     """
 
-    error: Discard | UnstorableResult
+    error: Discard | UnstorableResultError
 
     @property
     def reason(self) -> str:
@@ -159,7 +136,7 @@ def settle(
         return IN_TRANSACTION if wrote else BATCHED
     if isinstance(failure, Retry):
         return Snooze(failure)
-    if isinstance(failure, Discard | UnstorableResult):
+    if isinstance(failure, Discard | UnstorableResultError):
         return Bury(failure)
     return Fail(failure)
 

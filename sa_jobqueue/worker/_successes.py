@@ -28,14 +28,14 @@ from .._sql import transitions
 from .._sql.fence import held_many
 from .._validation import encode_payload
 from ..database import HeldConnection
-from ..errors import PayloadError
+from ..errors import PayloadError, UnstorableResultError
 from ..tasks import Task
 from ._claimed import Claimed
 from ._completer import Completer, Flushed
 from ._reports import Reports
 from ._retries import RECORD_RETRY
 from ._sessions import HandlerSession, deadline
-from ._settlement import Outcome, UnstorableResult
+from ._settlement import Outcome
 
 if TYPE_CHECKING:
     from sqlalchemy import CursorResult
@@ -50,7 +50,7 @@ _Key = tuple[int, int]  # (job id, attempt)
 
 def encode_result(task: Task, value: object, max_bytes: int) -> str | None:
     """What a handler returned, as the JSON text its completion stores, if its task keeps
-    results (None otherwise). A value payloads could not carry raises UnstorableResult (a
+    results (None otherwise). A value payloads could not carry raises UnstorableResultError (a
     PayloadError; the job goes to dead at once, as no attempt could store it)."""
     if not task.keep_result:
         return None
@@ -59,7 +59,7 @@ def encode_result(task: Task, value: object, max_bytes: int) -> str | None:
     except PayloadError as exc:
         # Every message of encode_payload starts with "payload": here it is the result.
         why = str(exc).removeprefix("payload")
-        raise UnstorableResult(
+        raise UnstorableResultError(
             f"task {task.name!r} keeps its result, which cannot be stored: result{why}"
         ) from None
 
@@ -87,7 +87,7 @@ class HeldResults:
 
     def keep(self, job: Claimed, task: Task, value: object, max_bytes: int) -> None:
         """A task that keeps results: hold what its handler returned, as JSON, for the
-        completion to store. A value payloads could not carry raises UnstorableResult (a
+        completion to store. A value payloads could not carry raises UnstorableResultError (a
         PayloadError; the job goes to dead at once, as no attempt could store it)."""
         text = encode_result(task, value, max_bytes)
         if text is not None:

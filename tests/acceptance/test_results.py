@@ -96,14 +96,14 @@ def test_a_result_that_cannot_be_stored_fails_the_attempt_and_its_writes(
     outcome = drain(queue, engine)
     assert outcome.dead == 1
     assert "keeps its result, which cannot be stored" in outcome.errors[job_id]
-    assert "PayloadError" in outcome.errors[job_id]
+    assert "UnstorableResultError" in outcome.errors[job_id]
     assert stored(engine, job_id) is None
     assert noted(engine) == set()  # the handler's row rolled back with the attempt
     with Session(engine) as session:
         result = queue.get_result(session, job_id)
     assert result is not None
     assert result.status == "dead"
-    with pytest.raises(JobFailedError, match=r"is dead, with no result: .*PayloadError"):
+    with pytest.raises(JobFailedError, match=r"is dead, with no result: .*UnstorableResultError"):
         result.get()
 
 
@@ -122,7 +122,7 @@ def test_a_result_over_the_size_cap_fails_the_job_at_once_without_retries(
             )
         ).one()
     assert (row.status, row.attempts) == ("dead", 1)
-    assert row.last_error["type"] == "sa_jobqueue.errors.PayloadError"
+    assert row.last_error["type"] == "sa_jobqueue.errors.UnstorableResultError"
     assert row.last_error["message"] == (
         f"task 'oversized' keeps its result, which cannot be stored: result is"
         f" {queue.max_payload_bytes + 3} bytes of JSON, over the limit of {queue.max_payload_bytes}"

@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy.engine import URL
 
 from sa_jobqueue import JobContext
-from sa_jobqueue.worker._event_loop import AttemptStopped, EventLoopThread, Slots
+from sa_jobqueue.errors import AttemptStoppedError
+from sa_jobqueue.worker._event_loop import EventLoopThread, Slots
 
 
 @pytest.fixture
@@ -112,7 +113,7 @@ def test_a_handler_told_to_stop_is_cancelled_at_its_next_await(loop: EventLoopTh
     async def body() -> object:
         try:
             await loop.supervised(handler(), ctx)
-        except AttemptStopped as exc:
+        except AttemptStoppedError as exc:
             # The cancellation was the handler's: the job's task goes on as usual.
             task = asyncio.current_task()
             assert task is not None
@@ -121,7 +122,7 @@ def test_a_handler_told_to_stop_is_cancelled_at_its_next_await(loop: EventLoopTh
             return exc
         return None
 
-    assert isinstance(run(loop, body), AttemptStopped)
+    assert isinstance(run(loop, body), AttemptStoppedError)
     assert seen == ["cancelled"]
 
 
@@ -136,7 +137,7 @@ def test_a_handler_told_to_stop_before_it_starts_never_runs(loop: EventLoopThrea
     async def body() -> object:
         return await loop.supervised(handler(), ctx)
 
-    assert isinstance(run(loop, body), AttemptStopped)
+    assert isinstance(run(loop, body), AttemptStoppedError)
     assert ran == []
 
 
@@ -169,7 +170,7 @@ def test_a_handlers_own_cancelled_error_fails_it_as_stopped(loop: EventLoopThrea
     async def body() -> object:
         return await loop.supervised(handler(), context())
 
-    assert isinstance(run(loop, body), AttemptStopped)
+    assert isinstance(run(loop, body), AttemptStoppedError)
 
 
 def test_a_handler_that_is_not_told_to_stop_runs_to_its_end(loop: EventLoopThread) -> None:

@@ -6,6 +6,8 @@ from datetime import timedelta
 
 import pytest
 
+from sa_jobqueue import errors
+from sa_jobqueue.errors import SwallowedError
 from sa_jobqueue.models import CANCELLED, DEAD, QUEUED, SUCCEEDED
 from sa_jobqueue.tasks import Discard, Retry
 from sa_jobqueue.worker._settlement import (
@@ -19,7 +21,6 @@ from sa_jobqueue.worker._settlement import (
     Fail,
     Outcome,
     Snooze,
-    SwallowedError,
     outcome_of,
     settle,
 )
@@ -100,12 +101,16 @@ def test_outcome_values_are_the_names_observers_and_metrics_see() -> None:
     ]
 
 
-def test_the_workers_own_errors_keep_the_type_names_stored_in_last_error() -> None:
+def test_the_errors_an_attempt_ends_with_are_stored_under_their_real_names() -> None:
+    """``last_error`` keeps a failure's type as ``module.name``: the worker's own errors are
+    public classes of ``sa_jobqueue.errors``, stored under the name they are defined with."""
     from sa_jobqueue._error_text import error_json
-    from sa_jobqueue.worker._event_loop import AttemptStopped
+    from sa_jobqueue.errors import AttemptStoppedError, UnstorableResultError
 
-    assert '"type": "sa_jobqueue.running.SwallowedError"' in error_json(SwallowedError("x"))
-    assert '"type": "sa_jobqueue.execution.AttemptStopped"' in error_json(AttemptStopped("x"))
+    for kind in (SwallowedError, AttemptStoppedError, UnstorableResultError):
+        assert f'"type": "sa_jobqueue.errors.{kind.__name__}"' in error_json(kind("x"))
+        assert kind.__module__ == "sa_jobqueue.errors"
+        assert getattr(errors, kind.__name__) is kind
 
 
 def test_a_handler_stopped_by_shutdown_that_raises_is_released() -> None:
