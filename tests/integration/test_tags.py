@@ -56,7 +56,8 @@ def test_the_tasks_tags_and_meta_merge_with_the_calls(
         own = queue.enqueue(session, "plain", {}, tags=["b", "a", "b"], meta={"x": [1, None]})
     assert labels(conn, only_task) == (["billing"], {"team": "pay", "v": 1})
     # The call's tags are added after the task's, repeats dropped; its meta's keys win.
-    assert labels(conn, merged) == (["billing", "customer:42"], {"team": "pay", "v": 2, "who": "ann"})
+    merged_meta = {"team": "pay", "v": 2, "who": "ann"}
+    assert labels(conn, merged) == (["billing", "customer:42"], merged_meta)
     # Nothing given, nothing stored: NULL, not an empty array or object.
     assert labels(conn, plain) == (None, None)
     assert labels(conn, own) == (["b", "a"], {"x": [1, None]})
@@ -92,7 +93,8 @@ def test_unique_enqueues_store_the_labels_and_a_held_key_keeps_its_own(
             session, "keyed", {"k": "one"}, tags=["second"], unique_mode="replace"
         )
         many = queue.enqueue_many(session, "keyed", [{"k": "two"}, {"k": "one"}], tags=["many"])
-    assert again == first and again.updated
+    assert again == first
+    assert again.updated
     # A replace gives the holder the call's payload, priority and due time, not its labels.
     assert labels(conn, first) == (["keyed", "first"], {"n": 1})
     assert many[1] == first
