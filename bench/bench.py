@@ -55,15 +55,17 @@ PEERS = (
 #: drain of them fits the time cap.
 BEST = ("procrastinate_c10", "pgqueuer_b100", "pgqueuer_b500", "chancy_tuned")
 
+#: sa_jobqueue with every job tagged, without and with a GIN index on the tags (opt-in).
+TAGGED = ("sa_jobqueue_tagged", "sa_jobqueue_tag_gin")
 #: Which systems take part in which scenario (an enqueue is the same for a system's tunings).
 ENQUEUERS = ("sa_jobqueue", "procrastinate", "pgqueuer", "chancy", "reference")
 SCENARIO_SYSTEMS: dict[str, tuple[str, ...]] = {
     "enqueue": ENQUEUERS,
     "bulk": ENQUEUERS,
-    "drain": ("sa_jobqueue", *PEERS, "pgqueuer_psycopg", "reference"),
+    "drain": ("sa_jobqueue", *TAGGED, *PEERS, "pgqueuer_psycopg", "reference"),
     # sa_jobqueue with 2 handler threads a process beside its default of 10: for short jobs
     # that write, fewer threads (and so fewer connections) cost less on a machine of 2 cores.
-    "write": ("sa_jobqueue", "sa_jobqueue_c2", *PEERS, "pgqueuer_psycopg", "reference"),
+    "write": ("sa_jobqueue", "sa_jobqueue_c2", *TAGGED, *PEERS, "pgqueuer_psycopg", "reference"),
     "latency": ("sa_jobqueue", *(p for p in PEERS if p != "pgqueuer_b500")),
     "history": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
     "pinned": ("sa_jobqueue", "procrastinate", "pgqueuer", *BEST, "reference"),
@@ -89,7 +91,7 @@ ASYNC_PAIRS = (
     ("1ms", "sleep_1ms", "sleep_1ms_async"),
 )
 #: Systems run only when named with --systems (the configuration earlier runs used).
-OPT_IN = ("pgqueuer_psycopg",)
+OPT_IN = ("pgqueuer_psycopg", *TAGGED)
 DEFAULT_SYSTEMS = tuple(k for k in SYSTEMS if k not in OPT_IN)
 
 

@@ -99,11 +99,14 @@ class JobAdmin:
         limit: int = 100,
         after_id: int | None = None,
         newest_first: bool = False,
+        tags: str | Iterable[str] | None = None,
     ) -> list[JobInfo]:
         """Read up to ``limit`` jobs in id order (oldest first), in the caller's transaction.
 
         Filters: ``queue``, ``task``, ``status`` (one status or several), and ``older_than``
-        (created longer ago than that, by the database's clock). For the next page, pass the
+        (created longer ago than that, by the database's clock), and ``tags`` (one tag or
+        several: the jobs carrying all of them; no index serves it, see the tags how-to).
+        For the next page, pass the
         last id you got as ``after_id`` (keyset pagination: stable while rows come and go,
         and as cheap for the thousandth page as for the first). Bad filters raise
         InvalidJobError before any SQL is sent. ``limit`` is at most 10,000.
@@ -122,6 +125,7 @@ class JobAdmin:
             limit=limit,
             after_id=after_id,
             newest_first=newest_first,
+            tags=tags,
         )
 
     # -- results ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, get_args
@@ -440,3 +441,58 @@ def check_timeout(timeout: object, name: str = "timeout") -> timedelta | None:
             f"{name} must be a timedelta above 0s (or None), not {value_text(timeout)}"
         )
     return timeout
+
+
+#: A tag: 1 to 64 characters from A-Z a-z 0-9 _ . : - (a queue name's rule), starting with a
+#: letter or digit: something to type after ``--tag`` and in a URL without quoting, such as
+#: ``billing``, ``customer:42`` or ``v2.1``. Case matters (``Billing`` is another tag).
+TAG: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+#: The most tags one job carries, its task's and its enqueue's together: tags label a job for
+#: people and filters; data the handler needs belongs in the payload.
+MAX_TAGS: Final = 16
+#: The largest meta, in bytes of its JSON text: a few fields of context (who, where from,
+#: which request), not a payload. 4 KB keeps a row's meta inline or in one TOAST chunk.
+MAX_META_BYTES: Final = 4096
+
+
+def check_tags(tags: object, *, base: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``base`` (the task's tags, checked) with ``tags`` added: in order, without repeats.
+
+    ``tags`` is None or a list, tuple or set of tag strings (a lone str is refused: it would
+    be a set of characters). InvalidJobError naming the first bad tag, or the count when the
+    two together are over :data:`MAX_TAGS`.
+    """
+    if tags is None:
+        return base
+    if isinstance(tags, str | bytes) or not isinstance(tags, list | tuple | set | frozenset):
+        raise InvalidJobError(f"tags must be a list of str, not {value_text(tags)}")
+    for tag in tags:
+        if not isinstance(tag, str) or not TAG.fullmatch(tag):
+            raise InvalidJobError(
+                f"invalid tag {value_text(tag)}: use 1-64 characters from A-Z a-z 0-9 _ . : -,"
+                " starting with a letter or digit"
+            )
+    given = sorted(tags) if isinstance(tags, set | frozenset) else tags
+    merged = tuple(dict.fromkeys((*base, *given)))
+    if len(merged) > MAX_TAGS:
+        raise InvalidJobError(f"a job has at most {MAX_TAGS} tags, not {len(merged)}")
+    return merged
+
+
+def check_meta(meta: object, *, base: Mapping[str, Any] | None = None) -> str | None:
+    """``base`` (the task's meta) with the keys of ``meta`` over it, as the JSON text stored
+    with the job; None when both are None or empty.
+
+    InvalidJobError if ``meta`` is not a dict with str keys, or the two together are not JSON
+    as payloads are (:func:`encode_payload`'s rules) or are over :data:`MAX_META_BYTES`.
+    """
+    if meta is not None and not isinstance(meta, Mapping):
+        raise InvalidJobError(f"meta must be a dict (a JSON object), not {value_text(meta)}")
+    merged = base if meta is None else {**(base or {}), **meta}
+    if not merged:
+        return None
+    try:
+        return encode_payload(merged, max_bytes=MAX_META_BYTES)
+    except PayloadError as exc:
+        message = str(exc)
+        raise InvalidJobError("meta" + message.removeprefix("payload")) from None

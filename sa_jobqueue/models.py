@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0015"
+SCHEMA_REVISION: Final = "sajq_0016"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -135,6 +135,14 @@ class Job(Base):
     #: statement that ends the attempt. NULL until one has ended so; a success adds nothing
     #: (the row itself holds its attempt, worker, start and end).
     attempt_history: Mapped[Any | None] = mapped_column(JSONB)
+    #: Labels given at enqueue (the task's and the call's), for people and filters: short
+    #: names, no repeats, in the order given. NULL for a job enqueued without any (the
+    #: common job writes and reads nothing more). Never read by the claim; no index (see
+    #: revision ``sajq_0016``): a filter on tags reads a bounded window of ids.
+    tags: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    #: A JSON object given at enqueue (the task's, with the call's keys over it): what the
+    #: application wants kept with the job and shown beside it. NULL when none was given.
+    meta: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

@@ -256,6 +256,7 @@ def _enqueue_due(
         params = {"schedule": name, "tick": tick, **job.params("b_"), "b_payload": job.payloads[0]}
         if key is not None:
             params["b_unique_key"] = key
-        if conn.execute(periodic_sql.enqueue_tick(key is not None), params).first() is not None:
+        statement = periodic_sql.enqueue_tick(key is not None, job.options.labelled)
+        if conn.execute(statement, params).first() is not None:
             enqueued += 1
     return enqueued

@@ -142,6 +142,8 @@ class JobQueue(JobAdmin):
         debounce: timedelta | None = None,
         keep_result: bool = False,
         hard_timeout: timedelta | None = None,
+        tags: Sequence[str] = (),
+        meta: Mapping[str, Any] | None = None,
     ) -> Callable[[Callable[[JobContext, P], object]], Task[P]]: ...
 
     def task(
@@ -161,6 +163,8 @@ class JobQueue(JobAdmin):
         debounce: timedelta | None = None,
         keep_result: bool = False,
         hard_timeout: timedelta | None = None,
+        tags: Sequence[str] = (),
+        meta: Mapping[str, Any] | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
@@ -175,8 +179,9 @@ class JobQueue(JobAdmin):
         enqueue names no ``run_at``, and ``unique_period`` holds a key for the rest of the
         fixed window of that length its job was enqueued in, even once the job has finished.
         ``keep_result`` stores what the handler returns with the job's completion (see
-        :meth:`get_result` and :meth:`wait_for_result`). Bad options raise
-        TaskDefinitionError here.
+        :meth:`get_result` and :meth:`wait_for_result`). ``tags`` and ``meta`` are kept with
+        every job of the task (an enqueue's tags are added to them, its meta's keys go over
+        them; see :meth:`enqueue`). Bad options raise TaskDefinitionError here.
 
         A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
         Pydantic model takes a typed payload (see :class:`Task`); the task is a ``Task[T]`` of
@@ -199,6 +204,8 @@ class JobQueue(JobAdmin):
                 debounce=debounce,
                 keep_result=keep_result,
                 hard_timeout=hard_timeout,
+                tags=cast(tuple[str, ...], tags),
+                meta=None if meta is None else dict(meta),
             )
             return self._registry.add(task)
 
@@ -222,6 +229,8 @@ class JobQueue(JobAdmin):
         unique_period: timedelta | None = None,
         debounce: timedelta | None = None,
         keep_result: bool = False,
+        tags: Sequence[str] = (),
+        meta: Mapping[str, Any] | None = None,
     ) -> Callable[[Callable[[BatchContext, list[BatchJob[P]]], object]], Task[P]]:
         """Register a handler ``fn(ctx, jobs)`` that takes its jobs in batches (see
         :mod:`sa_jobqueue.batching`).
@@ -250,6 +259,8 @@ class JobQueue(JobAdmin):
                 unique_period=unique_period,
                 debounce=debounce,
                 keep_result=keep_result,
+                tags=cast(tuple[str, ...], tags),
+                meta=None if meta is None else dict(meta),
                 batching=Batching(max_size, max_wait, batch_key),
             )
             return cast(Task[P], self._registry.add(task))
@@ -316,8 +327,10 @@ class JobQueue(JobAdmin):
 
         ``options`` are those of :class:`~sa_jobqueue.queue.EnqueueOptions`: the
         :class:`~sa_jobqueue.queue.JobOptions` (``run_at``, ``priority``, ``queue``,
-        ``max_attempts``, ``lease``, ``backoff``, ``unique_mode``, ``unique_period``), each
-        left to the task's declaration when left out, and ``unique_key`` and ``depends_on``.
+        ``max_attempts``, ``lease``, ``backoff``, ``unique_mode``, ``unique_period``, ``tags``,
+        ``meta``), each left to the task's declaration when left out (``tags`` are added to
+        the task's, ``meta``'s keys go over the task's), and ``unique_key`` and
+        ``depends_on``.
         Bad input raises InvalidJobError (or UnknownTaskError) before any SQL is sent, so the
         caller's transaction stays usable; an unknown option name raises TypeError. Never
         commits and never flushes the session.

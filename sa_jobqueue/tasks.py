@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Final, Generic
 
 from sqlalchemy.orm import Session
 from typing_extensions import TypeVar
@@ -19,14 +19,17 @@ if TYPE_CHECKING:
 
 from ._durations import duration_text, value_text
 from ._payload_types import PayloadCodec, codec_for
+from ._sql import admin as admin_sql
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
     UniqueMode,
     check_lease,
     check_max_attempts,
+    check_meta,
     check_priority,
     check_queue_name,
     check_run_at,
+    check_tags,
     check_task_name,
     check_timeout,
     check_unique_mode,
@@ -181,6 +184,10 @@ class Task(Generic[P]):
     ``run_at``, and ``unique_period`` also holds a key for the rest of the fixed window of that
     length in which its job was enqueued, after the job has finished.
 
+    ``tags`` and ``meta`` are kept with every job of the task: an enqueue's tags are added to
+    the task's (in order, without repeats), and the keys of an enqueue's meta go over the
+    task's (a shallow merge). See ``JobQueue.enqueue`` and the tags how-to.
+
     ``keep_result``: the handler's return value is stored with the job's completion (in the
     same fenced statement, so a stale attempt stores nothing), as JSON under the rules and
     size cap of payloads, and read back with ``JobQueue.get_result`` or waited for with
@@ -215,6 +222,10 @@ class Task(Generic[P]):
     debounce: timedelta | None = None
     keep_result: bool = False
     hard_timeout: timedelta | None = None
+    #: Tags every job of the task carries (a list or tuple; kept as a tuple).
+    tags: tuple[str, ...] = ()
+    #: Meta every job of the task carries, under the keys an enqueue gives (a JSON object).
+    meta: dict[str, Any] | None = field(default=None, hash=False)
     #: How a batch task forms its batches (``JobQueue.batch_task``); None for a task whose
     #: handler takes one job at a time.
     batching: Batching | None = None
@@ -246,6 +257,9 @@ class Task(Generic[P]):
             check_unique_period(self.unique_period)
             if self.debounce is not None:
                 check_run_at(self.debounce)
+            object.__setattr__(self, "tags", check_tags(self.tags))
+            check_meta(self.meta)
+            object.__setattr__(self, "meta", dict(self.meta) if self.meta else None)
         except InvalidJobError as exc:
             raise TaskDefinitionError(f"task {self.name!r}: {exc}") from exc
         _check_handler(self.name, self.handler)
@@ -434,6 +448,22 @@ class JobContext:
         rows = await self.async_session.execute(query, {"job_id": self.job_id})
         return {job_id: result for job_id, result in rows}
 
+    def tags_and_meta(self) -> tuple[list[str], dict[str, Any]]:
+        """The job's tags and meta (``[]`` and ``{}`` when it has none), read through
+        :attr:`session`: one lookup by primary key, in the job's transaction.
+
+        Not part of the claim: every job would carry them to its worker whether its handler
+        looks at them or not, so only a handler that asks pays for them. They are read as
+        they are now; nothing changes them after enqueue but a hand-written UPDATE.
+        """
+        row = self.session.execute(_TAGS_AND_META, {"job_id": self.job_id}).one_or_none()
+        return _labels(row)
+
+    async def atags_and_meta(self) -> tuple[list[str], dict[str, Any]]:
+        """:meth:`tags_and_meta` for an ``async def`` handler, through :attr:`async_session`."""
+        result = await self.async_session.execute(_TAGS_AND_META, {"job_id": self.job_id})
+        return _labels(result.one_or_none())
+
     @property
     def stop_requested(self) -> bool:
         """True once this attempt should stop early.
@@ -453,3 +483,13 @@ class JobContext:
     def cancel_requested(self) -> bool:
         """True once ``JobQueue.cancel`` was called for this job (seen at a lease renewal)."""
         return self._cancel
+
+
+_TAGS_AND_META: Final = admin_sql.job_by_id(("tags", "meta"))
+
+
+def _labels(row: Any) -> tuple[list[str], dict[str, Any]]:
+    if row is None:
+        return [], {}
+    tags, meta = row
+    return list(tags or ()), dict(meta) if isinstance(meta, dict) else {}

@@ -45,7 +45,13 @@ def insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
     # By position: the cache's key is then the arguments' tuple, and nothing more to build.
     traced = new.trace_context is not None
     statement = enqueue_sql.insert_job(
-        options.schedule, wake_up, False, traced, options.backoff is not None
+        options.schedule,
+        wake_up,
+        False,
+        traced,
+        options.backoff is not None,
+        False,
+        options.labelled,
     )
     row = first_row(conn, statement, params)
     assert row is not None  # an INSERT without ON CONFLICT returns its row or raises
@@ -78,6 +84,7 @@ def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
         backoff=new.options.backoff is not None,
         wake=wake_up,
         period=period is not None,
+        labels=new.options.labelled,
     )
     if not new.unique:
         rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
@@ -112,8 +119,13 @@ def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
         tail.append(new.trace_context)
     if options.backoff is not None:
         tail.append(json.dumps(options.backoff.to_json()))
+    if options.labelled:
+        tail += [list(options.tags) or None, options.meta]
     statement = enqueue_sql.copy_jobs(
-        schedule, traced=new.trace_context is not None, backoff=options.backoff is not None
+        schedule,
+        traced=new.trace_context is not None,
+        backoff=options.backoff is not None,
+        labels=options.labelled,
     )
     copy_rows(
         conn,

@@ -21,9 +21,11 @@ from .._validation import (
     UniqueMode,
     check_lease,
     check_max_attempts,
+    check_meta,
     check_priority,
     check_queue_name,
     check_run_at,
+    check_tags,
     check_unique_mode,
     check_unique_period,
 )
@@ -67,6 +69,15 @@ class JobOptions(TypedDict, total=False):
     unique_period: timedelta | None
     """Hold a unique key for the rest of the fixed window of this length its job was enqueued
     in, even once the job has finished (whole seconds)."""
+    tags: Sequence[str] | None
+    """Labels kept with the job, added to the task's (in order, without repeats): at most 16
+    in all, each 1 to 64 characters from A-Z a-z 0-9 _ . : -, starting with a letter or digit.
+    ``sa-jobqueue jobs list --tag``, the dashboard and the API filter by them; the worker
+    never reads them."""
+    meta: Mapping[str, Any] | None
+    """A JSON object kept with the job and shown with it: its keys go over the task's meta (a
+    shallow merge); at most 4,096 bytes of JSON in all, under the rules of payloads. For
+    people and tools: the handler gets it only if it asks (``ctx.tags_and_meta()``)."""
 
 
 class EnqueueOptions(JobOptions, total=False):
@@ -132,6 +143,8 @@ CHECKS: Final[dict[str, Callable[[Any, Task], Any]]] = {
     "backoff": _own_backoff,
     "unique_mode": _with(check_unique_mode, "unique_mode"),
     "unique_period": _with(check_unique_period, "unique_period"),
+    "tags": lambda value, task: check_tags(value, base=task.tags),
+    "meta": lambda value, task: check_meta(value, base=task.meta),
 }
 
 
@@ -142,7 +155,9 @@ class ResolvedOptions:
     Built by :func:`resolve_options` only. ``run_at`` is None (due now), an aware datetime or
     a delay from the database's ``now()``. ``backoff`` is the job's own retry policy if the
     call gave one (stored with the job); None leaves the task's, which is not stored.
-    ``unique_mode`` and ``unique_period`` apply to the jobs that get a unique key.
+    ``unique_mode`` and ``unique_period`` apply to the jobs that get a unique key. ``tags``
+    are the task's and the call's together (empty: none, stored as NULL); ``meta`` is the
+    merged object as the JSON text stored (None: none).
     """
 
     task: Task
@@ -154,6 +169,13 @@ class ResolvedOptions:
     backoff: Backoff | None = None
     unique_mode: str = "skip"
     unique_period: timedelta | None = None
+    tags: tuple[str, ...] = ()
+    meta: str | None = None
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the jobs carry tags or meta: their statements then bind both."""
+        return bool(self.tags) or self.meta is not None
 
     @property
     def period_seconds(self) -> int | None:
@@ -185,6 +207,9 @@ class ResolvedOptions:
             f"{prefix}max_attempts": self.max_attempts,
             f"{prefix}lease": self.lease.total_seconds(),
         }
+        if self.labelled:
+            params[f"{prefix}tags"] = list(self.tags) or None
+            params[f"{prefix}meta"] = self.meta
         if isinstance(self.run_at, datetime):
             params["run_at"] = self.run_at
         elif isinstance(self.run_at, timedelta):

@@ -45,6 +45,7 @@ def insert_unique_one(
         traced=traced,
         backoff=options.backoff is not None,
         period=bool(period),
+        labels=options.labelled,
     )
     update = None
     if options.unique_mode != "skip":

@@ -180,6 +180,7 @@ def job_page(
     newest_first: bool,
     window: bool = False,
     payload: bool = False,
+    tags: bool = False,
 ) -> Select[Any]:
     """Up to ``:limit`` jobs for the list, in id order: :func:`.listing.select_jobs`'s filters.
 
@@ -196,6 +197,9 @@ def job_page(
     ``payload``: only jobs whose payload contains ``:payload`` (JSON text, ``@>``). No index
     serves it (a GIN index on payloads would be paid for by every enqueue and every prune),
     so the caller reads it with ``window``: each row of the window has its payload read.
+    ``tags``: only jobs carrying every one of ``:tags`` (an array), read with ``window`` the
+    same way (no index on tags either: see revision ``sajq_0016``). Each row has its
+    ``tags``.
     """
     conditions = job_filters(
         statuses=statuses,
@@ -204,6 +208,7 @@ def job_page(
         older_than=older_than,
         after=after,
         newest_first=newest_first,
+        tags=tags,
     )
     if payload:
         conditions.append(j.payload.op("@>")(cast(bindparam("payload", type_=Text), JSONB)))
@@ -217,6 +222,7 @@ def job_page(
         *(j[c] for c in LISTED),
         func.left(j.last_error["type"].astext, preview).label("error_type"),
         func.left(j.last_error["message"].astext, preview).label("error_message"),
+        j.tags,
     )
     if within == "dead":
         conditions.append(dead())
@@ -278,6 +284,8 @@ def job_detail() -> Select[Any]:
         _text_head(j.backoff, limit).label("backoff"),
         _text_head(j.trace_context, limit).label("trace_context"),
         _attempts(limit).label("attempt_history"),
+        j.tags,
+        cast(j.meta, Text).label("meta"),  # whole: at most 4 KB (MAX_META_BYTES)
     ).where(j.id == bindparam("job_id", type_=BigInteger))
 
 

@@ -100,6 +100,7 @@ def insert_job(
     traced: bool = False,
     backoff: bool = False,
     period: bool = False,
+    labels: bool = False,
 ) -> Insert:
     """Insert one job; ``schedule`` is "now", "at" (a datetime) or "after" (a delay).
 
@@ -118,7 +119,9 @@ def insert_job(
 
     With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
     statement without it, so tracing switched off changes nothing, not even the SQL text.
-    With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text).
+    With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text); with
+    ``labels``, ``:tags`` (an array) and ``:meta`` (JSON text), either of them NULL. A job
+    without tags or meta is sent without them: the common enqueue's statement is unchanged.
     """
     optional: dict[str, Any] = {}
     if unique:
@@ -129,6 +132,9 @@ def insert_job(
         optional["trace_context"] = cast(bindparam("trace_context", type_=Text), JSONB)
     if backoff:
         optional["backoff"] = cast(bindparam("backoff", type_=Text), JSONB)
+    if labels:
+        optional["tags"] = bindparam("tags", type_=ARRAY(Text))
+        optional["meta"] = cast(bindparam("meta", type_=Text), JSONB)
     stmt = pg_insert(jobs_table).values(
         queue=bindparam("queue"),
         task=bindparam("task"),
@@ -177,6 +183,7 @@ def insert_jobs(
     backoff: bool = False,
     wake: bool = False,
     period: bool = False,
+    labels: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -190,6 +197,8 @@ def insert_jobs(
     With ``wake`` the same round trip also sends ``:b_queue``'s NOTIFY, once, and only if a
     row is inserted: see :func:`wake_once`. With ``period`` (and ``unique``), each row with a
     key also carries its window of ``:b_unique_period`` seconds, as in :func:`insert_job`.
+    With ``labels``, every row carries the one ``:b_tags`` and ``:b_meta`` (an enqueue gives
+    all its jobs the same).
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -206,6 +215,9 @@ def insert_jobs(
     if backoff:
         rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
         names.append("backoff")
+    if labels:
+        rows = rows.add_columns(*labels_given())
+        names += ["tags", "meta"]
     woken = (wake_once(bindparam("b_queue", type_=Text)),) if wake else ()
     if unique:
         rows = rows.add_columns(given.c.unique_key)
@@ -230,6 +242,15 @@ def wake_once(queue: ColumnElement[str]) -> ColumnElement[Any]:
     per row), and an insert that skipped every row (unique keys all held) sends none.
     """
     return select(func.pg_notify(CHANNEL, queue)).scalar_subquery()
+
+
+def labels_given() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """A new job's ``tags`` and ``meta`` from ``:b_tags`` (an array) and ``:b_meta`` (JSON
+    text), for ``INSERT ... SELECT``."""
+    return (
+        bindparam("b_tags", type_=ARRAY(Text)),
+        cast(bindparam("b_meta", type_=Text), JSONB),
+    )
 
 
 #: The columns of a new job that :func:`job_columns` gives values for, in its order.
@@ -417,14 +438,17 @@ def reserve_jobs(schedule: str, wake: bool = False) -> Select[Any]:
 
 
 @cache
-def copy_jobs(schedule: str, traced: bool = False, backoff: bool = False) -> sql.Composed:
+def copy_jobs(
+    schedule: str, traced: bool = False, backoff: bool = False, labels: bool = False
+) -> sql.Composed:
     """``COPY sa_jobqueue_jobs (...) FROM STDIN``: one row per job, in text format.
 
     A row holds :data:`COPY_COLUMNS` (``id`` from :func:`reserve_jobs`, ``payload`` as JSON
     text, ``lease`` as the interval text :func:`reserve_jobs` returned), then ``visible_at``
     unless ``schedule`` is "now" (left out, the column's default is ``now()``, as
-    :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
-    ``backoff``. The table and column names are quoted as identifiers by psycopg.
+    :func:`insert_job` stores), ``trace_context`` with ``traced``, ``backoff`` with
+    ``backoff``, and ``tags`` (an array's text) and ``meta`` with ``labels``. The table and
+    column names are quoted as identifiers by psycopg.
     """
     names = list(COPY_COLUMNS)
     if schedule != "now":
@@ -433,6 +457,8 @@ def copy_jobs(schedule: str, traced: bool = False, backoff: bool = False) -> sql
         names.append(j.trace_context.name)
     if backoff:
         names.append(j.backoff.name)
+    if labels:
+        names += [j.tags.name, j.meta.name]
     return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
         table=sql.Identifier(jobs_table.name),
         columns=sql.SQL(", ").join(sql.Identifier(name) for name in names),

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Boolean,
     ColumnElement,
     Integer,
     Select,
@@ -33,6 +34,7 @@ def job_filters(
     after: bool,
     newest_first: bool,
     prefix: str = "",
+    tags: bool = False,
 ) -> list[ColumnElement[bool]]:
     """The conditions of :func:`select_jobs` for the filters that are switched on.
 
@@ -48,6 +50,10 @@ def job_filters(
         conditions.append(j.task == bindparam(prefix + "task", type_=Text))
     if older_than:
         conditions.append(j.created_at < func.now() - seconds(prefix + "older_than"))
+    if tags:
+        # Every tag asked for (``@>``); a job without tags has NULL there, and matches none.
+        wanted = bindparam(prefix + "tags", type_=ARRAY(Text))
+        conditions.append(j.tags.op("@>", return_type=Boolean)(wanted))
     if after:
         after_id = bindparam(prefix + "after_id", type_=BigInteger)
         conditions.append(j.id < after_id if newest_first else j.id > after_id)
@@ -64,11 +70,13 @@ def select_jobs(
     older_than: bool,
     after: bool,
     newest_first: bool = False,
+    tags: bool = False,
 ) -> Select[Any]:
     """Up to ``:limit`` jobs in id order, filtered by the parameters that are switched on.
 
     ``:statuses`` (an array), ``:queue``, ``:task``, ``:older_than`` (seconds since
-    ``created_at``) and ``:after_id`` (keyset pagination: the last id of the previous page).
+    ``created_at``), ``:tags`` (an array: jobs carrying all of them) and ``:after_id``
+    (keyset pagination: the last id of the previous page).
     ``newest_first`` reverses the order, and with it the keyset: "after" is then a lower id,
     so a page never repeats or skips a row of the previous one. One statement per
     combination of filters, each with stable text.
@@ -80,6 +88,7 @@ def select_jobs(
         older_than=older_than,
         after=after,
         newest_first=newest_first,
+        tags=tags,
     )
     return (
         select(*(j[c] for c in columns))

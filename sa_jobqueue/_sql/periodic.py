@@ -26,7 +26,7 @@ from ..models import (
     jobs_table,
     periodic_table,
 )
-from .enqueue import CHANNEL, JOB_COLUMNS, job_columns, unless_key_is_live
+from .enqueue import CHANNEL, JOB_COLUMNS, job_columns, labels_given, unless_key_is_live
 
 pc = periodic_table.c
 
@@ -62,7 +62,7 @@ def add_schedules() -> Insert:
 
 
 @cache
-def enqueue_tick(unique: bool) -> Insert:
+def enqueue_tick(unique: bool, labels: bool = False) -> Insert:
     """Move schedule ``:schedule`` forward to ``:tick`` and insert its job, in one statement.
 
     The move is a compare-and-set, ``last_tick < :tick``: of many processes that find the same
@@ -75,6 +75,7 @@ def enqueue_tick(unique: bool) -> Insert:
     Job parameters are those of :func:`.enqueue.insert_jobs` (``b_`` prefixed) plus ``b_payload``;
     with ``unique`` also ``b_unique_key``: a tick whose key a live job of the task holds moves
     the schedule but inserts no job, so the tick is skipped rather than queued behind it.
+    With ``labels`` also ``b_tags`` and ``b_meta``: the task's tags and meta.
     """
     tick = bindparam("tick", type_=DateTime(timezone=True))
     # A data-modifying CTE must sit at the top of the statement, hence add_cte() on the INSERT.
@@ -89,6 +90,9 @@ def enqueue_tick(unique: bool) -> Insert:
         *job_columns(cast(bindparam("b_payload", type_=Text), JSONB), func.now())
     ).select_from(moved)
     names = list(JOB_COLUMNS)
+    if labels:
+        rows = rows.add_columns(*labels_given())
+        names += ["tags", "meta"]
     if unique:
         rows = rows.add_columns(bindparam("b_unique_key", type_=Text))
         names.append("unique_key")

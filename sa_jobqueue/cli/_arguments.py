@@ -292,6 +292,14 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     filters(listing, "created longer ago than this")
     listing.add_argument("--status", type=_values.statuses, help="comma-separated statuses")
     listing.add_argument(
+        "--tag",
+        type=_values.tag,
+        action="append",
+        dest="tags",
+        metavar="TAG",
+        help="only jobs carrying this tag; repeat it for jobs carrying all of them",
+    )
+    listing.add_argument(
         "--limit", type=_values.page, default=50, help="at most this many (default 50)"
     )
     listing.add_argument("--after", type=int, metavar="ID", help="start after this id (next page)")

@@ -147,6 +147,7 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
             limit=args.limit,
             after_id=args.after,
             newest_first=args.newest_first,
+            tags=args.tags,
         )
         now = _now(conn)
     if args.json:

@@ -157,8 +157,12 @@ def job_detail(
         f"when:         {_when(job, now)}",
         f"started:      {moment(job.started_at)}",
         f"finished:     {moment(job.finished_at)}",
-        "payload:      " + json.dumps(job.payload, ensure_ascii=False),
     ]
+    if job.tags:
+        lines.append("tags:         " + ", ".join(job.tags))
+    if job.meta is not None:
+        lines.append("meta:         " + json.dumps(job.meta, ensure_ascii=False))
+    lines.append("payload:      " + json.dumps(job.payload, ensure_ascii=False))
     if job.result is not None:  # a task that keeps results, once the job succeeded
         lines.append("result:       " + json.dumps(job.result, ensure_ascii=False))
     if waits_for:

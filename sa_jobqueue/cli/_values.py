@@ -13,7 +13,7 @@ from .._durations import as_timedelta, read_seconds
 from .._validation import check_queue_name, check_queue_pattern, check_task_name
 from ..errors import InvalidLimitError, JobQueueError
 from ..models import STATUSES
-from ..ops.filters import MAX_PAGE
+from ..ops.filters import MAX_PAGE, check_tag_filter
 from ..ops.queues import RateLimit, check_cap
 
 
@@ -98,6 +98,14 @@ def task(value: str) -> str:
     """One task's name, as enqueue would accept it."""
     try:
         return check_task_name(value)
+    except JobQueueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def tag(value: str) -> str:
+    """One tag to filter by, under the rule enqueue applies to tags."""
+    try:
+        return check_tag_filter(value)[0]
     except JobQueueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

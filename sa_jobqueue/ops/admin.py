@@ -25,7 +25,14 @@ from .._sql.finished import requeue_dead
 from .._sql.listing import select_jobs
 from .._validation import check_job_id, check_queue_name, check_task_name
 from ..models import Job
-from .filters import check_after_id, check_age, check_limit, check_statuses, requeue_resets
+from .filters import (
+    check_after_id,
+    check_age,
+    check_limit,
+    check_statuses,
+    check_tag_filter,
+    requeue_resets,
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,10 @@ class JobInfo(JobSummary):
     attempt_history: Any = None
     #: The worker that runs the job, or ran its last attempt if it succeeded (None otherwise).
     worker: str | None = None
+    #: The job's tags, its task's and its enqueue's, in order; None when it has none.
+    tags: list[str] | None = None
+    #: The job's meta (a dict), its task's with its enqueue's keys over them; None without.
+    meta: Any = None
 
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)
@@ -115,14 +126,15 @@ def list_jobs(
     limit: int = 100,
     after_id: int | None = None,
     newest_first: bool = False,
+    tags: str | Iterable[str] | None = None,
 ) -> list[JobInfo]:
     """Read up to ``limit`` jobs in id order (oldest first), in the caller's transaction.
 
     The filters, paging and limits of :meth:`JobQueue.list_jobs`, which calls this: ``queue``,
     ``task``, ``status`` (one or several), ``older_than`` (created longer ago, by the
-    database's clock), ``after_id`` for the next page (keyset pagination) and
-    ``newest_first`` for the highest ids first. ``limit`` is at most 10,000. Bad filters
-    raise InvalidJobError before any SQL is sent.
+    database's clock), ``tags`` (jobs carrying every one), ``after_id`` for the next page
+    (keyset pagination) and ``newest_first`` for the highest ids first. ``limit`` is at most
+    10,000. Bad filters raise InvalidJobError before any SQL is sent.
     """
     params: dict[str, Any] = {"limit": check_limit(limit)}
     if status is not None:
@@ -133,6 +145,8 @@ def list_jobs(
         params["task"] = check_task_name(task)
     if older_than is not None:
         params["older_than"] = check_age(older_than)
+    if tags is not None:
+        params["tags"] = check_tag_filter(tags)
     if after_id is not None:
         params["after_id"] = check_after_id(after_id)
     statement = select_jobs(
@@ -143,6 +157,7 @@ def list_jobs(
         older_than=older_than is not None,
         after=after_id is not None,
         newest_first=bool(newest_first),
+        tags=tags is not None,
     )
     rows = connection_of(session).execute(statement, params)
     return [JobInfo(**row._asdict()) for row in rows]

@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Final, Literal
 
 from .._durations import duration_text, value_text
-from .._validation import MAX_DELAY, check_job_id
+from .._validation import MAX_DELAY, check_job_id, check_tags
 from .._validation import MAX_JOB_ID as MAX_JOB_ID  # where ops and the dashboard read it
 from ..errors import InvalidJobError
 from ..models import STATUSES
@@ -50,6 +50,19 @@ def check_name_filter(name: object, what: Literal["queue", "task"]) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= longest or "\x00" in name:
         raise InvalidJobError(f"a {what} name is 1 to {longest} characters, with no NUL")
     return name
+
+
+def check_tag_filter(tags: str | Iterable[str]) -> list[str]:
+    """Tags to list jobs by (the jobs carrying every one of them): one tag, or 1 to
+    :data:`~sa_jobqueue._validation.MAX_TAGS` of them, each under the rule ``enqueue`` applies
+    (so a tag no job can carry is refused rather than matching nothing); repeats dropped.
+    InvalidJobError otherwise. The CLI's ``--tag``, the dashboard's and the API's ``tag``
+    parameters and :meth:`JobQueue.list_jobs` all check them here."""
+    wanted = [tags] if isinstance(tags, str) else tags
+    checked = list(check_tags(wanted if isinstance(wanted, list | tuple) else list(wanted)))
+    if not checked:
+        raise InvalidJobError("give one tag or more to filter by, not an empty list")
+    return checked
 
 
 def check_limit(limit: object, name: str = "limit") -> int:

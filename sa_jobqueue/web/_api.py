@@ -44,7 +44,7 @@ T = TypeVar("T")
 #: The query parameters of ``GET /jobs``: any other is refused, so that a mistyped filter
 #: (``stauts=dead``) is said rather than ignored.
 JOB_PARAMS: Final = frozenset(
-    {"queue", "task", "status", "older_than", "order", "after", "before", "limit"}
+    {"queue", "task", "status", "tag", "older_than", "order", "after", "before", "limit"}
 )
 #: Single-job actions taken by the route ``POST /jobs/{id}/{action}``.
 JOB_ACTIONS: Final = ("cancel", "retry", "delete", "run_now")
@@ -115,7 +115,7 @@ class Api:
                 f"unknown parameter {', '.join(map(repr, unknown))}: expected"
                 f" {', '.join(sorted(JOB_PARAMS))}",
             )
-        wanted = _param(read_filter, params, params.getlist("status"))
+        wanted = _param(read_filter, params, params.getlist("status"), params.getlist("tag"))
         page = await self._read(_reads.read_jobs, wanted)
         here = request.scope.get("root_path", "") + "/jobs?"
         forward = page.next_after

@@ -145,6 +145,7 @@ def job_filter(wanted: JobFilter) -> Json:
         "queue": wanted.queue,
         "task": wanted.task,
         "statuses": list(wanted.statuses),
+        "tags": list(wanted.tags),
         "older_than_seconds": seconds(wanted.older_than),
         "order": wanted.order,
         "after": wanted.after,
@@ -172,7 +173,12 @@ def _summary(job: ListedJob | JobDetail) -> dict[str, Json]:
 
 def listed_job(job: ListedJob) -> Json:
     """A row of the list: no payload; the error's type and first characters."""
-    return {**_summary(job), "error_type": job.error_type, "error_message": job.error_message}
+    return {
+        **_summary(job),
+        "tags": job.tags or [],
+        "error_type": job.error_type,
+        "error_message": job.error_message,
+    }
 
 
 def job_page(page: JobPage, next_url: str | None, previous_url: str | None) -> Json:
@@ -227,6 +233,7 @@ def job_detail(job: JobDetail, links: JobLinks) -> Json:
     result, result_whole = embedded(links.result, links.result_length)
     backoff, _ = embedded(job.backoff, None)
     trace_context, _ = embedded(job.trace_context, None)
+    meta, _ = embedded(job.meta, None)
     error = None
     if job.error_kind is not None:
         error = {
@@ -242,6 +249,8 @@ def job_detail(job: JobDetail, links: JobLinks) -> Json:
         "lease_seconds": seconds(job.lease),
         "worker": job.worker,
         "unique_key": job.unique_key,
+        "tags": job.tags or [],
+        "meta": meta,
         "payload": payload,
         "payload_length": job.payload_length,
         "payload_complete": payload_whole,

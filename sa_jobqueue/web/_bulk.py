@@ -83,23 +83,25 @@ def enabled(wanted: JobFilter) -> dict[Action, bool]:
 
 def read_request(form: FormData) -> BulkRequest:
     """The request from the list's form or the confirmation's; InvalidJobError if malformed."""
-    fields = {k: v for k, v in form.items() if isinstance(v, str) and k not in ("status", "id")}
+    many = ("status", "id", "tag")
+    fields = {k: v for k, v in form.items() if isinstance(v, str) and k not in many}
     statuses = [s for s in form.getlist("status") if isinstance(s, str)]
+    tags = [t for t in form.getlist("tag") if isinstance(t, str)]
     # The page position does not narrow "all matching": an action applies to the filter.
     fields.pop("after", None)
     fields.pop("before", None)
-    wanted = read_filter(fields, statuses)
+    wanted = read_filter(fields, statuses, tags)
     action = fields.get("action", "")
     if action not in LABELS:
         raise InvalidJobError(f"unknown action {action[:40]!r}: expected {', '.join(LABELS)}")
     scope = fields.get("scope", "") or "selected"
     if scope not in ("selected", "page", "all"):
         raise InvalidJobError(f"scope must be selected, page or all, not {scope[:40]!r}")
-    if scope == "all" and wanted.payload is not None:
-        # The operations select by queue, task, status and age; a payload search is read a
-        # window of ids at a time, so "all of them" is not one bounded statement.
+    if scope == "all" and (wanted.payload is not None or wanted.tags):
+        # The operations select by queue, task, status and age; a payload or tag search is
+        # read a window of ids at a time, so "all of them" is not one bounded statement.
         raise InvalidJobError(
-            "a payload search acts on the ticked rows or the page, not on all matching"
+            "a payload or tag search acts on the ticked rows or the page, not on all matching"
         )
     named = "page_id" if scope == "page" else "id"
     ids: list[int] = []

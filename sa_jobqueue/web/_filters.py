@@ -17,7 +17,7 @@ from typing import Final, Literal
 from .._durations import read_duration
 from ..errors import InvalidJobError
 from ..models import DEAD, FINISHED_STATUSES, QUEUED, RUNNING
-from ..ops.filters import MAX_JOB_ID, check_name_filter, check_statuses
+from ..ops.filters import MAX_JOB_ID, check_name_filter, check_statuses, check_tag_filter
 from ..ops.health import span
 
 #: Jobs on one page of the list, unless the query asks for another number.
@@ -45,6 +45,8 @@ class JobFilter:
     limit: int = PAGE
     #: Only jobs whose payload contains this JSON (``payload @> ...``), as canonical text.
     payload: str | None = None
+    #: Only jobs carrying every one of these tags (``tags @> ...``).
+    tags: tuple[str, ...] = ()
     #: The filter as the user typed the age, to show it back in the form.
     age_text: str = field(default="", compare=False)
 
@@ -55,8 +57,8 @@ class JobFilter:
     @property
     def within(self) -> Literal["live", "dead"] | None:
         """The partial index holding every status asked for, if one does."""
-        if self.payload is not None:
-            # No index holds payloads: a payload search always reads a window of ids.
+        if self.payload is not None or self.tags:
+            # No index holds payloads or tags: such a search always reads a window of ids.
             return None
         wanted = set(self.statuses)
         if wanted and wanted <= {QUEUED, RUNNING}:
@@ -77,6 +79,7 @@ class JobFilter:
             "status": list(self.statuses),
             "older_than": self.age_text or None,
             "payload": self.payload,
+            "tag": list(self.tags),
             "order": None if self.order == "newest" else self.order,
             "limit": None if self.limit == PAGE else self.limit,
         }
@@ -97,16 +100,21 @@ class JobFilter:
             words += f" of task {self.task}"
         if self.older_than is not None:
             words += f" created over {span(self.older_than)} ago"
+        if self.tags:
+            words += f" tagged {' and '.join(self.tags)}"
         if self.payload is not None:
             words += f" with payload containing {self.payload}"
         return words
 
 
-def read_filter(params: Mapping[str, str], statuses: Iterable[str]) -> JobFilter:
+def read_filter(
+    params: Mapping[str, str], statuses: Iterable[str], tags: Iterable[str] = ()
+) -> JobFilter:
     """A :class:`JobFilter` from request parameters; InvalidJobError saying what is wrong.
 
-    ``params`` holds the single-valued parameters, ``statuses`` every ``status`` given.
-    Empty values count as not given (a form's blank fields).
+    ``params`` holds the single-valued parameters, ``statuses`` every ``status`` given,
+    ``tags`` every ``tag`` given (see :func:`tag_filter`). Empty values count as not given
+    (a form's blank fields).
     """
     wanted = [s for s in statuses if s]
     age_text = params.get("older_than", "").strip()
@@ -130,8 +138,18 @@ def read_filter(params: Mapping[str, str], statuses: Iterable[str]) -> JobFilter
         before=before,
         limit=limit,
         payload=payload_filter(params.get("payload", "")),
+        tags=tag_filter(tags),
         age_text=age_text,
     )
+
+
+def tag_filter(texts: Iterable[str]) -> tuple[str, ...]:
+    """The tags of the ``tag`` parameters: each may be given apart (``tag=a&tag=b``) or
+    several in one, separated by commas or spaces (the form's one field), since a tag holds
+    neither. Checked by :func:`~sa_jobqueue.ops.filters.check_tag_filter`, as the CLI's
+    ``--tag`` and ``list_jobs`` are; () when none is given."""
+    wanted = [tag for text in texts for tag in text.replace(",", " ").split()]
+    return tuple(check_tag_filter(wanted)) if wanted else ()
 
 
 #: The longest payload search, in characters: a search names a few fields, not a document.

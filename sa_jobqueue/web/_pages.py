@@ -119,7 +119,8 @@ class Dashboard:
 
     async def jobs(self, request: Request) -> Response:
         try:
-            wanted = read_filter(request.query_params, request.query_params.getlist("status"))
+            query = request.query_params
+            wanted = read_filter(query, query.getlist("status"), query.getlist("tag"))
         except InvalidJobError as exc:
             raise PageError(400, str(exc)) from None
         page = await self._read(_reads.read_jobs, wanted)

@@ -112,6 +112,8 @@ class ListedJob(JobSummary):
 
     error_type: str | None
     error_message: str | None
+    #: The job's tags (None: it has none).
+    tags: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
         params["older_than"] = check_age(wanted.older_than)
     if wanted.payload is not None:
         params["payload"] = wanted.payload
+    if wanted.tags:
+        params["tags"] = list(wanted.tags)
     edge: int | None = None
     reaches_end = True
     windowed = wanted.within is None
@@ -202,6 +206,7 @@ def read_jobs(conn: Connection, wanted: JobFilter) -> JobPage:
         newest_first=newest_first,
         window=windowed,
         payload=wanted.payload is not None,
+        tags=bool(wanted.tags),
     )
     jobs = [ListedJob(**row._asdict()) for row in conn.execute(statement, params)]
     beyond = len(jobs) > wanted.limit
@@ -266,6 +271,9 @@ class JobDetail(JobSummary):
     trace_context: str | None
     #: ``attempt_history``'s entries, their fields apart and cut (see ``job_detail``).
     attempt_history: list[Any] | None = None
+    #: The job's tags (None: it has none), and its meta as JSON text (at most 4 KB, whole).
+    tags: list[str] | None = None
+    meta: str | None = None
 
     #: How many entries ``attempt_history`` keeps, for the page to say so.
     history_limit: ClassVar[int] = ATTEMPT_HISTORY_LIMIT

@@ -209,6 +209,42 @@ def test_jobs_show(run: Run, engine: sa.Engine) -> None:
     assert one_line_error(run) == "sa-jobqueue: no job with id 999999"
 
 
+def test_jobs_list_by_tags_and_show_them(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        both = add_job(conn, tags=["billing", "customer:42"], meta={"request": "r-1", "n": 2})
+        billing = add_job(conn, tags=["billing"])
+        add_job(conn, tags=["customer:42"])
+        plain = add_job(conn)
+
+    billed = run.json("jobs", "list", "--tag", "billing")
+    assert [job["id"] for job in billed] == [both, billing]
+    assert billed[0]["tags"] == ["billing", "customer:42"]
+    assert billed[0]["meta"] == {"request": "r-1", "n": 2}
+    # Repeated: the jobs carrying every one of them.
+    assert run("jobs", "list", "--tag", "billing", "--tag", "customer:42") == 0
+    assert [int(line.split()[0]) for line in run.out.splitlines()[1:]] == [both]
+    assert run.json("jobs", "list", "--tag", "nobody") == []
+
+    assert run("jobs", "show", str(both)) == 0
+    lines = run.out.splitlines()
+    assert "tags:         billing, customer:42" in lines
+    assert 'meta:         {"n": 2, "request": "r-1"}' in lines
+    shown = run.json("jobs", "show", str(both))
+    assert shown["tags"] == ["billing", "customer:42"]
+    assert shown["meta"] == {"n": 2, "request": "r-1"}
+    # A job without tags or meta shows neither line, and null in JSON.
+    assert run("jobs", "show", str(plain)) == 0
+    assert not [line for line in run.out.splitlines() if line.startswith(("tags:", "meta:"))]
+    assert run.json("jobs", "show", str(plain))["tags"] is None
+
+
+def test_jobs_list_refuses_a_bad_tag(run: Run) -> None:
+    for tag in ("has space", "-lead", "x" * 65, ""):
+        with pytest.raises(SystemExit) as exited:
+            run("jobs", "list", "--tag", tag)
+        assert exited.value.code == 2
+
+
 def history_entry(attempt: int, outcome: str, message: str) -> dict[str, Any]:
     """An entry of ``attempt_history`` as the fenced statements write it."""
     return {

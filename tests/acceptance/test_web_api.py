@@ -235,6 +235,44 @@ def test_the_jobs_list_filters_and_pages_as_the_html_list(
         error_of(client.get(path), status, kind)
 
 
+def test_the_jobs_list_filters_by_tags_and_a_job_shows_them(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        both = add_job(conn, tags=["billing", "customer:42"], meta={"request": "r-1"})
+        billing = add_job(conn, tags=["billing"])
+        plain = add_job(conn)
+
+    billed = client.get(f"{API}/jobs", params={"tag": "billing"}).json()
+    assert [job["id"] for job in billed["jobs"]] == [billing, both]  # newest first
+    assert billed["filter"]["tags"] == ["billing"]
+    assert [job["tags"] for job in billed["jobs"]] == [["billing"], ["billing", "customer:42"]]
+    # Repeated, or several in one parameter: the jobs carrying all of them.
+    for params in ([("tag", "billing"), ("tag", "customer:42")], {"tag": "billing,customer:42"}):
+        found = client.get(f"{API}/jobs", params=params).json()
+        assert [job["id"] for job in found["jobs"]] == [both]
+        assert found["filter"]["tags"] == ["billing", "customer:42"]
+    # The next link carries the tags.
+    first = client.get(f"{API}/jobs", params={"tag": "billing", "limit": 1}).json()
+    assert "tag=billing" in first["next"]
+    assert [job["id"] for job in first["jobs"]] == [billing]
+    assert [job["id"] for job in client.get(first["next"]).json()["jobs"]] == [both]
+
+    shown = client.get(f"{API}/jobs/{both}").json()
+    assert (shown["tags"], shown["meta"]) == (["billing", "customer:42"], {"request": "r-1"})
+    bare = client.get(f"{API}/jobs/{plain}").json()
+    assert (bare["tags"], bare["meta"]) == ([], None)
+
+    # The HTML list and the job's page show them too, and link a tag to its list.
+    page = client.get("/jobs", params={"tag": "customer:42"}).text
+    assert f'href="/jobs/{both}"' in page
+    assert f'href="/jobs/{billing}"' not in page
+    assert 'href="/jobs?tag=customer%3A42"' in client.get(f"/jobs/{both}").text
+
+    for bad in ("a/b", "-x", "x" * 65, ",".join(f"t{i}" for i in range(17))):
+        error_of(client.get(f"{API}/jobs", params={"tag": bad}), 400, "invalid_parameter")
+
+
 #: Reads the API refuses, with the status and type of its error.
 BAD_READS = [
     (f"{API}/jobs?status=finished", 400, "invalid_parameter"),

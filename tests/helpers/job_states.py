@@ -40,6 +40,8 @@ def add_job(
     last_error: Any = None,
     unique_key: str | None = None,
     payload: Any = None,
+    tags: list[str] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> int:
     """Insert one job row as it would look in ``status``; returns its id."""
     if status in FINISHED_STATUSES and finished_ago is None:
@@ -57,6 +59,8 @@ def add_job(
         "finished_at": ago(finished_ago) if finished_ago is not None else None,
         "last_error": last_error,
         "unique_key": unique_key,
+        "tags": tags,
+        "meta": meta,
     }
     job_id: int = conn.execute(sa.insert(jobs_table).values(values).returning(j.id)).scalar_one()
     return job_id
