@@ -76,13 +76,13 @@ class Statements:
         psycopg.AsyncCursor.execute = counted_aexecute  # type: ignore[method-assign]
         from sa_jobqueue.worker import _sessions
 
-        command = _sessions._command
+        command = _sessions.command
 
         def counted_command(driver: Any, statement: sql.Composed) -> None:
             self._count(statement, driver)
             command(driver, statement)
 
-        _sessions._command = counted_command
+        _sessions.command = counted_command
         for name in ("commit", "rollback"):
             self._wrap(name)
 

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, event, inspect
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, SQLAlchemyError
 
-from ._binds import _driver_text, _DriverText, transient
+from ._binds import transient
 from ._deadlines import CLOCK_OPTION, DEADLINE_OPTION, DEADLINES, PING_DEADLINE, StopClock
+from ._driver import driver_rows, text_of
 from ._error_text import one_line
 from ._pooler import parse_options, set_local_in_every_transaction, set_on_connect
 from ._sql import schema as schema_sql
@@ -319,7 +318,7 @@ class HeldConnection:
             self._conn = self._engine.connect()
         conn = self._conn
         try:
-            text = _as_text(conn, statement) if as_text else None
+            text = text_of(conn, statement) if as_text else None
             if text is None:
                 return list(conn.execute(statement, params).all())
             values = {**text.constants, **params}
@@ -327,7 +326,7 @@ class HeldConnection:
             limits = _direct(conn)
             if limits is not None:
                 with contextlib.suppress(psycopg.Error):
-                    return _driver_rows(conn, text.text, by_position, limits)
+                    return driver_rows(conn, text.text, by_position, limits)
                 # Again the usual way, on the same connection: it meets the same error (a
                 # pooler's prepared statements, a connection lost or cut) where the engine's
                 # hooks and SQLAlchemy's exceptions apply, or it claims after all.
@@ -356,42 +355,6 @@ def _direct(conn: Connection) -> tuple[float, StopClock | None] | None:
     if as_pooler(options.get(POOLER_OPTION)) != "session":
         return None
     return float(deadline), options.get(CLOCK_OPTION)
-
-
-def _driver_rows(
-    conn: Connection,
-    text: str,
-    by_position: tuple[Any, ...],
-    limits: tuple[float, StopClock | None],
-) -> list[Any]:
-    """Run ``text`` on ``conn``'s psycopg connection under its deadline; its rows, as named
-    tuples (what :class:`~sqlalchemy.engine.Row` offers the callers: ``_fields`` and
-    attributes)."""
-    driver: Any = conn.connection.driver_connection
-    seconds, clock = limits
-    with DEADLINES.guard(driver, seconds, clock), driver.cursor(row_factory=namedtuple_row) as cur:
-        return list(cur.execute(text, by_position).fetchall())
-
-
-def _as_text(conn: Connection, statement: sa.Executable) -> _DriverText | None:
-    """``statement``'s driver text on ``conn``, if it may be sent as text; else None."""
-    if not isinstance(statement, sa.ClauseElement):
-        return None
-    if "schema_translate_map" in conn.get_execution_options():
-        return None
-    texts = _TEXTS.setdefault(conn.dialect, {})
-    try:
-        return texts[statement]
-    except KeyError:
-        texts[statement] = text = _driver_text(statement, conn.dialect)
-        return text
-
-
-#: Per dialect (one per engine), the driver text of each statement sent as text, or None
-#: where only ``execute`` can send it. The statements are the builders' cached ones.
-_TEXTS: weakref.WeakKeyDictionary[Dialect, dict[sa.ClauseElement, _DriverText | None]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def describe(url: URL) -> str:

@@ -1,7 +1,7 @@
 """The insert of checked jobs, on the caller's Connection: by row, from arrays, or by COPY.
 
 One job is one INSERT, sent straight to psycopg when nothing could tell (see
-:func:`sa_jobqueue._binds.first_row`); a batch of :data:`COPY_FROM` jobs or more without unique
+:func:`sa_jobqueue._driver.first_row`); a batch of :data:`COPY_FROM` jobs or more without unique
 keys goes in by COPY, a smaller or unique one by one INSERT from arrays. Jobs with unique keys
 take the statements of :mod:`.unique`. Each insert sends at most one NOTIFY per queue per
 transaction, riding in its own round trip (see :mod:`.wakeups`).
@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from .._binds import copy_possible, copy_rows, first_row
+from .._driver import copy_possible, copy_rows, first_row
 from .._sql import enqueue as enqueue_sql
 from .jobs import Enqueued, NewJobs, added
 from .unique import insert_unique_many, insert_unique_one

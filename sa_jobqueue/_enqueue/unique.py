@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, Insert
 
-from .._binds import first_row
+from .._driver import first_row
 from .._sql import enqueue as enqueue_sql
 from ..errors import JobQueueError
 from .jobs import Enqueued, NewJobs

@@ -14,14 +14,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg import sql
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session, SessionTransaction
 
 from .._deadlines import DEADLINES, socket_of
+from .._driver import command
 from .._sql import session as session_sql
 from ..errors import PayloadError
 
@@ -158,7 +157,7 @@ class _KeptSavepoints:
             # start the transaction as the engine needs it (SET LOCAL behind a pooler).
             connection.exec_driver_sql(statement.as_string(driver))
             return
-        _command(driver, statement)
+        command(driver, statement)
 
     def do_release_savepoint(self, connection: Connection, name: str) -> None:
         """Keep it: the transaction's end releases it (see the class)."""
@@ -166,26 +165,7 @@ class _KeptSavepoints:
     def do_rollback_to_savepoint(self, connection: Connection, name: str) -> None:
         driver = connection.connection.driver_connection
         assert driver is not None  # a savepoint was made on this live connection
-        _command(driver, session_sql.rollback_to_savepoint(name))
-
-
-def _command(driver: psycopg.Connection[Any], statement: sql.Composed) -> None:
-    """Run a command that returns no rows and takes no parameters, through libpq itself.
-
-    A savepoint needs none of what psycopg's ``execute`` does around it (a cursor, adapting
-    parameters, counting queries to prepare, reading a result set): that costs about as much
-    client CPU as the round trip's system calls (``bench/profile.py``). libpq releases the
-    GIL while it waits, as psycopg does. An error is raised as psycopg raises it, from the
-    server's SQLSTATE, or as an ``OperationalError`` once the connection is lost (which
-    leaves the driver ``closed``, what :func:`broken` reads).
-    """
-    result = driver.pgconn.exec_(statement.as_bytes(driver))
-    if result.status == ExecStatus.COMMAND_OK:
-        return
-    if driver.closed:
-        message = (result.error_message or driver.pgconn.error_message).decode(errors="replace")
-        raise psycopg.OperationalError(message.strip() or "the connection was lost")
-    raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
+        command(driver, session_sql.rollback_to_savepoint(name))
 
 
 #: The dialect class with :class:`_KeptSavepoints` mixed in, per dialect class.

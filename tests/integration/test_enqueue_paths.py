@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobQueue
-from sa_jobqueue._binds import _CURSOR, _driver_text
+from sa_jobqueue._driver import _CURSOR, _driver_text
 from sa_jobqueue._enqueue import inserting
 from sa_jobqueue._sql import enqueue as enqueue_sql
 from sa_jobqueue.database import create_engine
