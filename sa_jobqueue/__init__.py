@@ -21,6 +21,7 @@ tests in :mod:`sa_jobqueue.testing`, observers in :mod:`sa_jobqueue.observabilit
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._backoff import Backoff
 from ._enqueue import Enqueued
 from .batching import BatchContext, BatchJob
 from .errors import InvalidJobError, JobQueueError, SchemaError
@@ -28,7 +29,7 @@ from .observability import Observer
 from .ops.admin import JobInfo
 from .queue import JobQueue
 from .results import JobResult
-from .tasks import Backoff, Discard, JobContext, Retry, Task
+from .tasks import Discard, JobContext, Retry, Task
 from .worker import Worker
 
 try:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, overload
 
 from . import results
 from ._binds import SessionLike, run_async
 from .ops import admin
 from .ops.admin import JobInfo
 from .ops.depth import queue_depth
+from .ops.filters import RequeueAttempts
 from .results import JobResult
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class JobAdmin:
         session: SessionLike,
         job_id: int,
         *,
-        attempts: Literal["extend", "reset"] = "extend",
+        attempts: RequeueAttempts = "extend",
     ) -> bool:
         """Put a ``dead`` job back in its queue, due now, in the caller's transaction.
 

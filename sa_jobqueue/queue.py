@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Unpack, cast, overload
 
+from ._backoff import Backoff
 from ._binds import SessionLike
 from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, JobOptions
 from ._enqueue.calls import chain_of, chord_of, group_of
@@ -28,7 +29,7 @@ from .middleware import Middleware
 from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
-from .tasks import Backoff, Handler, JobContext, P, Task
+from .tasks import Handler, JobContext, P, Task
 from .workflows import Call, Dependency, OnFailure
 
 if TYPE_CHECKING:

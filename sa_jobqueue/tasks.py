@@ -1,9 +1,9 @@
-"""Task declarations, retry policy, and the context a handler receives."""
+"""Task declarations and the context a handler receives (the retry policy, :class:`Backoff`,
+is defined in ``_backoff``)."""
 
 from __future__ import annotations
 
 import inspect
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
     from .batching import Batching
 
-from ._durations import duration_text, value_text
+from ._backoff import Backoff as Backoff  # public here too: sa_jobqueue.tasks.Backoff
+from ._backoff import check_backoff
+from ._durations import duration_text
 from ._payload_types import PayloadCodec, codec_for
 from ._sql import admin as admin_sql
 from ._sql import dependencies as dependencies_sql
@@ -36,79 +38,6 @@ from ._validation import (
     check_unique_period,
 )
 from .errors import InvalidJobError, TaskDefinitionError
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff between attempts: ``base * 2**(attempt-1)``, capped, with jitter.
-
-    ``jitter`` is a fraction: the delay is drawn uniformly from ``delay * (1 ± jitter)`` (and
-    never above ``cap``), so jobs that failed together do not all come back together. Set
-    ``jitter=0`` for an exact schedule.
-
-    The delay is counted from the database's ``now()`` when the failure is recorded; it is the
-    earliest moment of the next attempt, not a promise that it starts then.
-    """
-
-    base: timedelta = timedelta(seconds=1)
-    cap: timedelta = timedelta(minutes=10)
-    jitter: float = 0.1
-
-    def __post_init__(self) -> None:
-        for option in ("base", "cap"):
-            value = getattr(self, option)
-            if not isinstance(value, timedelta):
-                raise TaskDefinitionError(
-                    f"Backoff.{option} must be a timedelta, not {value_text(value)}"
-                )
-        if self.base <= timedelta(0) or self.cap < self.base:
-            raise TaskDefinitionError("Backoff needs 0s < base <= cap")
-        if (
-            isinstance(self.jitter, bool)
-            or not isinstance(self.jitter, int | float)
-            or not 0 <= self.jitter <= 1
-        ):
-            raise TaskDefinitionError(
-                f"Backoff.jitter is a fraction from 0 to 1, not {value_text(self.jitter)}"
-            )
-
-    def to_json(self) -> dict[str, float]:
-        """The policy as stored with a job enqueued with it (seconds and a fraction)."""
-        return {
-            "base": self.base.total_seconds(),
-            "cap": self.cap.total_seconds(),
-            "jitter": self.jitter,
-        }
-
-    @classmethod
-    def from_json(cls, stored: dict[str, float]) -> Backoff:
-        """The policy :meth:`to_json` stored."""
-        return cls(
-            base=timedelta(seconds=stored["base"]),
-            cap=timedelta(seconds=stored["cap"]),
-            jitter=stored["jitter"],
-        )
-
-    def delay(self, attempt: int) -> timedelta:
-        """The wait before the attempt after ``attempt`` (1-based), jitter included."""
-        # Cap the exponent first: 2**attempt for a large attempt count is a huge int, and
-        # 2**40 seconds is already far beyond any sensible cap.
-        exponent = min(max(attempt - 1, 0), 40)
-        seconds = min(self.cap.total_seconds(), self.base.total_seconds() * 2**exponent)
-        if self.jitter:
-            seconds *= random.uniform(1 - self.jitter, 1 + self.jitter)
-        return timedelta(seconds=min(seconds, self.cap.total_seconds()))
-
-
-def check_backoff(backoff: object) -> Backoff | None:
-    """None (the task's policy), or a :class:`Backoff`; the same rule at ``@task`` and enqueue."""
-    if backoff is not None and not isinstance(backoff, Backoff):
-        raise InvalidJobError(
-            f"backoff must be a Backoff (e.g. Backoff(base=timedelta(seconds=1))),"
-            f" not {value_text(backoff)}"
-        )
-    return backoff
-
 
 Handler = Callable[["JobContext", Any], object]
 

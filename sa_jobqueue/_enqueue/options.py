@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypedDict, Unpack
 
+from .._backoff import Backoff, check_backoff
 from .._validation import (
     UniqueMode,
     check_lease,
@@ -29,7 +30,7 @@ from .._validation import (
     check_unique_mode,
     check_unique_period,
 )
-from ..tasks import Backoff, Task, check_backoff
+from ..tasks import Task
 
 if TYPE_CHECKING:
     from ..workflows import Dependency

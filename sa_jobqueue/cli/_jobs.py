@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Final, Literal
+from typing import Final
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -27,6 +27,7 @@ from ..errors import JobQueueError
 from ..models import DEAD, FINISHED_STATUSES, RUNNING
 from ..ops import count_purge, purge, stats
 from ..ops.admin import cancel_job, get_job, job_edges, list_jobs, requeue_job
+from ..ops.filters import RequeueAttempts
 from ..ops.health import Thresholds, check, span, worst
 from ..ops.queues import (
     QueueLimits,
@@ -176,7 +177,7 @@ def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
-    mode: Literal["extend", "reset"] = "reset" if args.reset_attempts else "extend"
+    mode: RequeueAttempts = "reset" if args.reset_attempts else "extend"
     filtered = args.all or any(v is not None for v in (args.queue, args.task, args.older_than))
     if bool(args.job_ids) == bool(filtered):
         print(

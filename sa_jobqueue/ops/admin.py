@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
@@ -26,6 +26,7 @@ from .._sql.listing import select_jobs
 from .._validation import check_job_id, check_queue_name, check_task_name
 from ..models import Job
 from .filters import (
+    RequeueAttempts,
     check_after_id,
     check_age,
     check_limit,
@@ -188,9 +189,7 @@ def cancel_job(session: SessionLike, job_id: int) -> bool:
     return conn.execute(admin_sql.request_cancel(), params).first() is not None
 
 
-def requeue_job(
-    session: SessionLike, job_id: int, *, attempts: Literal["extend", "reset"] = "extend"
-) -> bool:
+def requeue_job(session: SessionLike, job_id: int, *, attempts: RequeueAttempts = "extend") -> bool:
     """Put ``dead`` job ``job_id`` back in its queue, due now, in the caller's transaction.
 
     True if it was dead and is queued again; False (nothing changed) if it is not dead, does

@@ -35,6 +35,7 @@ from ..models import (
     WAITING,
 )
 from .filters import (
+    RequeueAttempts,
     check_after_id,
     check_ids,
     check_limit,
@@ -203,7 +204,7 @@ def retry_jobs(
     task: str | None = None,
     statuses: Iterable[str] | None = None,
     older_than: timedelta | None = None,
-    attempts: Literal["extend", "reset"] = "extend",
+    attempts: RequeueAttempts = "extend",
     batch: int = BULK_BATCH,
 ) -> BulkBatch:
     """Queue up to ``batch`` dead jobs again, due now: :func:`~.requeue.requeue_dead_jobs`.

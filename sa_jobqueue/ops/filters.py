@@ -74,12 +74,27 @@ def check_limit(limit: object, name: str = "limit") -> int:
     return limit
 
 
+#: What a requeue of dead or cancelled jobs does with the attempts they made: "extend" keeps
+#: them and raises ``max_attempts`` by its current value (as many tries again), "reset" starts
+#: the count again from 0. The one definition: the Python API, the CLI, the dashboard and its
+#: JSON API all take these words.
+RequeueAttempts = Literal["extend", "reset"]
+REQUEUE_ATTEMPTS: Final[tuple[RequeueAttempts, ...]] = ("extend", "reset")
+
+
+def requeue_attempts(attempts: object) -> RequeueAttempts:
+    """``attempts`` as a requeue's mode (:data:`RequeueAttempts`); InvalidJobError for anything
+    else."""
+    for mode in REQUEUE_ATTEMPTS:
+        if attempts == mode:
+            return mode
+    raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
+
+
 def requeue_resets(attempts: object) -> bool:
     """Whether a requeue's ``attempts`` mode is "reset" (True) or "extend" (False);
     InvalidJobError for anything else."""
-    if attempts not in ("extend", "reset"):
-        raise InvalidJobError(f"attempts must be 'extend' or 'reset', not {attempts!r}")
-    return attempts == "reset"
+    return requeue_attempts(attempts) == "reset"
 
 
 def check_ids(ids: object) -> list[int]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql.finished import requeue_dead_batch
 from .filters import (
+    RequeueAttempts,
     check_after_id,
     check_ids,
     check_limit,
@@ -56,7 +57,7 @@ def requeue_dead_jobs(
     queue: str | None = None,
     task: str | None = None,
     older_than: timedelta | None = None,
-    attempts: Literal["extend", "reset"] = "extend",
+    attempts: RequeueAttempts = "extend",
     after_id: int | None = None,
     batch: int = REQUEUE_BATCH,
     ids: Collection[int] | None = None,

@@ -20,7 +20,7 @@ from .._sql.finished import purge_batch
 from ..errors import InvalidLimitError
 from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
-from ..ops.filters import check_age
+from ..ops.filters import RequeueAttempts, check_age
 from ..ops.health import span
 from ..ops.queues import (
     QueueLimits,
@@ -39,7 +39,6 @@ from ..ops.requeue import requeue_dead_jobs
 #: The most jobs one click purges.
 MAX_BATCH: Final = 10_000
 
-Attempts = Literal["extend", "reset"]
 Problem = Literal["not_found", "conflict"]
 
 
@@ -54,7 +53,7 @@ class Outcome:
     problem: Problem | None = None
 
 
-def retry(conn: Connection, job_id: int, attempts: Attempts) -> Outcome:
+def retry(conn: Connection, job_id: int, attempts: RequeueAttempts) -> Outcome:
     """Put dead job ``job_id`` back in its queue, due now (see :func:`requeue_job`)."""
     if requeue_job(conn, job_id, attempts=attempts):
         return Outcome(True, f"job {job_id} is queued again")
@@ -101,7 +100,7 @@ def retry_matching(
     queue: str | None,
     task: str | None,
     older_than: timedelta | None,
-    attempts: Attempts,
+    attempts: RequeueAttempts,
 ) -> Outcome:
     """Requeue one batch of dead jobs of the filter, lowest ids first (see
     :func:`~sa_jobqueue.ops.requeue.requeue_dead_jobs`), and count those still dead."""

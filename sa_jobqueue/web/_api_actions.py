@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from ..errors import InvalidJobError
 from ..ops.admin import get_job
 from ..ops.bulk import APPLIES_TO, BulkBatch
-from ..ops.filters import check_ids, requeue_resets
+from ..ops.filters import RequeueAttempts, check_ids, requeue_attempts
 from . import _actions, _bulk
 from ._filters import JobFilter, read_filter
 
@@ -56,9 +56,9 @@ def texts(body: Mapping[str, Json], name: str) -> list[str]:
     return list(value)
 
 
-def attempts(body: Mapping[str, Json]) -> _actions.Attempts:
+def attempts(body: Mapping[str, Json]) -> RequeueAttempts:
     """``attempts``: "extend" (the default) or "reset"."""
-    return "reset" if requeue_resets(body.get("attempts", "extend")) else "extend"
+    return requeue_attempts(body.get("attempts", "extend"))
 
 
 FILTER_FIELDS = ("queue", "task", "statuses", "older_than")

@@ -31,7 +31,7 @@ from ..ops.bulk import (
     retry_jobs,
     run_jobs_now,
 )
-from ..ops.filters import MAX_IDS
+from ..ops.filters import MAX_IDS, RequeueAttempts, requeue_attempts
 from . import _actions, _reads
 from ._filters import JobFilter, read_filter
 
@@ -60,7 +60,7 @@ class BulkRequest:
     scope: Scope
     wanted: JobFilter
     ids: tuple[int, ...] = ()
-    attempts: Literal["extend", "reset"] = "extend"
+    attempts: RequeueAttempts = "extend"
 
     def hidden(self) -> list[tuple[str, str]]:
         """The request as hidden fields, for the confirmation page to post again."""
@@ -114,9 +114,7 @@ def read_request(form: FormData) -> BulkRequest:
             raise InvalidJobError("no job chosen: tick some rows, or choose all matching")
         if len(set(ids)) > MAX_IDS:
             raise InvalidJobError(f"at most {MAX_IDS:,} jobs at a time; choose all matching")
-    attempts: Literal["extend", "reset"] = (
-        "reset" if fields.get("attempts") == "reset" else "extend"
-    )
+    attempts = requeue_attempts(fields.get("attempts") or "extend")
     return BulkRequest(
         action,
         "all" if scope == "all" else "selected",

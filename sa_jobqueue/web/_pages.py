@@ -27,7 +27,7 @@ from .._sql.dashboard import page_settings
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
 from ..ops.bulk import BULK_BATCH
-from ..ops.filters import MAX_JOB_ID, check_age
+from ..ops.filters import MAX_JOB_ID, RequeueAttempts, check_age, requeue_attempts
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
@@ -200,8 +200,7 @@ class Dashboard:
     async def retry(self, request: Request) -> Response:
         form = await self._action_form(request)
         job_id = _job_id(request)
-        attempts: _actions.Attempts = "reset" if _field(form, "attempts") == "reset" else "extend"
-        outcome = await self._act(_actions.retry, job_id, attempts)
+        outcome = await self._act(_actions.retry, job_id, _attempts(form))
         return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
     async def cancel(self, request: Request) -> Response:
@@ -223,7 +222,7 @@ class Dashboard:
             )
         except InvalidJobError as exc:
             raise PageError(400, str(exc)) from None
-        attempts: _actions.Attempts = "reset" if _field(form, "attempts") == "reset" else "extend"
+        attempts = _attempts(form)
         outcome = await self._act(
             _actions.retry_matching,
             queue=wanted.queue,
@@ -452,6 +451,14 @@ def _job_id(request: Request) -> int:
     if job_id > MAX_JOB_ID:
         raise PageError(404, f"no job with id {job_id}")
     return job_id
+
+
+def _attempts(form: FormData) -> RequeueAttempts:
+    """A retry form's attempts mode: its "attempts" box ticked ("reset"), or not ("extend")."""
+    try:
+        return requeue_attempts(_field(form, "attempts") or "extend")
+    except InvalidJobError as exc:
+        raise PageError(400, str(exc)) from None
 
 
 def _field(form: FormData, name: str) -> str:

@@ -20,10 +20,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from .._backoff import policy_of
 from ..observability import JobRun
 from ..queue import JobQueue
 from ..tasks import JobContext, Task
-from ._claimed import Claimed, policy
+from ._claimed import Claimed
 from ._leases import LeaseTable
 from ._recorder import Recorder
 from ._sessions import pending_writes
@@ -61,7 +62,7 @@ class Pipeline:
         """Just before a handler starts: arm its timeout, give the heartbeat its context, tell
         the observers. The attempt's run, for the observers (None: there are none)."""
         run = job.run() if self._observe else None
-        self._leases.start(job, ctx, task, run, policy(job, task))
+        self._leases.start(job, ctx, task, run, policy_of(job.id, job.backoff, task.backoff))
         if run is not None:
             self._observe.started(run)
         return run
@@ -73,7 +74,8 @@ class Pipeline:
         call to the lease table."""
         if self._observe:
             return [self.start(job, task, ctx) for job, ctx in zip(jobs, contexts, strict=True)]
-        self._leases.start_many(jobs, contexts, task, [policy(job, task) for job in jobs])
+        policies = [policy_of(job.id, job.backoff, task.backoff) for job in jobs]
+        self._leases.start_many(jobs, contexts, task, policies)
         return [None] * len(jobs)
 
     @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""A claimed attempt, as the claim returned it, and the retry policy it runs under."""
+"""A claimed attempt, as the claim returned it."""
 
 from __future__ import annotations
 
@@ -12,25 +12,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..models import CLAIM_ORDER
 from ..observability import JobRun
-from ..tasks import Backoff, JobContext, Task
+from ..tasks import JobContext
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
 
 log = logging.getLogger("sa_jobqueue.worker")
-
-#: The policy a failure falls back on when its own cannot give a delay. Settling a failure
-#: must record the handler's error whatever goes wrong in working out the retry: otherwise
-#: the job stays running until its lease expires and the error is lost.
-FALLBACK_BACKOFF: Final = Backoff()
-
-#: The retry policy of a job whose task this worker does not know (and that has no policy of
-#: its own from enqueue). Most likely a rolling deploy: newer code enqueued it and an older
-#: worker claimed it. The attempt counts as a failure, and the job comes back after 30 s,
-#: 1 min, 2 min, 4 min, ... (at most 10 min apart), until a worker that knows the task runs it
-#: or its ``max_attempts`` run out: with the default 5 attempts, about 7.5 minutes.
-UNKNOWN_TASK_BACKOFF: Final = Backoff(base=timedelta(seconds=30), cap=timedelta(minutes=10))
 
 
 @dataclass(frozen=True)
@@ -123,45 +111,3 @@ def _reader(labels: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     if missing:
         raise KeyError(f"a claim's row has no column {', '.join(missing)}: {labels}")
     return operator.itemgetter(*(labels.index(name) for name in ROW_FIELDS))
-
-
-def policy(job: Claimed, task: Task) -> Backoff:
-    """The retry policy of a job: its own, if enqueue gave one, else its task's.
-
-    A stored policy this version cannot read (written by hand, or by another version) gives
-    way to the task's, with a warning, rather than fail the settling of the attempt.
-    """
-    if job.backoff is None:
-        return task.backoff
-    try:
-        return Backoff.from_json(job.backoff)
-    except Exception as exc:  # any malformed JSON: KeyError, TypeError, TaskDefinitionError
-        log.warning("job %d: its stored retry policy cannot be read (%s); using its task's",
-                    job.id, exc)  # fmt: skip
-        return task.backoff
-
-
-def unknown_task_policy(job: Claimed) -> Backoff:
-    """The retry policy of a job whose task this worker does not know: its own, if enqueue
-    gave one (and it can be read), else :data:`UNKNOWN_TASK_BACKOFF`."""
-    if job.backoff is not None:
-        try:
-            return Backoff.from_json(job.backoff)
-        except Exception:  # unreadable: the default for unknown tasks serves
-            pass
-    return UNKNOWN_TASK_BACKOFF
-
-
-def retry_delay(backoff: Backoff, attempt: int) -> timedelta:
-    """The wait before the attempt after ``attempt``: ``backoff.delay(attempt)``, or the
-    default policy's when that raises or gives no duration of zero or more (a bug in a
-    Backoff subclass), so the failure it belongs to is recorded all the same."""
-    try:
-        delay = backoff.delay(attempt)
-        if isinstance(delay, timedelta) and delay >= timedelta(0):
-            return delay
-        problem = f"it gave {type(delay).__name__} {delay}"
-    except Exception as exc:
-        problem = f"it raised {type(exc).__name__}: {exc}"
-    log.error("the retry policy failed to give a delay (%s); using the default policy's", problem)
-    return FALLBACK_BACKOFF.delay(attempt)

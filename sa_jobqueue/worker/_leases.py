@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from .._backoff import Backoff
 from ..observability import JobRun
-from ..tasks import Backoff, JobContext, Task
+from ..tasks import JobContext, Task
 from ._claimed import Claimed
 from ._lanes import Lane
 

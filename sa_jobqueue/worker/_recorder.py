@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
+from .._backoff import UNKNOWN_TASK_BACKOFF, Backoff, policy_of, retry_delay
 from .._deadlines import StopClock
 from .._error_text import error_json, one_line
 from .._sql import leases as leases_sql
 from .._sql import transitions
 from .._sql.fence import held_many
 from ..models import CANCELLED, DEAD
-from ..tasks import Backoff, Retry, Task
-from ._claimed import Claimed, policy, retry_delay, unknown_task_policy
+from ..tasks import Retry, Task
+from ._claimed import Claimed
 from ._reports import Reports
 from ._retries import retrying
 from ._sessions import HandlerSession
@@ -121,7 +122,7 @@ class Recorder:
         elif isinstance(verdict, Release):
             self._control_flow(job, verdict)
         elif isinstance(verdict, Fail):
-            self._record_failure(job, verdict, policy(job, task))
+            self._record_failure(job, verdict, policy_of(job.id, job.backoff, task.backoff))
         else:
             self._control_flow(job, verdict)
 
@@ -292,10 +293,11 @@ class Recorder:
 
     def unknown_task(self, job: Claimed, exc: Exception) -> None:
         """A job whose task this worker does not know: a failed attempt, retried after the
-        backoff of ``unknown_task_policy`` (dead once its attempts run out)."""
+        backoff of its own policy, or of ``UNKNOWN_TASK_BACKOFF`` (dead once its attempts run
+        out)."""
         if self.reports.observe:  # observers hear of it as of any failed attempt
             self.reports.ran(job, job.run(), None)
-        self._record_failure(job, Fail(exc), unknown_task_policy(job))
+        self._record_failure(job, Fail(exc), policy_of(job.id, job.backoff, UNKNOWN_TASK_BACKOFF))
 
     def unrunnable(self, job: Claimed, exc: Exception) -> None:
         """A job no attempt could run (an undecodable payload): straight to dead, or

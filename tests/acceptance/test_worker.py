@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sa_jobqueue import Backoff, JobContext, JobQueue, Worker
+from sa_jobqueue._backoff import UNKNOWN_TASK_BACKOFF
 from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.models import Job
 from sa_jobqueue.worker import _claimer
-from sa_jobqueue.worker._claimed import UNKNOWN_TASK_BACKOFF
 from tests.helpers.jobs import burst, handler, job
 from tests.helpers.waiting import running, wait_for
 
