@@ -1,7 +1,7 @@
 """``sa-jobqueue verify``: the run's two record tables, and every statement the run executes.
 
 The tables live in the run's own schema, beside the queue's; the handler writes them (see
-:mod:`sa_jobqueue.ops.verify.tasks`) and the report compares them with the jobs table.
+:mod:`sa_jobqueue.verify.tasks`) and the report compares them with the jobs table.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ of this package are internal, not a stable API:
 * ``_schema``: ``migrate``;
 * ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``, with ``_reports``
   rendering their results as text or JSON;
-* ``_verify``: ``verify``'s options and exit status (the run is :mod:`sa_jobqueue.ops.verify`);
+* ``_verify``: ``verify``'s options and exit status (the run is :mod:`sa_jobqueue.verify`);
 * ``_web``: ``web``, its options and the server (the ``web`` extra, imported when it runs);
 * ``_exit``: the exit statuses.
 """

@@ -1,6 +1,6 @@
 """``sa-jobqueue verify`` on the command line: its options, and the exit status.
 
-The run itself is :mod:`sa_jobqueue.ops.verify`; this module only reads the options, says
+The run itself is :mod:`sa_jobqueue.verify`; this module only reads the options, says
 what goes on, prints the report and picks the exit status.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, Final
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import JobQueueError
-from ..ops.verify.hammer import reason, verify
-from ..ops.verify.report import Settings
+from ..verify.hammer import reason, verify
+from ..verify.report import Settings
 from ._exit import EXIT_USAGE
 
 #: Jobs were lost or doubled.

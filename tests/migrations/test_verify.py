@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from sa_jobqueue._sql.verify import results, runs
 from sa_jobqueue.database import create_engine
 from sa_jobqueue.models import jobs_table
-from sa_jobqueue.ops.verify import hammer as verify
-from sa_jobqueue.ops.verify.report import RunEvents, Settings, measure
+from sa_jobqueue.verify import hammer as verify
+from sa_jobqueue.verify.report import RunEvents, Settings, measure
 from tests.helpers.databases import url_string
 from tests.helpers.processes import run_cli
 from tests.helpers.waiting import wait_for

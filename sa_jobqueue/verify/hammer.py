@@ -18,12 +18,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from ..._sql import session as session_sql
-from ..._sql import verify as verify_sql
-from ...database import Pooler, create_engine, normalise_url, ping, url_options
-from ...errors import JobQueueError
-from ...queue import JobQueue
-from ...tasks import JobContext
+from .._sql import session as session_sql
+from .._sql import verify as verify_sql
+from ..database import Pooler, create_engine, normalise_url, ping, url_options
+from ..errors import JobQueueError
+from ..queue import JobQueue
+from ..tasks import JobContext
 from .names import (
     QUEUE,
     SCHEMA_ENV,
@@ -47,7 +47,7 @@ WORKER_START_TIMEOUT: Final = 60.0
 #: How often progress is read while the workers drain the jobs (seconds).
 POLL: Final = 0.05
 
-#: This process only enqueues; the handler that runs lives in sa_jobqueue.ops.verify.tasks, which
+#: This process only enqueues; the handler that runs lives in sa_jobqueue.verify.tasks, which
 #: only the workers import.
 _enqueuer = JobQueue(default_queue=QUEUE)
 
@@ -160,7 +160,7 @@ def _setup_errors(schema: str) -> Iterator[None]:
 
 def _install(engine: Engine, schema: str) -> None:
     """Check that connections land in ``schema``, then migrate it and add the record tables."""
-    from ...migrations import upgrade
+    from ..migrations import upgrade
 
     with engine.connect() as conn:
         landed = conn.execute(session_sql.current_schema()).scalar()

@@ -12,7 +12,7 @@ from typing import Final
 
 from sqlalchemy.engine import URL
 
-from ...database import POOLER_ENV
+from ..database import POOLER_ENV
 from .names import PARENT_ENV, QUEUE, SCHEMA_ENV, WORKER_APP
 from .report import Settings
 

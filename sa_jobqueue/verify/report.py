@@ -1,6 +1,6 @@
 """What a ``sa-jobqueue verify`` run records, and what it concludes from the records.
 
-The handler of the run (in :mod:`sa_jobqueue.ops.verify.tasks`) writes two tables in the run's
+The handler of the run (in :mod:`sa_jobqueue.verify.tasks`) writes two tables in the run's
 schema: ``verify_runs`` for every execution, through an autocommit connection of its own, and
 ``verify_results`` through ``ctx.session``, which commits with the job's fenced completion.
 :func:`measure` compares them with the jobs table and returns a :class:`Report`.
@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from ..._sql import verify as verify_sql
-from ...database import Pooler
-from ...models import SUCCEEDED
+from .._sql import verify as verify_sql
+from ..database import Pooler
+from ..models import SUCCEEDED
 
 
 @dataclass

@@ -14,7 +14,7 @@ PARENT_ENV: Final = "SA_JOBQUEUE_VERIFY_PARENT"
 #: somehow missed the schema would claim only jobs of this queue, never yours.
 QUEUE: Final = "sa_jobqueue_verify"
 TASK: Final = "verify_job"
-WORKER_APP: Final = "sa_jobqueue.ops.verify.tasks:queue"
+WORKER_APP: Final = "sa_jobqueue.verify.tasks:queue"
 
 
 def schema_options(schema: str) -> str:
