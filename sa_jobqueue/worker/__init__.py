@@ -17,8 +17,7 @@ modules are internal, not a stable API:
 - ``_lanes``: a ``Lane`` (queues sharing job threads and a claim buffer), the one owner of its
   counts, buffer and adaptive size, changed only through its methods named for events
   (claimed, finished, a claim round starting or ending);
-- ``_claimer``: a ``LaneClaimer`` per lane, the claim loop that paces them, and the
-  ``HandOff`` that claims a freed slot's next job in the completion's own statement;
+- ``_claimer``: a ``LaneClaimer`` per lane, and the claim loop that paces them;
 - ``_attempt``: the one pipeline of an attempt (start, payload, middleware and handler, flush,
   result, run time) that every path below runs through;
 - ``_runner``: runs a claimed attempt on a job thread, the event loop (``_event_loop``) or in a
@@ -32,7 +31,8 @@ modules are internal, not a stable API:
   the observers (``_reports``), whichever path ran the attempt (a group's or a batch's
   commit, a child's end, the heartbeat's timeout included); successes through
   ``_successes`` (with the handler's writes, a group's commit, or batched by
-  ``_completer``); ``_retries`` tries statements again through transient errors;
+  ``_completer``, where the ``HandOff`` claims a freed slot's next job in the completion's
+  own statement); ``_retries`` tries statements again through transient errors;
 - ``_leases``: the lease table, the one place that knows which attempts are still held (and
   the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;

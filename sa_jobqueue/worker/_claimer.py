@@ -16,7 +16,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._error_text import one_line
 from .._sql import claim_limits, claim_many, claiming
 from .._sql import queues as queues_sql
-from .._sql.fence import held_many
 from ..database import HeldConnection
 from ..models import RUNNING
 from ._claimed import Claimed
@@ -317,59 +316,6 @@ class LaneClaimer:
             for queue in [q for q, at in windows.items() if at <= now]:
                 del windows[queue]
         return min([*self.not_before.values(), *self.key_windows.values()], default=None)
-
-
-class HandOff:
-    """Completes jobs that hold slots of a limited queue and claims their successors, in one
-    statement (``claim_limits.claim_limited(completing=True)``) on the completer's connection.
-
-    Without it, a slot freed by a completion waits for the completion's commit, then for the
-    claim loop to wake and claim: two round trips, and a thread hand-over each way, between
-    one job of a capped queue and the next. Here the completion and the next claim commit
-    together (durably, as the completion alone would), for as many jobs as the batch freed
-    threads of that queue's lane; the jobs claimed go to the lane's buffer, where the freed
-    threads take them. A shutdown under way claims nothing (the completions still go).
-    """
-
-    def __init__(
-        self,
-        worker: str,
-        limited: LimitedQueues,
-        lanes: Callable[[str], Lane],
-        submit: Callable[[Lane, Claimed], None],
-        stopping: threading.Event,
-    ) -> None:
-        self._worker = worker
-        self._limited = limited
-        self._lanes = lanes
-        self._submit = submit
-        self._stopping = stopping
-
-    def complete(
-        self,
-        conn: HeldConnection,
-        batch: list[tuple[int, int]],
-        results: str,
-        queue: str,
-        freed: int,
-    ) -> set[int]:
-        """Complete ``batch`` (fenced; ``results`` as ``transitions.complete_many`` takes them),
-        and claim up to ``freed`` jobs of ``queue`` in the same statement; the ids completed.
-        The jobs claimed are submitted to the queue's lane."""
-        lane = self._lanes(queue)
-        params = {
-            "from_queue": queue,
-            "limit": 0 if self._stopping.is_set() else freed,
-            "worker": self._worker,
-            **held_many(batch),
-            "results": results,
-        }
-        statement = claim_limits.claim_limited(keyed=self._limited.keyed(queue), completing=True)
-        rows = conn.rows(statement, params)
-        for job in limited_jobs(rows):
-            if runnable(job):
-                self._submit(lane, job)
-        return set(rows[0].completed)
 
 
 class ClaimLoop:

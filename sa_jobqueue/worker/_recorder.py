@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from ..observability import JobRun
-    from ._claimer import HandOff
     from ._isolation import ChildEnd
+    from ._successes import HandOff
 
 log = logging.getLogger("sa_jobqueue.worker")
 

@@ -1,4 +1,5 @@
-"""Writing successes: with the handler's writes, with its group's commit, or in a batch.
+"""Writing successes: with the handler's writes, with its group's commit, in a batch, or in a
+batch that also claims the next jobs of a limited queue (:class:`HandOff`).
 
 Every completion is fenced on ``(job id, attempt)``: a stale attempt's completion matches no
 row and changes nothing. A success is written in the handler's own transaction when the
@@ -24,13 +25,14 @@ from sqlalchemy.orm import Session
 from .._binds import transient
 from .._deadlines import StopClock
 from .._error_text import one_line
-from .._sql import transitions
+from .._sql import claim_limits, transitions
 from .._sql.fence import held_many
 from .._validation import encode_payload
 from ..database import HeldConnection
 from ..errors import PayloadError, UnstorableResultError
 from ..tasks import Task
 from ._claimed import Claimed
+from ._claimer import LimitedQueues, limited_jobs, runnable
 from ._completer import Completer, Flushed
 from ._reports import Reports
 from ._retries import RECORD_RETRY
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from sqlalchemy import CursorResult
     from sqlalchemy.ext.asyncio import AsyncSession
 
-    from ._claimer import HandOff
+    from ._lanes import Lane
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -290,3 +292,56 @@ class Successes:
         again = [pair for pair in batch if pair[0] not in locked]
         self.results.forget_many(pair for pair in batch if pair[0] in locked)
         return Flushed(set(row.done), again)
+
+
+class HandOff:
+    """Completes jobs that hold slots of a limited queue and claims their successors, in one
+    statement (``claim_limits.claim_limited(completing=True)``) on the completer's connection.
+
+    Without it, a slot freed by a completion waits for the completion's commit, then for the
+    claim loop to wake and claim: two round trips, and a thread hand-over each way, between
+    one job of a capped queue and the next. Here the completion and the next claim commit
+    together (durably, as the completion alone would), for as many jobs as the batch freed
+    threads of that queue's lane; the jobs claimed go to the lane's buffer, where the freed
+    threads take them. A shutdown under way claims nothing (the completions still go).
+    """
+
+    def __init__(
+        self,
+        worker: str,
+        limited: LimitedQueues,
+        lanes: Callable[[str], Lane],
+        submit: Callable[[Lane, Claimed], None],
+        stopping: threading.Event,
+    ) -> None:
+        self._worker = worker
+        self._limited = limited
+        self._lanes = lanes
+        self._submit = submit
+        self._stopping = stopping
+
+    def complete(
+        self,
+        conn: HeldConnection,
+        batch: list[tuple[int, int]],
+        results: str,
+        queue: str,
+        freed: int,
+    ) -> set[int]:
+        """Complete ``batch`` (fenced; ``results`` as ``transitions.complete_many`` takes them),
+        and claim up to ``freed`` jobs of ``queue`` in the same statement; the ids completed.
+        The jobs claimed are submitted to the queue's lane."""
+        lane = self._lanes(queue)
+        params = {
+            "from_queue": queue,
+            "limit": 0 if self._stopping.is_set() else freed,
+            "worker": self._worker,
+            **held_many(batch),
+            "results": results,
+        }
+        statement = claim_limits.claim_limited(keyed=self._limited.keyed(queue), completing=True)
+        rows = conn.rows(statement, params)
+        for job in limited_jobs(rows):
+            if runnable(job):
+                self._submit(lane, job)
+        return set(rows[0].completed)

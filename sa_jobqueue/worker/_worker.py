@@ -27,7 +27,7 @@ from ..observability import Observer, Observers
 from ..queue import JobQueue
 from ._attempt import Pipeline
 from ._batches import Batches
-from ._claimer import ClaimLoop, HandOff, LaneClaimer, LimitedQueues
+from ._claimer import ClaimLoop, LaneClaimer, LimitedQueues
 from ._embedding import CONCURRENCY, WorkerOptions, engines_for, run_on_loop
 from ._event_loop import EventLoopThread
 from ._groups import Groups
@@ -41,6 +41,7 @@ from ._reports import Reports
 from ._retries import retrying
 from ._runner import Runner
 from ._served import Served
+from ._successes import HandOff
 from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
 
 log = logging.getLogger("sa_jobqueue.worker")
