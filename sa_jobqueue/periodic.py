@@ -55,9 +55,10 @@ from sqlalchemy import Connection, Engine
 
 from ._enqueue.jobs import new_jobs
 from ._enqueue.options import resolve_options
+from ._payloads import encode_payload
 from ._sql import clock
 from ._sql import periodic as periodic_sql
-from ._validation import TASK_NAME, encode_payload
+from ._validation import TASK_NAME
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Task
 

@@ -21,8 +21,9 @@ from ._enqueue.calls import chain_of, chord_of, group_of
 from ._enqueue.enqueuer import Enqueuer
 from ._enqueue.transactions import arun_in, run_in
 from ._job_admin import JobAdmin
+from ._payloads import DEFAULT_MAX_PAYLOAD_BYTES
 from ._registry import TaskRegistry, handler_name
-from ._validation import DEFAULT_MAX_PAYLOAD_BYTES, UniqueMode, check_queue_name
+from ._validation import UniqueMode, check_queue_name
 from .batching import BatchContext, Batching, BatchJob
 from .errors import TaskDefinitionError
 from .middleware import Middleware

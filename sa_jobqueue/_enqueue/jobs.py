@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import check_unique_key, encode_payload
+from .._payloads import encode_payload
+from .._validation import check_unique_key
 from ..errors import InvalidJobError
 from ..tasks import Task
 from .options import ResolvedOptions

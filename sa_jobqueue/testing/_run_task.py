@@ -16,7 +16,7 @@ from typing import Any, cast
 from sqlalchemy.orm import Session, scoped_session
 
 from .._binds import SessionLike
-from .._validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
+from .._payloads import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from ..batching import BatchContext, BatchJob
 from ..errors import InvalidJobError, JobQueueError
 from ..tasks import JobContext, Task

@@ -25,9 +25,9 @@ from sqlalchemy.orm import Session
 from .._binds import transient
 from .._deadlines import StopClock
 from .._error_text import one_line
+from .._payloads import encode_payload
 from .._sql import claim_limits, transitions
 from .._sql.fence import held_many
-from .._validation import encode_payload
 from ..database import HeldConnection
 from ..errors import PayloadError, UnstorableResultError
 from ..tasks import Task
