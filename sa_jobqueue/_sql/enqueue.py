@@ -177,6 +177,7 @@ def insert_jobs(
     backoff: bool = False,
     wake: bool = False,
     period: bool = False,
+    workflow: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -190,6 +191,8 @@ def insert_jobs(
     With ``wake`` the same round trip also sends ``:b_queue``'s NOTIFY, once, and only if a
     row is inserted: see :func:`wake_once`. With ``period`` (and ``unique``), each row with a
     key also carries its window of ``:b_unique_period`` seconds, as in :func:`insert_job`.
+    With ``workflow`` every row carries ``:b_workflow_id`` and ``:b_workflow_step`` (a step's
+    name, or NULL): the jobs of one call of a chain, group, chord or DAG.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -206,6 +209,11 @@ def insert_jobs(
     if backoff:
         rows = rows.add_columns(cast(bindparam("b_backoff", type_=Text), JSONB))
         names.append("backoff")
+    if workflow:
+        rows = rows.add_columns(
+            bindparam("b_workflow_id", type_=BigInteger), bindparam("b_workflow_step", type_=Text)
+        )
+        names += ["workflow_id", "workflow_step"]
     woken = (wake_once(bindparam("b_queue", type_=Text)),) if wake else ()
     if unique:
         rows = rows.add_columns(given.c.unique_key)
@@ -417,14 +425,17 @@ def reserve_jobs(schedule: str, wake: bool = False) -> Select[Any]:
 
 
 @cache
-def copy_jobs(schedule: str, traced: bool = False, backoff: bool = False) -> sql.Composed:
+def copy_jobs(
+    schedule: str, traced: bool = False, backoff: bool = False, workflow: bool = False
+) -> sql.Composed:
     """``COPY sa_jobqueue_jobs (...) FROM STDIN``: one row per job, in text format.
 
     A row holds :data:`COPY_COLUMNS` (``id`` from :func:`reserve_jobs`, ``payload`` as JSON
     text, ``lease`` as the interval text :func:`reserve_jobs` returned), then ``visible_at``
     unless ``schedule`` is "now" (left out, the column's default is ``now()``, as
     :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
-    ``backoff``. The table and column names are quoted as identifiers by psycopg.
+    ``backoff``, ``workflow_id`` and ``workflow_step`` with ``workflow``. The table and column
+    names are quoted as identifiers by psycopg.
     """
     names = list(COPY_COLUMNS)
     if schedule != "now":
@@ -433,6 +444,8 @@ def copy_jobs(schedule: str, traced: bool = False, backoff: bool = False) -> sql
         names.append(j.trace_context.name)
     if backoff:
         names.append(j.backoff.name)
+    if workflow:
+        names += [j.workflow_id.name, j.workflow_step.name]
     return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
         table=sql.Identifier(jobs_table.name),
         columns=sql.SQL(", ").join(sql.Identifier(name) for name in names),

@@ -294,7 +294,7 @@ def test_open_the_workflow_view_of_a_chord(
     queue = chord_queue()
     regions = ["emea", "americas", "apac", "india", "oceania"]
     with Session(engine) as session, session.begin():
-        members, merge = queue.chord(
+        *members, merge = queue.chord(
             session,
             [Call("fetch_region", {"region": r}) for r in regions[:3]],
             Call("merge_totals"),
