@@ -32,8 +32,8 @@ The submodules are internal and may change without notice: ``admin`` (job admin)
 ``requeue``, ``workflows``, ``stats``, ``depth``, ``purge``, ``health``, ``queues`` (the
 functions above), ``filters`` (checks of the filters callers pass), ``workers`` (each
 worker's row in the registry) and ``verify`` (the run behind ``sa-jobqueue verify``). Their
-statements are in :mod:`sa_jobqueue._sql`; rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the
-dashboard's.
+statements are in :mod:`sa_jobqueue._sql`; rendering them for people is the CLI's
+(:mod:`sa_jobqueue.cli`) or the dashboard's.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
