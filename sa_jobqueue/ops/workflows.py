@@ -36,6 +36,7 @@ from ..models import (
     FINISHED_STATUSES,
     QUEUED,
     RUNNING,
+    STATUSES,
     SUCCEEDED,
     WAITING,
 )
@@ -75,8 +76,10 @@ class WorkflowInfo:
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many of its jobs are in each status (statuses without jobs left out)."""
-        return dict(sorted(Counter(job.status for job in self.jobs).items()))
+        """How many of its jobs are in each status, in the order of a job's life (statuses
+        without jobs left out)."""
+        counted = Counter(job.status for job in self.jobs)
+        return {status: counted[status] for status in STATUSES if counted[status]}
 
     @property
     def state(self) -> WorkflowState:
