@@ -241,6 +241,8 @@ DETAILED: tuple[str, ...] = (
     "lease",
     "worker",
     "unique_key",
+    "workflow_id",
+    "workflow_step",
 )
 
 

@@ -84,10 +84,7 @@ class WorkflowInfo:
     @property
     def state(self) -> WorkflowState:
         """``active``, ``succeeded`` or ``failed``: see :data:`WorkflowState`."""
-        statuses = {job.status for job in self.jobs}
-        if statuses & set(_UNFINISHED):
-            return "active"
-        return "succeeded" if statuses <= {SUCCEEDED} else "failed"
+        return state_of(job.status for job in self.jobs)
 
     @property
     def steps(self) -> dict[str, WorkflowJob]:
@@ -112,6 +109,14 @@ class WorkflowChange:
     left: int = 0
 
 
+def state_of(statuses: Iterable[str]) -> WorkflowState:
+    """The state of a workflow whose jobs are in ``statuses`` (see :data:`WorkflowState`)."""
+    found = set(statuses)
+    if found & set(_UNFINISHED):
+        return "active"
+    return "succeeded" if found <= {SUCCEEDED} else "failed"
+
+
 def check_workflow_id(workflow_id: object) -> int:
     """``workflow_id`` if it is an int of the ids' range; InvalidJobError otherwise."""
     try:
@@ -132,7 +137,8 @@ def read_jobs(
     return rows
 
 
-def _job(row: Any) -> WorkflowJob:
+def workflow_job(row: Any) -> WorkflowJob:
+    """A row of :func:`read_jobs` as a :class:`WorkflowJob`."""
     values = row._asdict()
     values.pop("unique_key", None)
     return WorkflowJob(step=values.pop("workflow_step"), **values)
@@ -155,7 +161,7 @@ def get_workflow(session: SessionLike, workflow_id: int) -> WorkflowInfo:
     """
     checked = check_workflow_id(workflow_id)
     conn = connection_of(session)
-    jobs = [_job(row) for row in read_jobs(conn, checked, locked=False)]
+    jobs = [workflow_job(row) for row in read_jobs(conn, checked, locked=False)]
     rows = conn.execute(workflows_sql.edges_from(), {"job_ids": [job.id for job in jobs]})
     return WorkflowInfo(checked, jobs, [Edge(*row) for row in rows])
 

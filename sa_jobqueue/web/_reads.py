@@ -266,6 +266,9 @@ class JobDetail(JobSummary):
     trace_context: str | None
     #: ``attempt_history``'s entries, their fields apart and cut (see ``job_detail``).
     attempt_history: list[Any] | None = None
+    #: The workflow the job belongs to (None: enqueued alone), and its step's name.
+    workflow_id: int | None = None
+    workflow_step: str | None = None
 
     #: How many entries ``attempt_history`` keeps, for the page to say so.
     history_limit: ClassVar[int] = ATTEMPT_HISTORY_LIMIT
