@@ -28,7 +28,7 @@ from .._binds import SessionLike, connection_of
 from .._enqueue import wake
 from .._sql import bulk as bulk_sql
 from .._sql import workflows as workflows_sql
-from .._validation import check_job_id
+from .._validation import MAX_ATTEMPTS, check_job_id
 from ..errors import InvalidJobError, UnknownWorkflowError, WorkflowNotFinishedError
 from ..models import (
     CANCELLED,
@@ -204,7 +204,8 @@ def retry_workflow(
 
     Kept as they are (``left``): a job that waits, on a cancelling edge, for a dead or
     cancelled job outside the workflow (nobody retries that one), a job whose unique key a
-    live job of its task holds, and in turn what waits for those on cancelling edges. A
+    live job of its task holds, with "extend" a job that used the largest number of attempts
+    there is, and in turn what waits for those on cancelling edges. A
     running job whose cancellation was requested is not finished yet: retry once it ends.
     """
     reset = requeue_resets(attempts)
@@ -219,7 +220,12 @@ def retry_workflow(
     if outside:
         found = conn.execute(workflows_sql.statuses_of(), {"job_ids": outside})
         failed_outside = {job_id for job_id, status in found if status in (DEAD, CANCELLED)}
-    kept = _kept(ended, edges, failed_outside, _keys_in_use(conn, ended))
+    blocked = _keys_in_use(conn, ended)
+    if not reset:
+        # As requeue: a job that used the largest number of attempts cannot be extended. Left
+        # out here, before any edge is made pending for it (its dependents would wait forever).
+        blocked |= {job_id for job_id, row in ended.items() if row.attempts >= MAX_ATTEMPTS}
+    kept = _kept(ended, edges, failed_outside, blocked)
     retried = sorted(set(ended) - kept)
     waiters = retried + [row.id for row in rows if row.status == WAITING]
     conn.execute(workflows_sql.pend_edges(), {"retried": retried, "waiters": waiters})

@@ -363,3 +363,17 @@ def test_steps_added_to_a_running_workflow_need_its_steps_by_name(
         queue.add_steps(session, flow.id, Dag().add("y", Call("step"), needs=["z"]))
     with pytest.raises(UnknownJobError):
         queue.add_steps(session, flow.id, Dag().add("y", Call("step"), needs=[2**40]))
+
+
+def test_retry_leaves_a_job_that_cannot_be_given_more_attempts_and_what_waits_for_it(
+    queue: JobQueue, session: Session, conn: sa.Connection
+) -> None:
+    head, tail = chain = queue.chain(session, [Call("step"), Call("step")])
+    end(conn, head, "dead")
+    most = 2**31 - 1
+    conn.execute(sa.update(jobs_table).where(j.id == head).values(attempts=most, max_attempts=most))
+    change = chain.retry(session)
+    assert (change.changed, change.left) == (0, 2)
+    assert pending(conn, tail, head) is False  # no edge left pending for a job kept dead
+    assert chain.retry(session, attempts="reset").changed == 2
+    assert status(conn, head, tail) == ["queued", "waiting"]
