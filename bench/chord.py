@@ -51,7 +51,7 @@ def one_round(dsn: str, args: argparse.Namespace) -> tuple[float, float, float]:
     engine = create_engine(dsn)
     started = time.perf_counter()
     with Session(engine) as session, session.begin():
-        _, callback = queue.chord(
+        *_, callback = queue.chord(
             session, [Call("member", {"n": n}) for n in range(args.members)], Call("gather")
         )
     declared = time.perf_counter() - started

@@ -9,10 +9,13 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    │    ├── PayloadTypeError             it does not fit the type the task's handler takes
      │    │    └── UnstorableResultError        a result a task keeps is not JSON, or too large
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
-     │    └── InvalidScheduleError             run_at is naive, or an option is out of range
+     │    ├── InvalidScheduleError             run_at is naive, or an option is out of range
+     │    └── InvalidWorkflowError             a DAG with a cycle, an unknown or a repeated step
      ├── InvalidLimitError (ValueError)      a queue's concurrency cap or rate is not valid
      ├── UnknownTaskError (LookupError)      no task of that name is registered
      ├── UnknownJobError (LookupError)       no job has that id (a wait for a result)
+     ├── UnknownWorkflowError (LookupError)  no job carries that workflow id
+     ├── WorkflowNotFinishedError            a delete of a workflow whose jobs have not all ended
      ├── ResultTimeoutError (TimeoutError)   a wait for a result ran out of time
      ├── JobFailedError                      a result asked of a job that did not succeed
      ├── HardTimeoutError (TimeoutError)     an attempt was killed at its task's hard_timeout
@@ -80,6 +83,11 @@ class InvalidScheduleError(InvalidJobError):
     """A scheduling option (run_at, priority, max_attempts, lease) is not valid."""
 
 
+class InvalidWorkflowError(InvalidJobError):
+    """The workflow was rejected before anything was sent: a step named twice, a step that
+    needs an unknown step, a cycle, or too many jobs."""
+
+
 class InvalidLimitError(JobQueueError, ValueError):
     """A queue limit (a concurrency cap, or a rate such as ``50/s``) is not valid."""
 
@@ -95,6 +103,32 @@ class UnknownJobError(JobQueueError, LookupError):
         shown = ", ".join(map(str, job_ids[:10])) + (", ..." if len(job_ids) > 10 else "")
         super().__init__(f"no job with id {shown} (never enqueued, not committed, or pruned)")
         self.job_ids = job_ids
+
+
+class UnknownWorkflowError(JobQueueError, LookupError):
+    """No job carries that workflow id: never created, not committed, or all its jobs deleted
+    (pruned after their retention, or by a delete of the workflow)."""
+
+    def __init__(self, workflow_id: int) -> None:
+        super().__init__(
+            f"no workflow with id {workflow_id} (never created, not committed, or deleted)"
+        )
+        self.workflow_id = workflow_id
+
+
+class WorkflowNotFinishedError(JobQueueError):
+    """The workflow still has jobs that have not ended: cancel it (and let its running jobs
+    stop) before deleting it, or delete with ``force``."""
+
+    def __init__(self, workflow_id: int, unfinished: int, *, running: bool = False) -> None:
+        what = (
+            "running (a worker holds them: cancel, and wait for them to stop)"
+            if running
+            else ("waiting, queued or running (cancel it first, or delete with force)")
+        )
+        super().__init__(f"workflow {workflow_id} has {unfinished} jobs {what}")
+        self.workflow_id = workflow_id
+        self.unfinished = unfinished
 
 
 class ResultTimeoutError(JobQueueError, TimeoutError):

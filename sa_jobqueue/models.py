@@ -24,6 +24,7 @@ from sqlalchemy import (
     Integer,
     Interval,
     MetaData,
+    Sequence,
     SmallInteger,
     Table,
     Text,
@@ -34,7 +35,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0016"
+SCHEMA_REVISION: Final = "sajq_0017"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -143,6 +144,12 @@ class Job(Base):
     #: A JSON object given at enqueue (the task's, with the call's keys over it): what the
     #: application wants kept with the job and shown beside it. NULL when none was given.
     meta: Mapped[Any | None] = mapped_column(JSONB)
+    #: The workflow the job belongs to (a chain, group, chord or DAG; see
+    #: :mod:`sa_jobqueue.workflows`), drawn from :data:`workflow_ids`; NULL for a job enqueued
+    #: alone. Written at the insert, never changed; the claim and the completion never read it.
+    workflow_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: The name of the job's step in a workflow built from named steps; NULL otherwise.
+    workflow_step: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),
@@ -194,6 +201,15 @@ class Job(Base):
             "unique_window",
             unique=True,
             postgresql_where=text("unique_window IS NOT NULL"),
+        ),
+        # A workflow's jobs, read, cancelled, retried or deleted together; and a step's name
+        # taken once per workflow. Jobs of no workflow are not in it, so they never write to it.
+        Index(
+            "sa_jobqueue_jobs_workflow_id_workflow_step_idx",
+            "workflow_id",
+            "workflow_step",
+            unique=True,
+            postgresql_where=text("workflow_id IS NOT NULL"),
         ),
         # Rows churn (claim, renewals, outcome, pruning): room on each page for a row's new
         # version, and autovacuum after 2% of the rows changed rather than 20%.
@@ -377,6 +393,9 @@ class HistoryMark(Base):
 
 #: How long the hourly history is kept: the dashboard's week, and a day of slack.
 HISTORY_KEPT: Final = timedelta(days=8)
+
+#: Where workflow ids come from (revision sajq_0017): one per chain, group, chord or DAG.
+workflow_ids: Final = Sequence("sa_jobqueue_workflow_ids", metadata=metadata)
 
 jobs_table: Final = cast(Table, Job.__table__)
 periodic_table: Final = cast(Table, Periodic.__table__)

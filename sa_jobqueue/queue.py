@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Unpack, cast, overload
 from ._backoff import Backoff
 from ._binds import SessionLike
 from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, JobOptions
-from ._enqueue.calls import chain_of, chord_of, group_of
+from ._enqueue.calls import add_steps_of, chain_of, chord_of, dag_of, group_of
 from ._enqueue.enqueuer import Enqueuer
 from ._enqueue.transactions import arun_in, run_in
 from ._job_admin import JobAdmin
@@ -31,7 +31,7 @@ from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
 from .tasks import Handler, JobContext, P, Task
-from .workflows import Call, Dependency, OnFailure
+from .workflows import Call, Dag, Dependency, OnFailure, Workflow
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -398,21 +398,24 @@ class JobQueue(JobAdmin):
         *,
         depends_on: Sequence[int | Dependency] | None = None,
         on_failure: OnFailure = "cancel",
-    ) -> list[Enqueued]:
+    ) -> Workflow:
         """Enqueue ``calls`` in the caller's transaction, each waiting for the one before (the
-        first for ``depends_on``, if given); their ids, in order.
+        first for ``depends_on``, if given): a :class:`~sa_jobqueue.workflows.Workflow`, the
+        sequence of their ids in order, with the workflow's ``id`` every one of them carries.
 
         A step reads what the step before it returned (its task declared with
         ``keep_result=True``) with ``ctx.upstream_results()``. A step that ends dead or
         cancelled cancels the rest of the chain, or, with ``on_failure="run"``, lets the next
-        one run anyway. See :mod:`sa_jobqueue.workflows`.
+        one run anyway. The jobs of ``depends_on`` are not part of the workflow. See
+        :mod:`sa_jobqueue.workflows`.
         """
         return run_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
 
-    def group(self, session: SessionLike, calls: Sequence[Call]) -> list[Enqueued]:
-        """Enqueue ``calls`` to run side by side, in the caller's transaction; their ids, in
-        order. Calls of one task with the same options go in together (by COPY from 200 on),
-        so a group of 10,000 is a few statements."""
+    def group(self, session: SessionLike, calls: Sequence[Call]) -> Workflow:
+        """Enqueue ``calls`` to run side by side, in the caller's transaction: a
+        :class:`~sa_jobqueue.workflows.Workflow` of their ids, in order. Calls of one task
+        with the same options go in together (by COPY from 200 on), so a group of 10,000 is
+        a few statements."""
         return run_in(session, group_of(self._enqueuer, calls))
 
     def chord(
@@ -422,12 +425,34 @@ class JobQueue(JobAdmin):
         callback: Call,
         *,
         on_failure: OnFailure = "cancel",
-    ) -> tuple[list[Enqueued], Enqueued]:
+    ) -> Workflow:
         """A :meth:`group` and a ``callback`` that runs once every job of the group has ended
-        (reading their results with ``ctx.upstream_results()``): the group's ids, and the
-        callback's. A member that ends dead or cancelled cancels the callback, or, with
-        ``on_failure="run"``, does not stop it."""
+        (reading their results with ``ctx.upstream_results()``): a
+        :class:`~sa_jobqueue.workflows.Workflow` of the group's ids then the callback's, last
+        (``flow[:-1]``, ``flow[-1]``). A member that ends dead or cancelled cancels the
+        callback, or, with ``on_failure="run"``, does not stop it."""
         return run_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
+
+    def workflow(self, session: SessionLike, dag: Dag) -> Workflow:
+        """Enqueue the named steps of ``dag``, each waiting for the steps it needs, in the
+        caller's transaction: a :class:`~sa_jobqueue.workflows.Workflow` whose ``steps`` maps
+        each name to its job's id. A cycle, a need of an unknown step or a name used twice
+        raises :class:`~sa_jobqueue.errors.InvalidWorkflowError` before anything is sent."""
+        return run_in(session, dag_of(self._enqueuer, dag))
+
+    def add_steps(self, session: SessionLike, workflow_id: int, dag: Dag) -> Workflow:
+        """Add the steps of ``dag`` to the existing workflow ``workflow_id``, in the caller's
+        transaction: they may need its steps by name, or any job by id, and run by the same
+        rules as any dependency (a need that already succeeded is met, one that ended dead or
+        cancelled applies the step's ``on_failure`` at once). Nothing already in the workflow
+        can be made to wait for a new step. Returns a Workflow of the new steps alone.
+
+        :class:`~sa_jobqueue.errors.UnknownWorkflowError` if no job carries that id,
+        InvalidWorkflowError for a name the workflow (or the DAG) already has, an unknown
+        need or a cycle; nothing is added then. Holds the workflow's lock until the caller's
+        transaction ends: a cancel, retry or delete of it waits, then sees the new steps.
+        """
+        return run_in(session, add_steps_of(self._enqueuer, workflow_id, dag))
 
     async def achain(
         self,
@@ -436,11 +461,11 @@ class JobQueue(JobAdmin):
         *,
         depends_on: Sequence[int | Dependency] | None = None,
         on_failure: OnFailure = "cancel",
-    ) -> list[Enqueued]:
+    ) -> Workflow:
         """:meth:`chain` for an ``AsyncSession`` or ``AsyncConnection``."""
         return await arun_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
 
-    async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> list[Enqueued]:
+    async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> Workflow:
         """:meth:`group` for an ``AsyncSession`` or ``AsyncConnection``."""
         return await arun_in(session, group_of(self._enqueuer, calls))
 
@@ -451,6 +476,14 @@ class JobQueue(JobAdmin):
         callback: Call,
         *,
         on_failure: OnFailure = "cancel",
-    ) -> tuple[list[Enqueued], Enqueued]:
+    ) -> Workflow:
         """:meth:`chord` for an ``AsyncSession`` or ``AsyncConnection``."""
         return await arun_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
+
+    async def aworkflow(self, session: AsyncSessionLike, dag: Dag) -> Workflow:
+        """:meth:`workflow` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await arun_in(session, dag_of(self._enqueuer, dag))
+
+    async def aadd_steps(self, session: AsyncSessionLike, workflow_id: int, dag: Dag) -> Workflow:
+        """:meth:`add_steps` for an ``AsyncSession`` or ``AsyncConnection``."""
+        return await arun_in(session, add_steps_of(self._enqueuer, workflow_id, dag))

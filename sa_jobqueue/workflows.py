@@ -28,16 +28,20 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import Connection
 
+from ._binds import SessionLike
 from ._enqueue.options import OPTION_NAMES
 from ._sql import dependencies as dependencies_sql
-from .errors import InvalidJobError, UnknownJobError
+from .errors import InvalidJobError, InvalidWorkflowError, UnknownJobError
 from .models import CANCELLED, DEAD, FINISHED_STATUSES, WAITING
+from .ops import workflows as workflow_ops
+from .ops.filters import RequeueAttempts
+from .ops.workflows import WorkflowChange, WorkflowInfo
 
 if TYPE_CHECKING:
     from ._enqueue import Enqueued
     from .tasks import Task
 
-__all__ = ["Call", "Dependency", "OnFailure"]
+__all__ = ["Call", "Dag", "Dependency", "OnFailure", "Step", "Workflow"]
 
 #: What a dependency that ends dead or cancelled does to the job that waits for it.
 OnFailure = Literal["cancel", "run"]
@@ -174,3 +178,182 @@ def check_call_options(options: Mapping[str, Any]) -> dict[str, Any]:
             f"a Call takes the options {', '.join(sorted(CALL_OPTIONS))}, not {', '.join(unknown)}"
         )
     return {name: value for name, value in options.items() if value is not None}
+
+
+# -- workflows as objects: the handle, and the builder of a DAG of named steps --------------
+
+#: The longest name a step may have (a task name's bound).
+MAX_STEP_NAME: Final = 200
+
+
+class Workflow(Sequence["Enqueued"]):
+    """A workflow: the jobs one chain, group, chord or DAG created, each carrying its ``id``.
+
+    What :meth:`JobQueue.chain <sa_jobqueue.JobQueue.chain>`, ``group``, ``chord``,
+    ``workflow`` and ``add_steps`` return. It is a sequence of the ids of the jobs the call
+    created, in enqueue order (a chain's steps in order; a chord's members, then its
+    callback, last), so ``a, b = queue.chain(...)`` unpacks as before; ``steps`` maps a DAG's
+    step names to their ids. ``Workflow(workflow_id)`` makes a handle from an id alone (one
+    read from the CLI or the dashboard, say): its methods need nothing else.
+
+    The methods run in the caller's transaction, as :mod:`sa_jobqueue.ops` does, and never
+    commit: :meth:`read`, :meth:`cancel`, :meth:`retry` and :meth:`delete` (see
+    :mod:`sa_jobqueue.ops.workflows` for what each promises, and does not). Not promised:
+    that the handle's ids are still jobs of it (a step whose unique key another job held is
+    that job, outside the workflow, as ``enqueue`` returns it; pruning deletes finished jobs).
+    """
+
+    __slots__ = ("id", "jobs", "steps")
+
+    def __init__(
+        self,
+        id: int,
+        jobs: Sequence[Enqueued] = (),
+        steps: Mapping[str, Enqueued] | None = None,
+    ) -> None:
+        self.id: Final = int(id)
+        self.jobs: Final[tuple[Enqueued, ...]] = tuple(jobs)
+        self.steps: Final[Mapping[str, Enqueued]] = dict(steps or {})
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.jobs[index]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Workflow):
+            return NotImplemented
+        return (self.id, self.jobs, dict(self.steps)) == (other.id, other.jobs, dict(other.steps))
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.jobs))
+
+    def __repr__(self) -> str:
+        return f"Workflow(id={self.id}, jobs={list(self.jobs)!r})"
+
+    def read(self, session: SessionLike) -> WorkflowInfo:
+        """Its jobs and their edges, as the caller's transaction sees them
+        (:func:`~sa_jobqueue.ops.get_workflow`)."""
+        return workflow_ops.get_workflow(session, self.id)
+
+    def cancel(self, session: SessionLike) -> WorkflowChange:
+        """Cancel every unfinished job of it (:func:`~sa_jobqueue.ops.cancel_workflow`)."""
+        return workflow_ops.cancel_workflow(session, self.id)
+
+    def retry(
+        self, session: SessionLike, *, attempts: RequeueAttempts = "extend"
+    ) -> WorkflowChange:
+        """Bring back its dead and cancelled jobs, and what waited on them
+        (:func:`~sa_jobqueue.ops.retry_workflow`)."""
+        return workflow_ops.retry_workflow(session, self.id, attempts=attempts)
+
+    def delete(self, session: SessionLike, *, force: bool = False) -> WorkflowChange:
+        """Delete its jobs and their edges, once it has finished (with ``force``: its waiting
+        and queued jobs too) (:func:`~sa_jobqueue.ops.delete_workflow`)."""
+        return workflow_ops.delete_workflow(session, self.id, force=force)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One named step of a :class:`Dag`: its :class:`Call`, what it ``needs`` (step names of
+    the same DAG or of the workflow it is added to, or job ids), and what a need that ends dead
+    or cancelled does to it (``on_failure``, as :class:`Dependency`'s)."""
+
+    name: str
+    call: Call
+    needs: tuple[str | int, ...] = ()
+    on_failure: OnFailure = "cancel"
+
+
+class Dag:
+    """A workflow of named steps, each naming the steps it needs, for :meth:`JobQueue.workflow
+    <sa_jobqueue.JobQueue.workflow>` (or ``add_steps``)::
+
+        dag = Dag()
+        dag.add("fetch", Call("fetch", {"url": url}))
+        dag.add("thumbnail", Call("thumbnail"), needs=["fetch"])
+        dag.add("index", Call("index"), needs=["fetch"])
+        dag.add("publish", Call("publish"), needs=["thumbnail", "index"])
+        flow = queue.workflow(session, dag)
+
+    :meth:`add` refuses a name used twice at once; a need of an unknown name, and a cycle, are
+    refused when the DAG is enqueued (a later step may be named first), with
+    :class:`~sa_jobqueue.errors.InvalidWorkflowError`, before anything is sent. A need may
+    also be a job id (an int): any job, as ``depends_on`` takes. Not promised: an order among
+    steps that need nothing of each other.
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[str, Step] = {}
+
+    @property
+    def steps(self) -> list[Step]:
+        """The steps, in the order they were added."""
+        return list(self._steps.values())
+
+    def add(
+        self,
+        name: str,
+        call: Call,
+        *,
+        needs: Sequence[str | int] = (),
+        on_failure: OnFailure = "cancel",
+    ) -> Dag:
+        """Add step ``name`` running ``call`` once every step or job of ``needs`` has ended;
+        returns the DAG, so calls can be chained. InvalidWorkflowError for a bad name, a name
+        used twice, or a need named twice; InvalidJobError for a bad ``on_failure``."""
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_STEP_NAME:
+            raise InvalidWorkflowError(
+                f"a step's name is a str of 1 to {MAX_STEP_NAME} characters, not {name!r}"[:200]
+            )
+        if name in self._steps:
+            raise InvalidWorkflowError(f"two steps are named {name!r}")
+        if not isinstance(call, Call):
+            raise InvalidWorkflowError(f"step {name!r} runs a Call, not {call!r}"[:200])
+        if isinstance(needs, (str, bytes, int)) or not isinstance(needs, Sequence):
+            raise InvalidWorkflowError(f"needs is a list of step names or job ids, not {needs!r}")
+        for need in needs:
+            if isinstance(need, bool) or not isinstance(need, (str, int)):
+                raise InvalidWorkflowError(f"a need is a step name or a job id, not {need!r}")
+        if len(set(needs)) != len(needs):
+            raise InvalidWorkflowError(f"step {name!r} needs a step twice")
+        if name in needs:
+            raise InvalidWorkflowError(f"step {name!r} needs itself")
+        Dependency(0, on_failure)  # its check of on_failure
+        self._steps[name] = Step(name, call, tuple(needs), on_failure)
+        return self
+
+    def ordered(self, known: frozenset[str] = frozenset()) -> list[Step]:
+        """The steps, each after the steps it needs (in the order added where free);
+        InvalidWorkflowError for a need that is neither a step of it nor in ``known`` (the
+        names of the workflow it is added to), and for a cycle. No I/O."""
+        if not self._steps:
+            raise InvalidWorkflowError("a DAG needs at least one step")
+        if len(self._steps) > workflow_ops.MAX_WORKFLOW_JOBS:
+            raise InvalidWorkflowError(
+                f"a workflow has at most {workflow_ops.MAX_WORKFLOW_JOBS} jobs"
+            )
+        waits: dict[str, set[str]] = {}
+        for step in self._steps.values():
+            names = {n for n in step.needs if isinstance(n, str)}
+            unknown = sorted(names - set(self._steps) - known)
+            if unknown:
+                raise InvalidWorkflowError(
+                    f"step {step.name!r} needs {', '.join(map(repr, unknown))}: no such step"
+                )
+            waits[step.name] = names & set(self._steps)
+        done: list[Step] = []
+        placed: set[str] = set()
+        while len(done) < len(self._steps):
+            ready = [
+                s for s in self._steps.values() if s.name not in placed and waits[s.name] <= placed
+            ]
+            if not ready:
+                cycle = sorted(set(self._steps) - placed)
+                raise InvalidWorkflowError(
+                    "the steps " + ", ".join(map(repr, cycle[:10])) + " need each other (a cycle)"
+                )
+            done += ready
+            placed |= {s.name for s in ready}
+        return done

@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 
 from .._driver import copy_possible, copy_rows, first_row
 from .._sql import enqueue as enqueue_sql
-from .jobs import Enqueued, NewJobs, added
+from .jobs import Enqueued, Membership, NewJobs, added
 from .unique import insert_unique_many, insert_unique_one
 from .wakeups import sent_notifications
 
@@ -60,20 +60,24 @@ def insert_one(conn: Connection, new: NewJobs) -> list[Enqueued]:
     return [added(row[0])]
 
 
-def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
+def insert_many(conn: Connection, new: NewJobs, member: Membership | None = None) -> list[Enqueued]:
     """Insert ``new``'s jobs, by COPY or in one INSERT (more only for unique keys); ids in order.
 
     The NOTIFY rides in the same round trip as the ids (the INSERT's RETURNING, or the id
-    draw before a COPY), once, and only if a job was added.
+    draw before a COPY), once, and only if a job was added. With ``member`` every job is
+    inserted into that workflow (as that step).
     """
     sent = sent_notifications(conn)
     wake_up = new.queue not in sent
     if not new.unique and len(new.payloads) >= COPY_FROM and copy_possible(conn):
-        result = _copy_many(conn, new, wake_up)
+        result = _copy_many(conn, new, wake_up, member)
         sent.add(new.queue)
         return result
     # INSERT ... SELECT may not reuse a column's name for a bind parameter, hence "b_".
     bulk = new.params("b_")
+    if member is not None:
+        bulk["b_workflow_id"] = member.workflow_id
+        bulk["b_workflow_step"] = member.step
     period = new.options.period_seconds if new.unique else None
     if period is not None:
         bulk["b_unique_period"] = period
@@ -85,6 +89,7 @@ def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
         wake=wake_up,
         period=period is not None,
         labels=new.options.labelled,
+        workflow=member is not None,
     )
     if not new.unique:
         rows = conn.execute(statement, {**bulk, "payloads": new.payloads})
@@ -96,7 +101,9 @@ def insert_many(conn: Connection, new: NewJobs) -> list[Enqueued]:
     return result
 
 
-def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
+def _copy_many(
+    conn: Connection, new: NewJobs, wake_up: bool, member: Membership | None
+) -> list[Enqueued]:
     """COPY ``new``'s jobs in (no unique keys), after one statement that draws their ids."""
     options = new.options
     schedule = options.schedule
@@ -121,11 +128,14 @@ def _copy_many(conn: Connection, new: NewJobs, wake_up: bool) -> list[Enqueued]:
         tail.append(json.dumps(options.backoff.to_json()))
     if options.labelled:
         tail += [list(options.tags) or None, options.meta]
+    if member is not None:
+        tail += [member.workflow_id, member.step]
     statement = enqueue_sql.copy_jobs(
         schedule,
         traced=new.trace_context is not None,
         backoff=options.backoff is not None,
         labels=options.labelled,
+        workflow=member is not None,
     )
     copy_rows(
         conn,

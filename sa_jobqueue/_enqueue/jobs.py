@@ -50,6 +50,14 @@ def added(job_id: int) -> Enqueued:
 
 
 @dataclass(frozen=True)
+class Membership:
+    """The workflow new jobs are inserted into, and their step's name (None: unnamed)."""
+
+    workflow_id: int
+    step: str | None = None
+
+
+@dataclass(frozen=True)
 class NewJobs:
     """Jobs of one task, checked and encoded, ready to insert: everything but the I/O.
 

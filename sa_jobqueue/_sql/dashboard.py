@@ -247,6 +247,8 @@ DETAILED: tuple[str, ...] = (
     "lease",
     "worker",
     "unique_key",
+    "workflow_id",
+    "workflow_step",
 )
 
 

@@ -184,6 +184,7 @@ def insert_jobs(
     wake: bool = False,
     period: bool = False,
     labels: bool = False,
+    workflow: bool = False,
 ) -> Insert:
     """Insert many jobs of one task in one statement, from an array of JSON texts.
 
@@ -199,6 +200,8 @@ def insert_jobs(
     key also carries its window of ``:b_unique_period`` seconds, as in :func:`insert_job`.
     With ``labels``, every row carries the one ``:b_tags`` and ``:b_meta`` (an enqueue gives
     all its jobs the same).
+    With ``workflow`` every row carries ``:b_workflow_id`` and ``:b_workflow_step`` (a step's
+    name, or NULL): the jobs of one call of a chain, group, chord or DAG.
     """
     arrays = [bindparam("payloads", type_=ARRAY(Text))]
     columns = [column("payload", Text)]
@@ -218,6 +221,11 @@ def insert_jobs(
     if labels:
         rows = rows.add_columns(*labels_given())
         names += ["tags", "meta"]
+    if workflow:
+        rows = rows.add_columns(
+            bindparam("b_workflow_id", type_=BigInteger), bindparam("b_workflow_step", type_=Text)
+        )
+        names += ["workflow_id", "workflow_step"]
     woken = (wake_once(bindparam("b_queue", type_=Text)),) if wake else ()
     if unique:
         rows = rows.add_columns(given.c.unique_key)
@@ -439,7 +447,11 @@ def reserve_jobs(schedule: str, wake: bool = False) -> Select[Any]:
 
 @cache
 def copy_jobs(
-    schedule: str, traced: bool = False, backoff: bool = False, labels: bool = False
+    schedule: str,
+    traced: bool = False,
+    backoff: bool = False,
+    labels: bool = False,
+    workflow: bool = False,
 ) -> sql.Composed:
     """``COPY sa_jobqueue_jobs (...) FROM STDIN``: one row per job, in text format.
 
@@ -449,6 +461,9 @@ def copy_jobs(
     :func:`insert_job` stores), ``trace_context`` with ``traced``, ``backoff`` with
     ``backoff``, and ``tags`` (an array's text) and ``meta`` with ``labels``. The table and
     column names are quoted as identifiers by psycopg.
+    :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
+    ``backoff``, ``workflow_id`` and ``workflow_step`` with ``workflow``. The table and column
+    names are quoted as identifiers by psycopg.
     """
     names = list(COPY_COLUMNS)
     if schedule != "now":
@@ -459,6 +474,8 @@ def copy_jobs(
         names.append(j.backoff.name)
     if labels:
         names += [j.tags.name, j.meta.name]
+    if workflow:
+        names += [j.workflow_id.name, j.workflow_step.name]
     return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
         table=sql.Identifier(jobs_table.name),
         columns=sql.SQL(", ").join(sql.Identifier(name) for name in names),

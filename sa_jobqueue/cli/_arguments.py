@@ -267,6 +267,7 @@ def _operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="how far back finished jobs and run times are counted (default 10m)",
     )
     _jobs_parsers(commands)
+    _workflows_parsers(commands)
     _queues_parsers(commands)
     _check_parser(commands)
 
@@ -369,6 +370,36 @@ def _jobs_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         "--batch", type=_values.page, default=1000, help="rows per transaction (default 1000)"
     )
     purge_.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+
+
+def _workflows_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    workflows = commands.add_parser(
+        "workflows", help="show, cancel, retry or delete a workflow's jobs, together"
+    )
+    actions = workflows.add_subparsers(dest="action", required=True)
+    helps = {
+        "show": "its jobs, their states and what each waits for",
+        "cancel": "cancel its waiting and queued jobs, ask its running ones to stop",
+        "retry": "bring back its dead and cancelled jobs, and what waited on them",
+        "delete": "delete its jobs and their edges, once every job has ended",
+    }
+    for name, what in helps.items():
+        sub = actions.add_parser(name, help=what)
+        _database_option(sub)
+        sub.add_argument("workflow_id", type=int, metavar="ID", help="the workflow's id")
+        sub.add_argument("--json", action="store_true", help="JSON instead of text")
+        if name == "retry":
+            sub.add_argument(
+                "--reset-attempts",
+                action="store_true",
+                help="count attempts from 0 again (default: keep them and raise max_attempts)",
+            )
+        if name == "delete":
+            sub.add_argument(
+                "--force",
+                action="store_true",
+                help="cancel and delete its waiting and queued jobs too (never running ones)",
+            )
 
 
 def _queues_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

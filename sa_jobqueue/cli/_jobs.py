@@ -1,5 +1,6 @@
-"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|run-now|purge``, ``queues
-list|pause|resume|limit`` and ``check``.
+"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|run-now|purge``, ``workflows
+show|cancel|retry|delete`` (in :mod:`._workflows`), ``queues list|pause|resume|limit`` and
+``check``.
 
 Each command opens a short-lived engine of its own with time limits on its statements
 (:data:`OPERATOR_SETTINGS`), so a query stuck behind a lock fails instead of hanging a
@@ -43,7 +44,7 @@ from ..ops.queues import (
     set_queue_rate,
 )
 from ..ops.requeue import REQUEUE_BATCH, requeue_dead_jobs
-from . import _bulk
+from . import _bulk, _workflows
 from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
 from ._reports import (
     findings_json,
@@ -57,8 +58,8 @@ from ._reports import (
     to_json,
 )
 
-#: The commands this module runs (``jobs`` and ``queues`` with their actions).
-OPERATOR_COMMANDS: Final = ("stats", "jobs", "queues", "check")
+#: The commands this module runs (``jobs``, ``workflows`` and ``queues`` with their actions).
+OPERATOR_COMMANDS: Final = ("stats", "jobs", "workflows", "queues", "check")
 #: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
 #: server fails instead of hanging a terminal or a monitoring probe.
 OPERATOR_SETTINGS: Final = {"statement_timeout": "60s", "lock_timeout": "10s"}
@@ -76,6 +77,8 @@ def operate(args: argparse.Namespace) -> int:
             return _stats(engine, args)
         if args.command == "queues":
             return _queues(engine, args)
+        if args.command == "workflows":
+            return _workflows.run(engine, args)
         action: Callable[[Engine, argparse.Namespace], int] = {
             "list": _jobs_list,
             "show": _jobs_show,

@@ -23,6 +23,7 @@ from ..ops.admin import Edge, JobInfo, JobSummary
 from ..ops.health import Finding, span, worst
 from ..ops.queues import QueueInfo, QueueLimits
 from ..ops.stats import Stats
+from ..ops.workflows import WorkflowInfo
 
 #: Longest error message shown in a job list; ``jobs show`` prints all of it.
 ERROR_WIDTH = 60
@@ -124,6 +125,28 @@ def job_list(jobs: Sequence[JobInfo], now: datetime) -> str:
     ]
     headers = ("ID", "QUEUE", "TASK", "STATUS", "ATTEMPTS", "AGE", "WHEN", "LAST ERROR")
     return table(headers, rows) if rows else "no jobs"
+
+
+def workflow_text(info: WorkflowInfo, now: datetime) -> str:
+    """A workflow: its state and counts, then one line per job with what it waits for."""
+    waits: dict[int, list[str]] = {}
+    for edge in info.edges:
+        waits.setdefault(edge.job_id, []).append(_edge(edge, edge.depends_on))
+    counts = ", ".join(f"{n} {status}" for status, n in info.counts.items())
+    rows = [
+        (
+            job.id,
+            job.step or "",
+            job.task,
+            job.status + (" (cancel requested)" if job.cancel_requested else ""),
+            f"{job.attempts}/{job.max_attempts}",
+            _when(job, now),
+            ", ".join(waits.get(job.id, [])),
+        )
+        for job in info.jobs
+    ]
+    headers = ("ID", "STEP", "TASK", "STATUS", "ATTEMPTS", "WHEN", "WAITS FOR")
+    return f"workflow {info.id}: {info.state} ({counts})\n\n" + table(headers, rows)
 
 
 def _edge(edge: Edge, other: int) -> str:

@@ -12,6 +12,11 @@ The public operator API is what this package exports (``__all__``):
   :func:`queue_limits` (returning :class:`QueueLimits`) and
   :func:`list_queues` (returning :class:`QueueInfo`): flow control per queue, cluster-wide,
   in the caller's transaction.
+* :func:`get_workflow` (returning :class:`WorkflowInfo` of :class:`WorkflowJob`),
+  :func:`cancel_workflow`, :func:`retry_workflow` and :func:`delete_workflow` (returning
+  :class:`WorkflowChange`): a workflow's jobs, together, in the caller's transaction; what
+  :class:`~sa_jobqueue.workflows.Workflow`'s methods call. A workflow has at most
+  :data:`MAX_WORKFLOW_JOBS` jobs.
 * :func:`requeue_dead_jobs` (returning :class:`RequeuedBatch`): retry the dead jobs
   matching a filter, one bounded batch per call, in the caller's transaction.
 * :func:`queue_depth`: jobs a claim could take now, per queue, in one index-only statement
@@ -24,11 +29,11 @@ The public operator API is what this package exports (``__all__``):
   sums them up.
 
 The submodules are internal and may change without notice: ``admin`` (job admin),
-``requeue``, ``stats``, ``depth``, ``purge``, ``health``, ``queues`` (the functions above),
-``filters`` (checks of the filters callers pass), ``workers`` (each worker's row in the
-registry) and ``verify`` (the run behind ``sa-jobqueue verify``). Their statements are in
-:mod:`sa_jobqueue._sql`; rendering them for people is the CLI's (:mod:`sa_jobqueue.cli`) or the
-dashboard's.
+``requeue``, ``workflows``, ``stats``, ``depth``, ``purge``, ``health``, ``queues`` (the
+functions above), ``filters`` (checks of the filters callers pass), ``workers`` (each
+worker's row in the registry) and ``verify`` (the run behind ``sa-jobqueue verify``). Their
+statements are in :mod:`sa_jobqueue._sql`; rendering them for people is the CLI's
+(:mod:`sa_jobqueue.cli`) or the dashboard's.
 
 None of this is needed to run jobs. ``stats`` and ``check`` only read, in the connection's
 current transaction, and commit nothing; ``purge`` commits each of its batches itself.
@@ -67,8 +72,19 @@ from .queues import (
 )
 from .requeue import RequeuedBatch, requeue_dead_jobs
 from .stats import QueueStats, Stats, TaskRunTimes, WorkerInfo, stats
+from .workflows import (
+    MAX_WORKFLOW_JOBS,
+    WorkflowChange,
+    WorkflowInfo,
+    WorkflowJob,
+    cancel_workflow,
+    delete_workflow,
+    get_workflow,
+    retry_workflow,
+)
 
 __all__ = [
+    "MAX_WORKFLOW_JOBS",
     "Edge",
     "Finding",
     "JobInfo",
@@ -83,13 +99,19 @@ __all__ = [
     "TaskRunTimes",
     "Thresholds",
     "WorkerInfo",
+    "WorkflowChange",
+    "WorkflowInfo",
+    "WorkflowJob",
     "cancel_job",
+    "cancel_workflow",
     "check",
     "clear_queue_limits",
     "count_jobs",
     "count_purge",
+    "delete_workflow",
     "depth_query",
     "get_job",
+    "get_workflow",
     "job_edges",
     "list_jobs",
     "list_queues",
@@ -101,6 +123,7 @@ __all__ = [
     "requeue_dead_jobs",
     "requeue_job",
     "resume_queue",
+    "retry_workflow",
     "set_queue_concurrency",
     "set_queue_key_concurrency",
     "set_queue_key_rate",

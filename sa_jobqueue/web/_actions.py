@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 
 from .._sql import dashboard as dashboard_sql
 from .._sql.finished import purge_batch
-from ..errors import InvalidLimitError
+from ..errors import InvalidLimitError, UnknownWorkflowError, WorkflowNotFinishedError
 from ..models import DEAD, PRUNED_STATUSES, RUNNING
 from ..ops.admin import cancel_job, get_job, requeue_job
 from ..ops.filters import RequeueAttempts, check_age
@@ -35,6 +35,7 @@ from ..ops.queues import (
     set_queue_rate,
 )
 from ..ops.requeue import requeue_dead_jobs
+from ..ops.workflows import cancel_workflow, delete_workflow, retry_workflow
 
 #: The most jobs one click purges.
 MAX_BATCH: Final = 10_000
@@ -78,6 +79,39 @@ def cancel(conn: Connection, job_id: int) -> Outcome:
     if job is None:
         return Outcome(False, f"job {job_id}: no such job", "not_found")
     return Outcome(False, f"job {job_id} is already {job.status}: left as it is", "conflict")
+
+
+def workflow_action(
+    conn: Connection,
+    workflow_id: int,
+    action: str,
+    attempts: RequeueAttempts = "extend",
+    force: bool = False,
+) -> Outcome:
+    """Cancel, retry or delete workflow ``workflow_id``, all its jobs in this one transaction
+    (see :mod:`sa_jobqueue.ops.workflows`)."""
+    head = f"workflow {workflow_id}"
+    try:
+        if action == "cancel":
+            done = cancel_workflow(conn, workflow_id)
+            return Outcome(
+                True,
+                f"{head}: {done.changed} job(s) cancelled, cancellation requested of"
+                f" {done.requested} running",
+            )
+        if action == "retry":
+            done = retry_workflow(conn, workflow_id, attempts=attempts)
+            kept = f"; {done.left} left as they were" if done.left else ""
+            return Outcome(
+                done.changed > 0 or not done.left,
+                f"{head}: {done.changed} job(s) back ({done.waiting} waiting for others){kept}",
+            )
+        done = delete_workflow(conn, workflow_id, force=force)
+        return Outcome(True, f"{head}: {done.changed} job(s) deleted")
+    except UnknownWorkflowError:
+        return Outcome(False, f"{head}: no such workflow", "not_found")
+    except WorkflowNotFinishedError as exc:
+        return Outcome(False, str(exc), "conflict")
 
 
 def pause(conn: Connection, queue: str) -> Outcome:

@@ -71,6 +71,8 @@ class Api:
             Route("/jobs/{job_id:int}/payload", self.payload),
             Route("/jobs/{job_id:int}/workflow", self.workflow),
             Route("/jobs/{job_id:int}/{action}", self.job_action, methods=["POST"]),
+            Route("/workflows/{workflow_id:int}", self.workflow_jobs),
+            Route("/workflows/{workflow_id:int}/{action}", self.workflow_action, methods=["POST"]),
             Route("/periodic", self.periodic),
             Route("/purge", self.purge_count),
             Route("/purge", self.purge, methods=["POST"]),
@@ -145,6 +147,13 @@ class Api:
             raise ApiError(404, "not_found", f"no job with id {job_id}")
         return JSONResponse(_api_shapes.workflow(graph))
 
+    async def workflow_jobs(self, request: Request) -> Response:
+        workflow_id = _workflow_id(request)
+        page = await self._read(_workflows.read_workflow_page, workflow_id)
+        if page is None:
+            raise ApiError(404, "not_found", f"no workflow with id {workflow_id}")
+        return JSONResponse(_api_shapes.workflow_page(page))
+
     async def periodic(self, request: Request) -> Response:
         data = await self._read(_reads.read_schedules, self.board.schedules)
         return JSONResponse(_api_shapes.schedules(data))
@@ -184,6 +193,27 @@ class Api:
                 outcome = await self._act(_actions.cancel, job_id)
             else:
                 outcome = await self._act(_api_actions.on_one, action, job_id)
+        return _outcome(outcome)
+
+    async def workflow_action(self, request: Request) -> Response:
+        body = await self._body(request)
+        workflow_id = _workflow_id(request)
+        action = request.path_params["action"]
+        if action not in _pages.WORKFLOW_ACTIONS:
+            raise ApiError(
+                404,
+                "not_found",
+                f"no action {action[:40]!r}: {', '.join(_pages.WORKFLOW_ACTIONS)}",
+            )
+        allowed = {"retry": ("attempts",), "delete": ("force",)}.get(action, ())
+        _valid(_api_actions.fields, body, allowed)
+        attempts = _valid(_api_actions.attempts, body) if action == "retry" else "extend"
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise ApiError(422, "invalid_request", "force is true or false")
+        outcome = await self._act(
+            _actions.workflow_action, workflow_id, action, attempts=attempts, force=force
+        )
         return _outcome(outcome)
 
     async def bulk(self, request: Request) -> Response:
@@ -333,6 +363,13 @@ def _outcome(outcome: _actions.Outcome) -> Response:
 def _job_id(request: Request) -> int:
     try:
         return _pages._job_id(request)
+    except _pages.PageError as exc:
+        raise ApiError(404, "not_found", exc.message) from None
+
+
+def _workflow_id(request: Request) -> int:
+    try:
+        return _pages._workflow_id(request)
     except _pages.PageError as exc:
         raise ApiError(404, "not_found", exc.message) from None
 

@@ -10,9 +10,9 @@ The types (stable words a script can test) and their status codes:
 403  ``actions_disabled``         an action, on a dashboard started without actions
 403  ``cross_origin``             a request that changes something, sent by another origin
 403  ``not_authorized``           ``authorize`` refused the request
-404  ``not_found``                no such job, or no such route
+404  ``not_found``                no such job or workflow, or no such route
 405  ``method_not_allowed``       the route does not take this method
-409  ``conflict``                 the job's state does not allow the action
+409  ``conflict``                 the job's (or workflow's) state does not allow the action
 413  ``body_too_large``           the body is over :data:`MAX_BODY` bytes
 415  ``unsupported_media_type``   an action's body is not sent as ``application/json``
 422  ``invalid_request``          the body is JSON, but a field is missing, unknown or invalid

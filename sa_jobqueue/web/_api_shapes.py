@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..models import FINISHED_STATUSES
+from ..ops.admin import JobSummary
 from ..ops.health import Finding
 from ..ops.queues import QueueLimits, RateLimit
 from ..ops.stats import WorkerInfo
@@ -22,7 +23,7 @@ from ._attempts import AttemptRow
 from ._filters import JobFilter
 from ._queue_reads import CHART_MINUTES, QueuePage, QueueRow
 from ._reads import JobDetail, JobPage, ListedJob, Overview, Schedules
-from ._workflow_reads import JobLinks, Neighbour, Workflow
+from ._workflow_reads import JobLinks, Neighbour, Workflow, WorkflowPage
 
 #: A JSON value as :func:`json.dumps` takes it.
 Json = Any
@@ -154,7 +155,7 @@ def job_filter(wanted: JobFilter) -> Json:
     }
 
 
-def _summary(job: ListedJob | JobDetail) -> dict[str, Json]:
+def _summary(job: ListedJob | JobDetail | JobSummary) -> dict[str, Json]:
     return {
         "id": job.id,
         "queue": job.queue,
@@ -251,6 +252,8 @@ def job_detail(job: JobDetail, links: JobLinks) -> Json:
         "unique_key": job.unique_key,
         "tags": job.tags or [],
         "meta": meta,
+        "workflow_id": job.workflow_id,
+        "workflow_step": job.workflow_step,
         "payload": payload,
         "payload_length": job.payload_length,
         "payload_complete": payload_whole,
@@ -310,4 +313,17 @@ def schedules(data: Schedules) -> Json:
             }
             for row in data.rows
         ],
+    }
+
+
+def workflow_page(page: WorkflowPage) -> Json:
+    """A workflow: its state, its counts, and its first jobs (``jobs_complete``: all of them)."""
+    return {
+        "as_of": moment(page.as_of),
+        "id": page.id,
+        "state": page.state,
+        "counts": page.counts,
+        "total": page.total,
+        "jobs": [{**_summary(job), "step": job.step} for job in page.jobs],
+        "jobs_complete": len(page.jobs) == page.total,
     }

@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 
 _STATIC: Final = Path(__file__).parent / "static"
+#: What a workflow's buttons do (``POST /workflows/{id}/{action}``), its API's too.
+WORKFLOW_ACTIONS: Final = ("cancel", "retry", "delete")
 
 
 class PageError(Exception):
@@ -91,6 +93,13 @@ class Dashboard:
             Route("/jobs/{job_id:int}/workflow", self.workflow, name="workflow"),
             Route("/jobs/{job_id:int}/retry", self.retry, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.cancel, methods=["POST"], name="cancel"),
+            Route("/workflows/{workflow_id:int}", self.workflow_page, name="workflow_page"),
+            Route(
+                "/workflows/{workflow_id:int}/{action}",
+                self.workflow_action,
+                methods=["POST"],
+                name="workflow_action",
+            ),
             Route("/queues", self.queue, name="queue"),
             Route("/queues/limits", self.set_limits, methods=["POST"], name="set_limits"),
             Route("/queues/pause", self.pause_queue, methods=["POST"], name="pause_queue"),
@@ -157,6 +166,32 @@ class Dashboard:
             drawing=_workflow_svg.svg_body(graph, job_href),
             layer_lines=_workflow_svg.layer_items(graph, job_href),
         )
+
+    async def workflow_page(self, request: Request) -> Response:
+        workflow_id = _workflow_id(request)
+        page = await self._read(_workflow_reads.read_workflow_page, workflow_id)
+        if page is None:
+            raise PageError(404, f"no workflow with id {workflow_id}")
+        return self._page(request, "workflow_jobs.html", page.as_of, page=page)
+
+    async def workflow_action(self, request: Request) -> Response:
+        form = await self._action_form(request)
+        workflow_id = _workflow_id(request)
+        action = request.path_params["action"]
+        if action not in WORKFLOW_ACTIONS:
+            raise PageError(404, f"no workflow action {action[:40]!r}")
+        attempts = _attempts(form)
+        force = _field(form, "force") == "yes"
+        outcome = await self._act(
+            _actions.workflow_action, workflow_id, action, attempts=attempts, force=force
+        )
+        deleted = action == "delete" and outcome.ok
+        target = (
+            self.url(request, "jobs")
+            if deleted
+            else self.url(request, "workflow_page", workflow_id=workflow_id)
+        )
+        return self._after(request, outcome, target)
 
     async def queue(self, request: Request) -> Response:
         try:
@@ -443,6 +478,14 @@ def _job_page(conn: Connection, job_id: int) -> tuple[Any, Any]:
     """A job and its result and edges, in one snapshot."""
     job = _reads.read_job(conn, job_id)
     return job, None if job is None else _workflow_reads.read_links(conn, job_id)
+
+
+def _workflow_id(request: Request) -> int:
+    """The workflow id in the path; 404 for one no bigint can hold."""
+    workflow_id: int = request.path_params["workflow_id"]
+    if workflow_id > MAX_JOB_ID:
+        raise PageError(404, f"no workflow with id {workflow_id}")
+    return workflow_id
 
 
 def _job_id(request: Request) -> int:

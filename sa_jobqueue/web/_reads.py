@@ -274,6 +274,9 @@ class JobDetail(JobSummary):
     #: The job's tags (None: it has none), and its meta as JSON text (at most 4 KB, whole).
     tags: list[str] | None = None
     meta: str | None = None
+    #: The workflow the job belongs to (None: enqueued alone), and its step's name.
+    workflow_id: int | None = None
+    workflow_step: str | None = None
 
     #: How many entries ``attempt_history`` keeps, for the page to say so.
     history_limit: ClassVar[int] = ATTEMPT_HISTORY_LIMIT

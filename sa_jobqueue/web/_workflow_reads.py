@@ -1,4 +1,5 @@
-"""What the job page shows of a job's result and dependencies, and the workflow view's graph.
+"""What the job page shows of a job's result and dependencies, the workflow view's graph, and
+a workflow's own page (the jobs that carry its id).
 
 Plain data, read in the caller's transaction like :mod:`._reads`. The graph is laid out here,
 in Python, so that the page draws it as inline SVG without any script: each job in a column
@@ -16,6 +17,10 @@ from typing import Final
 from sqlalchemy import Connection
 
 from .._sql import dependencies as dependencies_sql
+from .._sql import workflows as workflows_sql
+from ..errors import UnknownWorkflowError
+from ..models import STATUSES
+from ..ops.workflows import WorkflowJob, WorkflowState, read_jobs, state_of, workflow_job
 from ._reads import MAX_CHARS, now
 
 #: The most dependencies, and dependents, the job page lists (each list says how many more).
@@ -224,3 +229,41 @@ def layers_of(ids: list[int], arrows: list[tuple[int, int]]) -> dict[int, int]:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+# -- a workflow's own page: the jobs that carry its id -----------------------------------------
+
+#: The most jobs a workflow's page lists (lowest ids first); its counts cover them all.
+PAGE_JOBS: Final = 500
+
+
+@dataclass(frozen=True)
+class WorkflowPage:
+    """A workflow as its page shows it: up to :data:`PAGE_JOBS` jobs, and counts of all."""
+
+    as_of: datetime
+    id: int
+    jobs: list[WorkflowJob]
+    #: Jobs per status, in the order of a job's life, over the whole workflow.
+    counts: dict[str, int]
+    state: WorkflowState
+
+    @property
+    def total(self) -> int:
+        """How many jobs the workflow has (the page lists the first :data:`PAGE_JOBS`)."""
+        return sum(self.counts.values())
+
+
+def read_workflow_page(conn: Connection, workflow_id: int) -> WorkflowPage | None:
+    """Workflow ``workflow_id``'s page: its first jobs and its counts; None if no job carries
+    that id. Two statements, both on the workflow index."""
+    try:
+        rows = read_jobs(conn, workflow_id, locked=False, most=PAGE_JOBS)
+    except UnknownWorkflowError:
+        return None
+    counted: dict[str, int] = dict(
+        conn.execute(workflows_sql.status_counts(), {"workflow_id": workflow_id}).all()
+    )
+    counts = {status: counted[status] for status in STATUSES if counted.get(status)}
+    jobs = [workflow_job(row) for row in rows]
+    return WorkflowPage(now(conn), workflow_id, jobs, counts, state_of(counts))

@@ -294,7 +294,7 @@ def test_open_the_workflow_view_of_a_chord(
     queue = chord_queue()
     regions = ["emea", "americas", "apac", "india", "oceania"]
     with Session(engine) as session, session.begin():
-        members, merge = queue.chord(
+        *members, merge = queue.chord(
             session,
             [Call("fetch_region", {"region": r}) for r in regions[:3]],
             Call("merge_totals"),
@@ -422,3 +422,43 @@ def test_tick_two_rows_and_cancel_them_through_the_confirmation(
     with engine.connect() as conn:
         found = dict(conn.execute(select(j.id, j.status).where(j.queue == "bulk")).all())
     assert found == {picked[0]: "cancelled", picked[1]: "cancelled", kept: "queued"}
+
+
+def test_cancel_a_workflow_from_its_page_then_retry_it(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path
+) -> None:
+    queue = chord_queue()
+    with Session(engine) as session, session.begin():
+        flow = queue.chord(
+            session,
+            [Call("fetch_region", {"region": r}) for r in ("emea", "apac")],
+            Call("merge_totals"),
+        )
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(f"{served}/jobs/{flow[-1]}")
+    wait.until(expected_conditions.title_contains(f"Job {flow[-1]}"))
+    browser.find_element(By.ID, "workflow-page-link").click()
+    wait.until(expected_conditions.title_contains(f"Workflow {flow.id}"))
+    assert browser.find_element(By.ID, "workflow-state").text == "active"
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.workflow-jobs tbody tr")
+    assert len(rows) == 3
+
+    browser.find_element(By.ID, "workflow-cancel").click()
+    wait.until(expected_conditions.alert_is_present())  # the page's confirm()
+    browser.switch_to.alert.accept()
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".flash.ok")))
+    assert browser.find_element(By.CSS_SELECTOR, ".flash").text.startswith(
+        f"workflow {flow.id}: 3 job(s) cancelled"
+    )
+    assert browser.find_element(By.ID, "workflow-state").text == "failed"
+    assert browser.find_elements(By.ID, "workflow-cancel") == []  # nothing left to cancel
+    browser.save_screenshot(str(artefacts / "7-workflow-cancelled.png"))
+
+    browser.find_element(By.ID, "workflow-retry").click()
+    wait.until(
+        expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, ".flash"), "back")
+    )
+    assert browser.find_element(By.ID, "workflow-state").text == "active"
+    with engine.connect() as conn:
+        found = conn.execute(select(j.status).where(j.workflow_id == flow.id).order_by(j.id))
+        assert found.scalars().all() == ["queued", "queued", "waiting"]

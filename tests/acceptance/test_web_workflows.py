@@ -58,7 +58,7 @@ def test_a_job_page_shows_its_result_and_what_it_waits_for_each_linked(
 ) -> None:
     queue = make_queue()
     with Session(engine) as session, session.begin():
-        members, callback = queue.chord(
+        *members, callback = queue.chord(
             session,
             [Call("square", {"n": n, "note": "<b>" if n == 2 else None}) for n in range(3)],
             Call("total"),
@@ -104,7 +104,7 @@ def test_the_lists_of_a_big_chord_are_bounded_and_say_so(
 ) -> None:
     queue = make_queue()
     with Session(engine) as session, session.begin():
-        _members, callback = queue.chord(
+        *_members, callback = queue.chord(
             session, [Call("square", {"n": n}) for n in range(120)], Call("total")
         )
     page = client.get(f"/jobs/{callback}").text
@@ -124,7 +124,7 @@ def test_the_workflow_view_of_a_chord_draws_every_job_in_its_layer(
     queue = make_queue()
     with Session(engine) as session, session.begin():
         head, *_ = queue.chain(session, [Call("square", {"n": 1})])
-        members, callback = queue.chord(
+        *members, callback = queue.chord(
             session, [Call("square", {"n": n}) for n in range(4)], Call("total")
         )
         (after,) = queue.chain(session, [Call("forget")], depends_on=[callback])
@@ -150,7 +150,7 @@ def test_a_workflow_bigger_than_the_view_is_cut_and_says_so(
     monkeypatch.setattr(_workflow_reads, "MOST_JOBS", 10)
     queue = make_queue()
     with Session(engine) as session, session.begin():
-        _members, callback = queue.chord(
+        *_members, callback = queue.chord(
             session, [Call("square", {"n": n}) for n in range(30)], Call("total")
         )
     html = client.get(f"/jobs/{callback}/workflow").text

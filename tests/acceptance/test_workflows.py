@@ -101,7 +101,7 @@ def test_a_group_goes_in_by_batches_and_runs_side_by_side(engine: sa.Engine) -> 
 def test_a_chord_of_2000_calls_back_once_with_every_result(engine: sa.Engine) -> None:
     queue = make_queue()
     with Session(engine) as session, session.begin():
-        _, callback = queue.chord(
+        *_, callback = queue.chord(
             session, [Call("square", {"n": n}) for n in range(2000)], Call("total")
         )
     assert statuses_of(engine, [callback]) == ["waiting"]
@@ -151,7 +151,7 @@ def test_workflows_from_an_async_session(engine: sa.Engine, database_url: Any) -
         try:
             async with AsyncSession(async_engine) as session, session.begin():
                 steps = await queue.achain(session, [Call("plus_one", {"start": 1})] * 2)
-                members, callback = await queue.achord(
+                *members, callback = await queue.achord(
                     session, [Call("square", {"n": n}) for n in range(3)], Call("total")
                 )
                 await queue.agroup(session, [Call("square", {"n": 9})])

@@ -101,6 +101,7 @@ PAGES = [
     "/jobs/{chord}",
     "/jobs/{chord}/workflow",
     "/jobs/{member}/workflow",
+    "/workflows/{workflow}",
     "/queues?name=emails",
     "/periodic",
     "/purge?status=dead&older_than=1h",
@@ -128,6 +129,9 @@ SELECT k, k - 1, 'cancel', false FROM generate_series(:first + 2, :last, 2) AS k
 )
 
 
+_WORKFLOW = sa.text("UPDATE sa_jobqueue_jobs SET workflow_id = 1 WHERE id BETWEEN :first AND :last")
+
+
 def fill(
     engine: sa.Engine,
     finished: int,
@@ -153,10 +157,12 @@ def fill(
         members = min(CHORD, finished // 2)
         conn.execute(_CHORD, {"chord": chord, "members": members})
         conn.execute(_PAIRS, {"first": first, "last": chord - members - 1})
+        # The chord is a workflow too (as queue.chord makes it), with its own page.
+        conn.execute(_WORKFLOW, {"first": chord - members, "last": chord})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE sa_jobqueue_jobs"))
         conn.execute(sa.text("VACUUM ANALYZE sa_jobqueue_dependencies"))
-    return {"mid": chord, "dead": dead, "chord": chord, "member": chord - 1}
+    return {"mid": chord, "dead": dead, "chord": chord, "member": chord - 1, "workflow": 1}
 
 
 @contextmanager

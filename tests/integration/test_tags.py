@@ -108,7 +108,7 @@ def test_workflows_and_periodic_ticks_store_them(
         chained = queue.chain(
             session, [Call("billed", {}, {"tags": ["step"]}), Call("plain", {}, {"meta": {"s": 2}})]
         )
-        members, callback = queue.chord(
+        *members, callback = queue.chord(
             session, [Call("plain", {}, {"tags": ["member"]})], Call("billed", {})
         )
     assert labels(conn, chained[0]) == (["billing", "step"], {"team": "pay", "v": 1})

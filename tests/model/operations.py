@@ -331,7 +331,7 @@ class Operations(Producers, Bulk):
         policy = step.args["on_failure"]
         calls = self._calls(step)
         with Session(self.engine) as session, session.begin():
-            members, last = queue.chord(session, calls[:-1], calls[-1], on_failure=policy)
+            *members, last = queue.chord(session, calls[:-1], calls[-1], on_failure=policy)
         deps: list[list[Dependency]] = [[] for _ in members]
         deps.append([Dependency(m, policy) for m in members])
         return self._record_calls(step, [*members, last], deps)

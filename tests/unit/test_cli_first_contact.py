@@ -72,6 +72,7 @@ REQUIRED = {
     ("queues", "pause"): ["emails"],
     ("queues", "resume"): ["emails"],
     ("queues", "limit"): ["emails", "--clear"],
+    **{("workflows", action): ["1"] for action in ("show", "cancel", "retry", "delete")},
 }
 
 
