@@ -3,9 +3,11 @@
 The work is done underneath: the task registry in :mod:`sa_jobqueue._registry`, enqueueing
 in the :mod:`sa_jobqueue._enqueue` wing (its :class:`~sa_jobqueue._enqueue.enqueuer.Enqueuer`
 prepares each call; the methods here run the work it returns in the caller's transaction, or in
-one of its own for an Engine), and the methods for enqueued jobs in the base
+one of its own for an Engine), the methods for enqueued jobs in the base
 :class:`~sa_jobqueue._job_admin.JobAdmin`, which delegates to :mod:`sa_jobqueue.ops.admin` and
-:mod:`sa_jobqueue.results`. The enqueue options are defined once, in :class:`JobOptions`.
+:mod:`sa_jobqueue.results`, and those that enqueue workflows in the base
+:class:`~sa_jobqueue._queue_workflows.WorkflowMethods`. The enqueue options are defined once,
+in :class:`JobOptions`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Unpack, cast, overload
 from ._backoff import Backoff
 from ._binds import SessionLike
 from ._enqueue import Enqueued, EnqueueManyOptions, EnqueueOptions, JobOptions
-from ._enqueue.calls import add_steps_of, chain_of, chord_of, dag_of, group_of
 from ._enqueue.enqueuer import Enqueuer
 from ._enqueue.transactions import arun_in, run_in
 from ._job_admin import JobAdmin
 from ._payloads import DEFAULT_MAX_PAYLOAD_BYTES
+from ._queue_workflows import WorkflowMethods
 from ._registry import TaskRegistry, handler_name
 from ._validation import UniqueMode, check_queue_name
 from .batching import BatchContext, Batching, BatchJob
@@ -31,7 +33,6 @@ from .ops.admin import JobInfo
 from .periodic import Schedule
 from .results import JobResult
 from .tasks import Handler, JobContext, P, Task
-from .workflows import Call, Dag, Dependency, OnFailure, Workflow
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-class JobQueue(JobAdmin):
+class JobQueue(JobAdmin, WorkflowMethods):
     """A registry of tasks and the way to enqueue jobs for them.
 
     Enqueue runs in *your* transaction: pass the Session (or Connection) that writes your
@@ -388,102 +389,3 @@ class JobQueue(JobAdmin):
         ``AsyncEngine``; same guarantees."""
         work = self._enqueuer.many(task, payloads, options)
         return [] if work is None else await arun_in(session, work)
-
-    # -- workflows: see sa_jobqueue.workflows ------------------------------------------------
-
-    def chain(
-        self,
-        session: SessionLike,
-        calls: Sequence[Call],
-        *,
-        depends_on: Sequence[int | Dependency] | None = None,
-        on_failure: OnFailure = "cancel",
-    ) -> Workflow:
-        """Enqueue ``calls`` in the caller's transaction, each waiting for the one before (the
-        first for ``depends_on``, if given): a :class:`~sa_jobqueue.workflows.Workflow`, the
-        sequence of their ids in order, with the workflow's ``id`` every one of them carries.
-
-        A step reads what the step before it returned (its task declared with
-        ``keep_result=True``) with ``ctx.upstream_results()``. A step that ends dead or
-        cancelled cancels the rest of the chain, or, with ``on_failure="run"``, lets the next
-        one run anyway. The jobs of ``depends_on`` are not part of the workflow. See
-        :mod:`sa_jobqueue.workflows`.
-        """
-        return run_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
-
-    def group(self, session: SessionLike, calls: Sequence[Call]) -> Workflow:
-        """Enqueue ``calls`` to run side by side, in the caller's transaction: a
-        :class:`~sa_jobqueue.workflows.Workflow` of their ids, in order. Calls of one task
-        with the same options go in together (by COPY from 200 on), so a group of 10,000 is
-        a few statements."""
-        return run_in(session, group_of(self._enqueuer, calls))
-
-    def chord(
-        self,
-        session: SessionLike,
-        calls: Sequence[Call],
-        callback: Call,
-        *,
-        on_failure: OnFailure = "cancel",
-    ) -> Workflow:
-        """A :meth:`group` and a ``callback`` that runs once every job of the group has ended
-        (reading their results with ``ctx.upstream_results()``): a
-        :class:`~sa_jobqueue.workflows.Workflow` of the group's ids then the callback's, last
-        (``flow[:-1]``, ``flow[-1]``). A member that ends dead or cancelled cancels the
-        callback, or, with ``on_failure="run"``, does not stop it."""
-        return run_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
-
-    def workflow(self, session: SessionLike, dag: Dag) -> Workflow:
-        """Enqueue the named steps of ``dag``, each waiting for the steps it needs, in the
-        caller's transaction: a :class:`~sa_jobqueue.workflows.Workflow` whose ``steps`` maps
-        each name to its job's id. A cycle, a need of an unknown step or a name used twice
-        raises :class:`~sa_jobqueue.errors.InvalidWorkflowError` before anything is sent."""
-        return run_in(session, dag_of(self._enqueuer, dag))
-
-    def add_steps(self, session: SessionLike, workflow_id: int, dag: Dag) -> Workflow:
-        """Add the steps of ``dag`` to the existing workflow ``workflow_id``, in the caller's
-        transaction: they may need its steps by name, or any job by id, and run by the same
-        rules as any dependency (a need that already succeeded is met, one that ended dead or
-        cancelled applies the step's ``on_failure`` at once). Nothing already in the workflow
-        can be made to wait for a new step. Returns a Workflow of the new steps alone.
-
-        :class:`~sa_jobqueue.errors.UnknownWorkflowError` if no job carries that id,
-        InvalidWorkflowError for a name the workflow (or the DAG) already has, an unknown
-        need or a cycle; nothing is added then. Holds the workflow's lock until the caller's
-        transaction ends: a cancel, retry or delete of it waits, then sees the new steps.
-        """
-        return run_in(session, add_steps_of(self._enqueuer, workflow_id, dag))
-
-    async def achain(
-        self,
-        session: AsyncSessionLike,
-        calls: Sequence[Call],
-        *,
-        depends_on: Sequence[int | Dependency] | None = None,
-        on_failure: OnFailure = "cancel",
-    ) -> Workflow:
-        """:meth:`chain` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
-
-    async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> Workflow:
-        """:meth:`group` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, group_of(self._enqueuer, calls))
-
-    async def achord(
-        self,
-        session: AsyncSessionLike,
-        calls: Sequence[Call],
-        callback: Call,
-        *,
-        on_failure: OnFailure = "cancel",
-    ) -> Workflow:
-        """:meth:`chord` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
-
-    async def aworkflow(self, session: AsyncSessionLike, dag: Dag) -> Workflow:
-        """:meth:`workflow` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, dag_of(self._enqueuer, dag))
-
-    async def aadd_steps(self, session: AsyncSessionLike, workflow_id: int, dag: Dag) -> Workflow:
-        """:meth:`add_steps` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, add_steps_of(self._enqueuer, workflow_id, dag))
