@@ -11,7 +11,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── InvalidNameError                 a queue or task name breaks the naming rules
      │    └── InvalidScheduleError             run_at is naive, or an option is out of range
      ├── InvalidLimitError (ValueError)      a queue's concurrency cap or rate is not valid
- ├── InvalidProgressError (ValueError)   a handler reported a progress that is not valid
+     ├── InvalidProgressError (ValueError)   a handler reported a progress that is not valid
      ├── UnknownTaskError (LookupError)      no task of that name is registered
      ├── UnknownJobError (LookupError)       no job has that id (a wait for a result)
      ├── ResultTimeoutError (TimeoutError)   a wait for a result ran out of time
