@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.orm import Session
 
+from ._progress import check_progress
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Discard, JobContext, P, Retry
 
@@ -178,6 +179,25 @@ class BatchContext:
         cancelled or ran past its timeout (the batch can no longer commit), or the worker is
         shutting down (returning then still completes the batch)."""
         return any(member.stop_requested for member in self._members)
+
+    def report_progress(self, fraction: float, message: str | None = None) -> None:
+        """Say how far the batch has got: one progress for the whole batch, shown on every one
+        of its jobs (each row carries the same fraction and message).
+
+        As :meth:`JobContext.report_progress <sa_jobqueue.JobContext.report_progress>`: kept
+        in memory and written with the next lease renewal of the batch's jobs, never a
+        statement of its own; a fraction or message that is not valid raises
+        :class:`~sa_jobqueue.errors.InvalidProgressError` here. There is no progress per job
+        of a batch: the batch runs, commits and is retried as one.
+        """
+        report = check_progress(fraction, message)
+        for member in self._members:  # one context, shared by the batch's jobs
+            member._progress = report
+
+    @property
+    def progress(self) -> tuple[float, str | None] | None:
+        """The batch's latest report as ``(fraction, message)``; None before any."""
+        return self._members[0]._progress if self._members else None
 
     def fail(self, job: BatchJob[Any], error: BaseException | str) -> None:
         """Fail this job alone: its attempt is recorded as failed with ``error`` and retried

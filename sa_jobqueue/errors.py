@@ -12,6 +12,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── InvalidScheduleError             run_at is naive, or an option is out of range
      │    └── InvalidWorkflowError             a DAG with a cycle, an unknown or a repeated step
      ├── InvalidLimitError (ValueError)      a queue's concurrency cap or rate is not valid
+     ├── InvalidProgressError (ValueError)   a handler reported a progress that is not valid
      ├── UnknownTaskError (LookupError)      no task of that name is registered
      ├── UnknownJobError (LookupError)       no job has that id (a wait for a result)
      ├── UnknownWorkflowError (LookupError)  no job carries that workflow id
@@ -90,6 +91,16 @@ class InvalidWorkflowError(InvalidJobError):
 
 class InvalidLimitError(JobQueueError, ValueError):
     """A queue limit (a concurrency cap, or a rate such as ``50/s``) is not valid."""
+
+
+class InvalidProgressError(JobQueueError, ValueError):
+    """A handler reported a progress that is not valid (a fraction outside 0 to 1, or a message
+    that is too long or cannot be stored).
+
+    Raised by ``ctx.report_progress`` in the handler, at the call: a programming error, which
+    fails the attempt like any exception the handler lets out. A valid report is only kept in
+    memory by the call; writing it (see the progress how-to) never raises into the handler.
+    """
 
 
 class UnknownTaskError(JobQueueError, LookupError):

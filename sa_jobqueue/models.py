@@ -19,6 +19,7 @@ from sqlalchemy import (
     CheckConstraint,
     ColumnElement,
     DateTime,
+    Double,
     Identity,
     Index,
     Integer,
@@ -35,7 +36,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0017"
+SCHEMA_REVISION: Final = "sajq_0018"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -150,6 +151,15 @@ class Job(Base):
     workflow_id: Mapped[int | None] = mapped_column(BigInteger)
     #: The name of the job's step in a workflow built from named steps; NULL otherwise.
     workflow_step: Mapped[str | None] = mapped_column(Text)
+    #: The running attempt's latest progress report (``ctx.report_progress``): a fraction
+    #: from 0 to 1, an optional message, and when the worker wrote them (database clock).
+    #: Written by the heartbeat's fenced lease renewal, never by a statement of its own;
+    #: cleared by the claim that starts the next attempt, kept on the finished row. NULL
+    #: while nothing was reported. No CHECK constraint and no index (see revision
+    #: ``sajq_0018``): the worker checks each report when it is made.
+    progress: Mapped[float | None] = mapped_column(Double)
+    progress_message: Mapped[str | None] = mapped_column(Text)
+    progress_at: Mapped[datetime | None]
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

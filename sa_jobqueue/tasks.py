@@ -21,6 +21,7 @@ from ._backoff import Backoff as Backoff  # public here too: sa_jobqueue.tasks.B
 from ._backoff import check_backoff
 from ._durations import duration_text
 from ._payload_types import PayloadCodec, codec_for
+from ._progress import ProgressReport, check_progress
 from ._sql import admin as admin_sql
 from ._sql import dependencies as dependencies_sql
 from ._validation import (
@@ -268,12 +269,18 @@ class JobContext:
     priority). They are not read again during the attempt: a change to the row meanwhile
     shows only as ``cancel_requested``. A context made by hand (in a test) has ``created_at``
     now unless given, and ``priority`` 0.
+
+    :meth:`report_progress` keeps a progress for the job's row, written by the worker's
+    heartbeat without a statement of its own.
     """
 
     __slots__ = (
         "_async_session",
         "_async_session_factory",
         "_cancel",
+        "_forward_progress",
+        "_progress",
+        "_progress_written",
         "_session",
         "_session_factory",
         "_shutdown",
@@ -324,6 +331,12 @@ class JobContext:
         self._stop = False
         self._cancel = False
         self._shutdown = False  # set by the worker as it shuts down
+        # The latest report (set by the handler's thread), and the one the heartbeat last
+        # wrote or gave up on (set by the heartbeat's thread): see sa_jobqueue/_progress.py.
+        self._progress: ProgressReport | None = None
+        self._progress_written: ProgressReport | None = None
+        # Where a child process running the attempt (hard_timeout) sends each report.
+        self._forward_progress: Callable[[ProgressReport], None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -392,6 +405,39 @@ class JobContext:
         """:meth:`tags_and_meta` for an ``async def`` handler, through :attr:`async_session`."""
         result = await self.async_session.execute(_TAGS_AND_META, {"job_id": self.job_id})
         return _labels(result.one_or_none())
+
+    def report_progress(self, fraction: float, message: str | None = None) -> None:
+        """Say how far the job has got: ``fraction`` from 0 to 1, and an optional message.
+
+        Shown by ``sa-jobqueue jobs show``, the dashboard's job page and its API, and
+        ``JobQueue.get_job``. The call only keeps the report in memory (no statement, no lock)
+        and returns at once; the worker writes the latest report with its next lease renewal,
+        which a report brings forward to at most ``PROGRESS_INTERVAL`` (2 s) after the last
+        one, however often the handler reports. A report replaces the last one whole: a
+        report without a message clears the message.
+
+        A fraction that is not a finite number from 0 to 1, or a message longer than 200
+        characters or that the database could not store, raises
+        :class:`~sa_jobqueue.errors.InvalidProgressError` here (a bug in the handler, which
+        fails the attempt like any other exception unless the handler catches it).
+
+        What it does not promise: that every report is written (only the latest one at each
+        renewal is), nor that the last one is: the completion writes none, so a job that
+        finishes between two renewals keeps the progress the last renewal wrote, or none. A
+        failed write never reaches the handler: the report is dropped and the leases renewed
+        without it. Progress is not fenced at the call, only at the write: an attempt that
+        lost its lease writes nothing. The next attempt of the job starts with no progress.
+        """
+        report = check_progress(fraction, message)
+        self._progress = report  # one reference, replaced whole: see _progress.py
+        forward = self._forward_progress
+        if forward is not None:
+            forward(report)
+
+    @property
+    def progress(self) -> tuple[float, str | None] | None:
+        """The latest report of this attempt as ``(fraction, message)``; None before any."""
+        return self._progress
 
     @property
     def stop_requested(self) -> bool:

@@ -244,6 +244,12 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
                 (j.status == RUNNING, appended(literal(LEASE_EXPIRED_OUTCOME), lease_lost)),
                 else_=j.attempt_history,
             ),
+            # The attempt that starts has reported nothing yet: a progress on the row is an
+            # earlier attempt's, which would otherwise be shown as this one's until its first
+            # report was written. A lost last attempt that ends here keeps its own.
+            progress=case((ends, j.progress), else_=None),
+            progress_message=case((ends, j.progress_message), else_=None),
+            progress_at=case((ends, j.progress_at), else_=None),
         )
         # The payload comes back as text and each job decodes its own: a payload Python cannot
         # decode (nested deeper than its recursion limit) then fails that one job, not the

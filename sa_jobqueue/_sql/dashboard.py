@@ -288,6 +288,9 @@ def job_detail() -> Select[Any]:
         _attempts(limit).label("attempt_history"),
         j.tags,
         cast(j.meta, Text).label("meta"),  # whole: at most 4 KB (MAX_META_BYTES)
+        j.progress,
+        j.progress_message,  # whole: at most 200 characters (MAX_PROGRESS_MESSAGE)
+        j.progress_at,
     ).where(j.id == bindparam("job_id", type_=BigInteger))
 
 

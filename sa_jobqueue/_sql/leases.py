@@ -9,13 +9,17 @@ from sqlalchemy import (
     Select,
     Update,
     any_,
+    bindparam,
+    case,
+    cast,
     column,
     func,
     select,
     table,
     update,
 )
-from sqlalchemy.types import Integer, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import Double, Integer, Text
 
 from ..models import (
     jobs_table,
@@ -28,7 +32,8 @@ j = jobs_table.c
 
 @cache
 def extend_leases() -> Update:
-    """Renew the leases of many running attempts at once (the worker's heartbeat).
+    """Renew the leases of many running attempts at once (the worker's heartbeat), and write
+    the progress their handlers reported since the last renewal (``:progress``).
 
     Fenced per row like every transition: an attempt that was already reclaimed is not
     renewed, and its id is missing from the returned rows. So is one whose lease has expired
@@ -49,17 +54,33 @@ def extend_leases() -> Update:
     # limited claim counts live leases only) and may have been given to another job already:
     # renewed, it would make two jobs hold one slot, and the claims that follow would go on
     # counting only the other one (the queue's recorded holders) while both run.
+    # The progress to write rides in the same statement, under the same fence and lock: a
+    # JSON object ``{"<id>": {"fraction": f, "message": m}}`` for the attempts whose handler
+    # reported since the last write, ``{}`` when none did. Looked up per row by key, as the
+    # fence's attempt is (see ``fence.held_attempt``). A row with no entry keeps what it has:
+    # its SET is the row's own value, so a renewal writes what it wrote before.
+    reports = cast(bindparam("progress", type_=JSONB), JSONB)
     renewable = (
-        select(j.id)
+        select(j.id, reports.op("->")(cast(j.id, Text)).label("report"))
         .where(*fenced_many(), _live())
         .with_for_update(of=jobs_table, skip_locked=True)
         .cte("renewable")
         .prefix_with("MATERIALIZED")
     )
+    report = renewable.c.report
+    reported = report.is_not(None)
+    fraction = cast(report.op("->>")("fraction"), Double)
     return (
         update(jobs_table)
         .where(j.id == renewable.c.id)
-        .values(visible_at=func.now() + j.lease)
+        .values(
+            visible_at=func.now() + j.lease,
+            progress=case((reported, fraction), else_=j.progress),
+            progress_message=case(
+                (reported, report.op("->>")("message")), else_=j.progress_message
+            ),
+            progress_at=case((reported, func.now()), else_=j.progress_at),
+        )
         .returning(j.id, j.cancel_requested)
     )
 

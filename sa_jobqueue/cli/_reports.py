@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -185,6 +186,9 @@ def job_detail(
         lines.append("tags:         " + ", ".join(job.tags))
     if job.meta is not None:
         lines.append("meta:         " + json.dumps(job.meta, ensure_ascii=False))
+    if job.progress is not None:
+        lines.append("progress:     " + _progress(job.progress, job.progress_message))
+        lines.append(f"progress at:  {moment(job.progress_at)}")
     lines.append("payload:      " + json.dumps(job.payload, ensure_ascii=False))
     if job.result is not None:  # a task that keeps results, once the job succeeded
         lines.append("result:       " + json.dumps(job.result, ensure_ascii=False))
@@ -206,6 +210,12 @@ def job_detail(
     if traceback:
         text += "\n\n" + visible(str(traceback).rstrip())
     return text
+
+
+def _progress(fraction: float, message: str | None) -> str:
+    """``42% reading file 3 of 7``: the percentage rounded down, so 100% means done."""
+    percent = f"{math.floor(fraction * 100)}%"
+    return f"{percent} {message}" if message else percent
 
 
 def _entry_error(error: object, width: int = ERROR_WIDTH) -> str:

@@ -82,6 +82,14 @@ class JobInfo(JobSummary):
     tags: list[str] | None = None
     #: The job's meta (a dict), its task's with its enqueue's keys over them; None without.
     meta: Any = None
+    #: The progress the running attempt's handler last reported (``ctx.report_progress``),
+    #: from 0 to 1, as its worker last wrote it; kept once the job finished, cleared when
+    #: its next attempt starts. None while none was written.
+    progress: float | None = None
+    #: That report's message (None: it had none).
+    progress_message: str | None = None
+    #: When the worker wrote it (database clock).
+    progress_at: datetime | None = None
 
 
 _JOB_INFO_FIELDS: Final = tuple(JobInfo.__dataclass_fields__)

@@ -277,6 +277,11 @@ class JobDetail(JobSummary):
     #: The workflow the job belongs to (None: enqueued alone), and its step's name.
     workflow_id: int | None = None
     workflow_step: str | None = None
+    #: The progress its handler last reported, as the worker wrote it (None: none reported
+    #: by this attempt, or not written yet), its message, and when it was written.
+    progress: float | None = None
+    progress_message: str | None = None
+    progress_at: datetime | None = None
 
     #: How many entries ``attempt_history`` keeps, for the page to say so.
     history_limit: ClassVar[int] = ATTEMPT_HISTORY_LIMIT

@@ -1,4 +1,5 @@
-"""The heartbeat: lease renewal, lost leases, cancellation requests and timeouts."""
+"""The heartbeat: lease renewal (with the progress handlers reported), lost leases,
+cancellation requests and timeouts."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from sqlalchemy import Connection, Engine
 
@@ -16,6 +18,7 @@ from .._sql.fence import held_many
 from ..database import pooler_of
 from ..observability import Observers
 from ._leases import Held, LeaseTable, overdue, renewal_due, schedule_renewals, schedule_retries
+from ._progress import PROGRESS_INTERVAL, Carried, reporting
 from ._recorder import Recorder
 from ._sessions import waiting_on
 
@@ -56,6 +59,8 @@ class Heartbeat:
         self._halt = halt
         self._probe: bool | None = None  # whether to look for silent handlers (see _renew)
         self._silent: dict[int, float] = {}  # deadline token -> when first seen waiting so
+        self._failing = False  # the last renewal failed (said once, and once when it works)
+        self._progress_after = 0.0  # time.monotonic() before which no report brings one forward
 
     def loop(self) -> None:
         """Renew the leases of all running jobs in one statement when the first one is due.
@@ -63,52 +68,82 @@ class Heartbeat:
         Each job is renewed a third of its lease after its last renewal, so two renewals in a
         row can fail (a slow statement, a brief network blip) before its lease runs out.
         """
-        failing = False
         while not self._halt.wait(HEARTBEAT_TICK):
             self._beat()
-            held = self._leases.snapshot()
-            now = time.monotonic()
-            for job_id in overdue(held, now):
-                self._time_out(job_id, held.pop(job_id))  # and its lease is renewed no more
-            if not renewal_due(held, now):
-                continue
-            try:
-                busy = self._renew(held)
-            except Exception as exc:  # keep the heartbeat alive whatever happens
-                if not failing:
-                    log.warning("lease renewal failed (%s); retrying", one_line(exc))
-                failing = True
-                schedule_retries(held, now)
-                continue
-            if failing:
-                log.info("lease renewal works again")
-            failing = False
-            schedule_renewals(held, now, busy)
+            self.turn(time.monotonic())
 
-    def _renew(self, held: Mapping[int, Held]) -> set[int]:
-        """Renew these leases; tell the handlers of lost and cancelled jobs to stop.
+    def turn(self, now: float) -> None:
+        """One look at the held attempts: time out the overdue, renew leases if one is due.
+
+        When none is due, attempts whose handler reported progress are renewed (and their
+        progress written) anyway once PROGRESS_INTERVAL has passed since the last renewal: only
+        they, so that a report costs the others nothing.
+        """
+        held = self._leases.snapshot()
+        for job_id in overdue(held, now):
+            self._time_out(job_id, held.pop(job_id))  # and its lease is renewed no more
+        full = renewal_due(held, now)
+        if not full:
+            if now < self._progress_after:
+                return
+            held = reporting(held)
+            if not held:
+                return
+        self._progress_after = now + PROGRESS_INTERVAL
+        try:
+            busy = self._renew(held, full=full)
+        except Exception as exc:  # keep the heartbeat alive whatever happens
+            if not self._failing:
+                log.warning("lease renewal failed (%s); retrying", one_line(exc))
+            self._failing = True
+            schedule_retries(held, now)
+            return
+        if self._failing:
+            log.info("lease renewal works again")
+        self._failing = False
+        schedule_renewals(held, now, busy)
+
+    def _renew(self, held: Mapping[int, Held], *, full: bool = True) -> set[int]:
+        """Renew these leases, writing the progress reported since; tell the handlers of lost
+        and cancelled jobs to stop. ``full``: all the held attempts (not only those with a
+        report to write), the turn at which silent connections are looked for.
 
         Returns the jobs that could not be renewed because another transaction held their
         rows locked for the moment; they are still this worker's, to be renewed again soon.
         """
-        params = held_many((job_id, h.attempt) for job_id, h in held.items())
+        params: dict[str, Any] = held_many((job_id, h.attempt) for job_id, h in held.items())
+        carried = Carried(held)
+        params["progress"] = carried.param
         # A renewal stuck on a silent connection is given up in time to retry on a fresh one
         # before the shortest lease runs out (a third of it, as renewals are spaced).
         shortest = min(h.lease.total_seconds() for h in held.values())
         deadline = max(1.0, min(STATEMENT_DEADLINE, shortest / 3))
-        with self._single.connect() as conn:
-            conn.execution_options(**{DEADLINE_OPTION: deadline})
-            rows = conn.execute(leases_sql.extend_leases(), params)
-            kept = {row.id: row.cancel_requested for row in rows}
-            busy: set[int] = set()
-            if len(kept) < len(held):
-                busy = set(conn.execute(leases_sql.still_held(), params).scalars()) - set(kept)
-            if self._probe is None:
-                # Behind a transaction pooler a connection's server process changes with each
-                # transaction, so the server cannot say what a handler's connection is doing.
-                self._probe = pooler_of(self._single) == "session"
-            if self._probe:
-                self._cut_silent(conn, held)
+        try:
+            with self._single.connect() as conn:
+                conn.execution_options(**{DEADLINE_OPTION: deadline})
+                rows = conn.execute(leases_sql.extend_leases(), params)
+                kept = {row.id: row.cancel_requested for row in rows}
+                carried.written(kept)  # committed: the connection is in autocommit
+                busy: set[int] = set()
+                if len(kept) < len(held):
+                    found = conn.execute(leases_sql.still_held(), params).scalars()
+                    busy = set(found) - set(kept)
+                if self._probe is None:
+                    # Behind a transaction pooler a connection's server process changes with
+                    # each transaction, so the server cannot say what a handler's connection
+                    # is doing.
+                    self._probe = pooler_of(self._single) == "session"
+                if self._probe and full:
+                    self._cut_silent(conn, held)
+        except Exception:
+            if len(carried):
+                log.warning(
+                    "the progress of %d job(s) was not written with the failed renewal;"
+                    " it is given up, their next report will be written",
+                    len(carried),
+                )
+                carried.given_up()
+            raise
         still = self._leases.ours(held)  # jobs that finished meanwhile were simply not renewed
         for job_id in still - set(kept) - busy:
             ctx = held[job_id].ctx

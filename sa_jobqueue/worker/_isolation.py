@@ -206,6 +206,8 @@ class Isolation:
                     deadline = time.monotonic() + limit
                 elif kind == "backend":
                     backend = value
+                elif kind == "progress":  # the heartbeat writes it from this context
+                    ctx._progress = value
                 else:
                     end: ChildEnd = value
                     return end
@@ -303,13 +305,13 @@ def run_child(spec: ChildAttempt, pipe: Pipe) -> None:
         pipe.send(("backend", int(dbapi_connection.info.backend_pid)))
 
     try:
-        pipe.send(("end", _attempt(spec, engine)))
+        pipe.send(("end", _attempt(spec, engine, pipe)))
     finally:
         engine.dispose()
         pipe.close()
 
 
-def _attempt(spec: ChildAttempt, engine: Engine) -> ChildEnd:
+def _attempt(spec: ChildAttempt, engine: Engine, pipe: Pipe) -> ChildEnd:
     until = time.monotonic() + spec.limit
     ctx = JobContext(
         job_id=spec.job_id,
@@ -321,6 +323,9 @@ def _attempt(spec: ChildAttempt, engine: Engine) -> ChildEnd:
         priority=spec.priority,
         session=functools.partial(handler_session, engine, until),
     )
+    # Each report goes to the worker, whose heartbeat writes the latest: a write to the pipe
+    # (microseconds), never a statement.
+    ctx._forward_progress = functools.partial(_forward, pipe)
     try:
         task = _handler_task(spec)
         payload = decode(spec.payload)
@@ -339,6 +344,15 @@ def _attempt(spec: ChildAttempt, engine: Engine) -> ChildEnd:
     except Exception as exc:
         _roll_back(ctx)
         return ChildEnd(failure=_portable(exc))
+
+
+#: A handler may report from threads of its own: one message in the pipe at a time.
+_SENDING: Final = threading.Lock()
+
+
+def _forward(pipe: Pipe, report: Any) -> None:
+    with _SENDING, contextlib.suppress(OSError):  # a worker gone: the child dies with it
+        pipe.send(("progress", report))
 
 
 def _roll_back(ctx: JobContext) -> None:

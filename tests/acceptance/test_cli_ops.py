@@ -238,6 +238,29 @@ def test_jobs_list_by_tags_and_show_them(run: Run, engine: sa.Engine) -> None:
     assert run.json("jobs", "show", str(plain))["tags"] is None
 
 
+def test_jobs_show_the_progress_its_worker_wrote(run: Run, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        reporting = add_job(conn, status="running", attempts=1, started_ago=60)
+        bare = add_job(conn, status="running", attempts=1, started_ago=60)
+        conn.execute(
+            update(jobs_table)
+            .where(jobs_table.c.id == reporting)
+            .values(progress=0.4299, progress_message="file 3 of 7", progress_at=ago(5))
+        )
+
+    assert run("jobs", "show", str(reporting)) == 0
+    lines = run.out.splitlines()
+    assert "progress:     42% file 3 of 7" in lines  # rounded down: 100% is done
+    assert [line for line in lines if line.startswith("progress at:  ") and "ago)" in line]
+    shown = run.json("jobs", "show", str(reporting))
+    assert (shown["progress"], shown["progress_message"]) == (0.4299, "file 3 of 7")
+    assert shown["progress_at"].endswith("+00:00")  # ISO 8601, timezone-aware
+    # Nothing reported: no line, null in JSON.
+    assert run("jobs", "show", str(bare)) == 0
+    assert not [line for line in run.out.splitlines() if line.startswith("progress")]
+    assert run.json("jobs", "show", str(bare))["progress"] is None
+
+
 def test_jobs_list_refuses_a_bad_tag(run: Run) -> None:
     for tag in ("has space", "-lead", "x" * 65, ""):
         with pytest.raises(SystemExit) as exited:

@@ -112,7 +112,7 @@ def test_an_expired_lease_is_not_renewed_once_its_slot_may_have_gone(
 
     renewal = held_many([(first.id, first.attempts)])
     with engine.connect() as conn, conn.begin():
-        renewed = conn.execute(leases.extend_leases(), renewal).all()
+        renewed = conn.execute(leases.extend_leases(), {**renewal, "progress": {}}).all()
         still = conn.execute(leases.still_held(), renewal).scalars().all()
     with engine.connect() as conn:
         assert live(conn, QUEUE) == 1

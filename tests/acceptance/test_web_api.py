@@ -273,6 +273,35 @@ def test_the_jobs_list_filters_by_tags_and_a_job_shows_them(
         error_of(client.get(f"{API}/jobs", params={"tag": bad}), 400, "invalid_parameter")
 
 
+def test_a_job_shows_the_progress_its_worker_wrote(client: TestClient, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        running = add_job(conn, status="running", attempts=1, started_ago=60)
+        finished = add_job(conn, status="succeeded", attempts=1, started_ago=60)
+        bare = add_job(conn)
+        for job_id, fraction in ((running, 0.25), (finished, 1.0)):
+            conn.execute(
+                sa.update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(progress=fraction, progress_message="<b>rows</b>", progress_at=func.now())
+            )
+
+    shown = client.get(f"{API}/jobs/{running}").json()
+    assert (shown["progress"], shown["progress_message"]) == (0.25, "<b>rows</b>")
+    assert datetime.fromisoformat(shown["progress_at"]).tzinfo is not None
+    bare_json = client.get(f"{API}/jobs/{bare}").json()
+    assert (bare_json["progress"], bare_json["progress_message"], bare_json["progress_at"]) == (
+        None,
+        None,
+        None,
+    )
+
+    page = client.get(f"/jobs/{running}").text
+    assert '<progress max="1" value="0.25">25%</progress> 25% &lt;b&gt;rows&lt;/b&gt;' in page
+    assert "while its last attempt ran" not in page
+    assert "while its last attempt ran" in client.get(f"/jobs/{finished}").text
+    assert 'id="progress"' not in client.get(f"/jobs/{bare}").text
+
+
 #: Reads the API refuses, with the status and type of its error.
 BAD_READS = [
     (f"{API}/jobs?status=finished", 400, "invalid_parameter"),

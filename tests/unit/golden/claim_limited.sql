@@ -41,7 +41,10 @@ ELSE CASE
 WHEN (jsonb_typeof(sa_jobqueue_jobs.attempt_history) = %(jsonb_typeof_1)s::VARCHAR) THEN sa_jobqueue_jobs.attempt_history
 ELSE '[]'::jsonb END END || jsonb_build_array(jsonb_build_object(%(param_10)s::VARCHAR, sa_jobqueue_jobs.attempts, %(param_11)s::VARCHAR, now(), %(param_12)s::VARCHAR, sa_jobqueue_jobs.worker, %(param_13)s::VARCHAR, round(CAST(EXTRACT(epoch
 FROM now() - sa_jobqueue_jobs.started_at) AS NUMERIC), %(round_1)s::INTEGER), %(param_14)s::VARCHAR, %(param_15)s::VARCHAR, %(param_16)s::VARCHAR, jsonb_build_object(%(param_5)s::VARCHAR, %(param_6)s::VARCHAR, %(param_7)s::VARCHAR, %(param_8)s::VARCHAR)))
-ELSE sa_jobqueue_jobs.attempt_history END
+ELSE sa_jobqueue_jobs.attempt_history END, progress=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.progress END, progress_message=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.progress_message END, progress_at=CASE
+WHEN (sa_jobqueue_jobs.status = %(status_1)s::VARCHAR AND sa_jobqueue_jobs.cancel_requested OR sa_jobqueue_jobs.status = %(status_2)s::VARCHAR AND sa_jobqueue_jobs.attempts >= sa_jobqueue_jobs.max_attempts) THEN sa_jobqueue_jobs.progress_at END
 WHERE sa_jobqueue_jobs.id = any(array((SELECT picked.id
 FROM picked))) AND (SELECT set_config('synchronous_commit', 'off', true) AS set_config_1) IS NOT NULL
 RETURNING sa_jobqueue_jobs.id, sa_jobqueue_jobs.queue, sa_jobqueue_jobs.task, CAST(sa_jobqueue_jobs.payload AS TEXT) AS payload, sa_jobqueue_jobs.status, sa_jobqueue_jobs.attempts, sa_jobqueue_jobs.max_attempts, sa_jobqueue_jobs.lease, sa_jobqueue_jobs.trace_context, sa_jobqueue_jobs.backoff, sa_jobqueue_jobs.created_at, sa_jobqueue_jobs.priority, NULL AS visible_at, CASE
