@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from psycopg import sql
 from psycopg.pq import TransactionStatus
@@ -98,6 +98,14 @@ def set_on_connect(engine: Engine, settings: Mapping[str, str]) -> None:
             dbapi_connection.autocommit = autocommit
 
 
+#: Execution option of a connection whose statements must run outside any transaction block
+#: (``CREATE INDEX CONCURRENTLY`` in a migration's autocommit block): behind a transaction
+#: pooler, :func:`set_local_in_every_transaction` sends them as they are, without the
+#: transaction and the settings it would wrap them in. They get none of the settings then
+#: (no ``search_path`` either): such a statement names its objects with their schema.
+OUTSIDE_TRANSACTION: Final = "sa_jobqueue_outside_transaction"
+
+
 def set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) -> None:
     """Apply ``settings`` with SET LOCAL semantics at the start of every transaction.
 
@@ -105,7 +113,8 @@ def set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) 
     runs gets one of its own: ``BEGIN`` and the settings in one round trip before it, and
     ``COMMIT`` (or ``ROLLBACK``) after, three round trips where there was one. The worker
     runs few statements per job (claims and completions are batched), so this costs little;
-    it is the price of timeouts that hold behind a transaction pooler.
+    it is the price of timeouts that hold behind a transaction pooler. A connection with the
+    execution option :data:`OUTSIDE_TRANSACTION` sends its statements unwrapped.
     """
     apply = _set_config(settings, local=True)
     begin_and_apply = sql.SQL("BEGIN; {}").format(apply)
@@ -116,6 +125,8 @@ def set_local_in_every_transaction(engine: Engine, settings: Mapping[str, str]) 
         raw = cursor.connection
         if raw.info.transaction_status != TransactionStatus.IDLE:
             return  # inside a transaction that has its settings already
+        if conn.get_execution_options().get(OUTSIDE_TRANSACTION):
+            return  # a statement that no transaction block may hold
         with _guarded(conn, raw):
             if raw.autocommit:
                 raw.execute(begin_and_apply)  # no parameters: one simple query, two statements

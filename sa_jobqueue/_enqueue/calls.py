@@ -46,7 +46,7 @@ def chain_of(
     _check_size(len(calls))
 
     def chain(conn: Connection) -> Workflow:
-        member = Membership(_new_id(conn))
+        member = Membership(functools.partial(_new_id, conn))
         ids: list[Enqueued] = []
         edges = first_edges
         for call in calls:
@@ -64,7 +64,7 @@ def group_of(enqueuer: Enqueuer, calls: Sequence[Call]) -> Callable[[Connection]
     _check_size(len(calls))
 
     def group(conn: Connection) -> Workflow:
-        member = Membership(_new_id(conn))
+        member = Membership(functools.partial(_new_id, conn))
         return Workflow(member.workflow_id, _members(enqueuer, conn, calls, member))
 
     return group
@@ -77,7 +77,7 @@ def chord_of(
     _check_size(len(calls) + 1)
 
     def chord(conn: Connection) -> Workflow:
-        member = Membership(_new_id(conn))
+        member = Membership(functools.partial(_new_id, conn))
         members = _members(enqueuer, conn, calls, member)
         edges = [Dependency(job_id, on_failure) for job_id in members]
         (last,) = _enqueue_calls(enqueuer, conn, [callback], edges, frozenset(members), member)

@@ -49,12 +49,28 @@ def added(job_id: int) -> Enqueued:
     return int.__new__(Enqueued, job_id)
 
 
-@dataclass(frozen=True)
 class Membership:
-    """The workflow new jobs are inserted into, and their step's name (None: unnamed)."""
+    """The workflow new jobs are inserted into, and their step's name (None: unnamed).
 
-    workflow_id: int
-    step: str | None = None
+    ``workflow`` is the workflow's id, or what draws a new one: then the id is drawn when the
+    first job goes into the workflow, after the enqueue middleware has run for it, so that a
+    middleware that refuses the call finds nothing sent; later jobs get the same id.
+    """
+
+    __slots__ = ("_draw", "_id", "step")
+
+    def __init__(self, workflow: int | Callable[[], int], step: str | None = None) -> None:
+        self._id = workflow if isinstance(workflow, int) else None
+        self._draw = None if isinstance(workflow, int) else workflow
+        self.step = step
+
+    @property
+    def workflow_id(self) -> int:
+        """The workflow's id (drawn now if it was not given and not drawn yet)."""
+        if self._id is None:
+            assert self._draw is not None
+            self._id = self._draw()
+        return self._id
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ WEB_SETTINGS: Final = {"statement_timeout": "30s", "lock_timeout": "5s"}
 #: Connections the server may hold: pages run in a thread pool, one connection each.
 POOL_SIZE: Final = 4
 #: The first segments of the dashboard's own paths, which --root-path may not start with.
-OWN_SEGMENTS: Final = ("jobs", "queues", "periodic", "purge", "static", "api")
+OWN_SEGMENTS: Final = ("jobs", "workflows", "queues", "periodic", "purge", "static", "api")
 
 
 def add_parser(
