@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0017"
 down_revision = "sajq_0016"
 branch_labels = None
@@ -40,6 +42,7 @@ DROP_INDEX = "DROP INDEX CONCURRENTLY IF EXISTS sa_jobqueue_jobs_workflow_id_wor
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(JOBS, sa.Column("workflow_id", sa.BigInteger(), nullable=True))
     op.add_column(JOBS, sa.Column("workflow_step", sa.Text(), nullable=True))
     op.execute(CREATE_SEQUENCE)
@@ -56,6 +59,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     # Jobs keep running as plain jobs with their dependency edges; only the workflow ids go.
     with op.get_context().autocommit_block():
         op.execute(DROP_INDEX)
