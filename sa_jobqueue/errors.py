@@ -26,7 +26,7 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      │    ├── SchemaMissingError
      │    ├── SchemaOutdatedError
      │    ├── SchemaManagedElsewhereError    another route of installing it owns the schema
- │    └── MigrationLockTimeoutError      an upgrade gave up waiting for a lock: run it again
+     │    └── MigrationLockTimeoutError      an upgrade gave up waiting for a lock: run it again
      ├── WorkerConfigError (ValueError)      a Worker option is out of range
      ├── WebConfigError (ValueError)         a dashboard option (a host, an origin) is malformed
      ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
