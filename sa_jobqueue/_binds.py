@@ -24,6 +24,7 @@ from sqlalchemy.exc import (
     InvalidRequestError,
     MissingGreenlet,
     OperationalError,
+    ResourceClosedError,
     SQLAlchemyError,
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -125,12 +126,58 @@ async def run_async(session: AsyncSessionLike, work: Callable[[Connection], T]) 
     )
 
 
-#: What SQLAlchemy's pool raises when a connection failed its check at checkout (a
-#: ``checkout`` hook raising DisconnectionError: the ping of
-#: :func:`sa_jobqueue.database.ping_at_checkout`) and so did the fresh one that replaced it
-#: ("Reconnection attempts exhausted on checkout"): the same text as, but another class than,
-#: the ResourceClosedError of a Connection used after it was closed (a caller's mistake).
-_CHECKOUT_EXHAUSTED = "This connection is closed"
+#: The text of both errors SQLAlchemy raises for a connection it will not use any more. The
+#: pool's ``InvalidRequestError`` ("This connection is closed", raised in ``sqlalchemy.pool``)
+#: when a connection failed its check at checkout (a ``checkout`` hook raising
+#: DisconnectionError: the ping of :func:`sa_jobqueue.database.ping_at_checkout`) and so did
+#: the fresh one that replaced it ("Reconnection attempts exhausted on checkout"). A
+#: Connection's ``ResourceClosedError`` ("This Connection is closed") from any use of a
+#: Connection that is closed: the caller's mistake, except on the Connection SQLAlchemy sets a
+#: new engine up with (its first connection: server version, settings), which a lost
+#: connection closes, since it may not reconnect; the setup goes on over it when an
+#: application's ``handle_error`` hook replaced the driver's error (a pooler or server
+#: restarting just then). The other places that raise it (``invalidate()``, ``detach()`` on a
+#: closed Connection) are only ever mistakes.
+_CHECKOUT_EXHAUSTED: Final = "This connection is closed"
+_SETUP_CLOSED: Final = "This Connection is closed"
+
+
+def lost_and_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of SQLAlchemy's "closed" errors that a lost connection causes:
+    the pool giving up at checkout, or the setup of an engine's first connection going on
+    over the connection a lost connection closed (see ``_SETUP_CLOSED``). Told apart from the
+    same messages for a Connection the calling code closed by where they were raised (their
+    traceback), so a mistake is never retried."""
+    if type(exc) is InvalidRequestError:
+        # Exactly this class, this text, and raised by the pool's checkout: its subclasses
+        # and its other texts are mistakes in the calling code.
+        return str(exc) == _CHECKOUT_EXHAUSTED and _raised_in(exc, "sqlalchemy.pool.")
+    if type(exc) is ResourceClosedError:
+        return str(exc) == _SETUP_CLOSED and _through(
+            exc, "sqlalchemy.engine.create", "first_connect"
+        )
+    return False
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is in a module of ``package``."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith(package)
+
+
+def _through(exc: BaseException, module: str, function: str) -> bool:
+    """Whether ``exc`` was raised under a call of ``module``'s ``function`` (its traceback)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == function and tb.tb_frame.f_globals.get("__name__") == module:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def transient(exc: BaseException) -> bool:
@@ -140,11 +187,10 @@ def transient(exc: BaseException) -> bool:
         # The driver's error: a lost connection, or an operational one (refused, "too many
         # clients", a server shutting down), not the statement's.
         return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
-    if type(exc) is InvalidRequestError:
-        # Exactly this class, with exactly this text: the pool gave up after every connection
-        # it tried at checkout failed its ping (see _CHECKOUT_EXHAUSTED). Its subclasses, and
-        # its other texts, are mistakes in the calling code.
-        return str(exc) == _CHECKOUT_EXHAUSTED
+    if isinstance(exc, InvalidRequestError):
+        # SQLAlchemy's "This connection is closed" after a lost connection; every other
+        # InvalidRequestError (ResourceClosedError included) is a mistake in the calling code.
+        return lost_and_closed(exc)
     # PoolTimeout: no connection came free in time. DisconnectionError: a connection found
     # lost below SQLAlchemy's statements (at checkout, or during the setup of an engine's
     # first connection: sa_jobqueue.database.guard_dialect_setup).

@@ -26,7 +26,8 @@ nothing else. A database driver's error, when it is the cause, stays in ``__caus
      ├── SchemaError                         the database lacks the schema this version needs
      │    ├── SchemaMissingError
      │    ├── SchemaOutdatedError
-     │    └── SchemaManagedElsewhereError    another route of installing it owns the schema
+     │    ├── SchemaManagedElsewhereError    another route of installing it owns the schema
+     │    └── MigrationLockTimeoutError      an upgrade gave up waiting for a lock: run it again
      ├── WorkerConfigError (ValueError)      a Worker option is out of range
      ├── WebConfigError (ValueError)         a dashboard option (a host, an origin) is malformed
      ├── DatabaseUnavailableError            the database cannot be reached (wrong DSN, server down)
@@ -206,6 +207,17 @@ class SchemaMissingError(SchemaError):
 
 class SchemaOutdatedError(SchemaError):
     """The sa_jobqueue schema is older than this version needs: run `sa-jobqueue migrate`."""
+
+
+class MigrationLockTimeoutError(SchemaError):
+    """An upgrade gave up waiting for a lock on our tables: run `sa-jobqueue migrate` again.
+
+    Each revision waits at most ``lock_timeout`` (1 s unless the session sets its own) for
+    the locks it takes, rather than hold up every claim and enqueue queued behind its request
+    while a long transaction keeps the table. The revision that gave up was rolled back; those
+    before it are applied and recorded. Not guaranteed: that the next try gets the lock, if
+    the transaction holding it is still open (see ``pg_stat_activity``).
+    """
 
 
 class SchemaManagedElsewhereError(SchemaError):

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .._binds import _ASYNC_BIND, SessionLike, _outside_bridge, connection_of, run_async, transient
 
@@ -59,7 +60,7 @@ def run_in(target: SessionLike | Engine, work: Callable[[Connection], T]) -> T:
         try:
             with target.begin() as conn:
                 return work(conn)
-        except DBAPIError as exc:
+        except SQLAlchemyError as exc:
             if not _again(exc, attempt):
                 raise
         time.sleep(_pause(attempt))
@@ -76,17 +77,19 @@ async def arun_in(target: AsyncSessionLike | AsyncEngine, work: Callable[[Connec
         try:
             async with target.begin() as conn:
                 return await conn.run_sync(work)
-        except DBAPIError as exc:
+        except SQLAlchemyError as exc:
             if not _again(exc, attempt):
                 raise
         await asyncio.sleep(_pause(attempt))
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _again(exc: DBAPIError, attempt: int) -> bool:
+def _again(exc: SQLAlchemyError, attempt: int) -> bool:
     """Whether a transaction of its own that failed with ``exc`` on try ``attempt`` is tried
-    again."""
-    return attempt < ATTEMPTS and transient(exc)
+    again: a lost connection (the driver's error, or SQLAlchemy's "closed" errors that one
+    causes), not a pool whose connections stayed busy for its whole timeout (waiting that long
+    again would hold the producer up)."""
+    return attempt < ATTEMPTS and transient(exc) and not isinstance(exc, PoolTimeout)
 
 
 def _pause(attempt: int) -> float:

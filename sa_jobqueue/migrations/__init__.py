@@ -25,11 +25,18 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from ..database import recorded
-from ..errors import JobQueueError, SchemaManagedElsewhereError, SchemaOutdatedError
+from ..errors import (
+    JobQueueError,
+    MigrationLockTimeoutError,
+    SchemaManagedElsewhereError,
+    SchemaOutdatedError,
+)
 from ..models import metadata
 from ._hooks import include_object, process_revision_directives
+from ._locks import LOCK_TIMEOUT
 
 __all__ = [
     "APPLICATION_VERSION_TABLE",
@@ -41,6 +48,8 @@ __all__ = [
     "upgrade",
 ]
 
+#: PostgreSQL's SQLSTATE for a lock not granted within ``lock_timeout`` (lock_not_available).
+LOCK_NOT_AVAILABLE: Final = "55P03"
 #: Where ``sa-jobqueue migrate`` and this repository's alembic.ini record the applied revision.
 VERSION_TABLE: Final = "sa_jobqueue_alembic_version"
 #: Our revisions, as a package resource that works from an installed wheel.
@@ -92,9 +101,29 @@ def _migrate(context: Any, connection: Connection) -> None:
     finally:
         if began and connection.in_transaction():
             connection.rollback()  # only read; Alembic begins its own transaction below
-    context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
-    with context.begin_transaction():
-        context.run_migrations()
+    # A transaction per revision: each commits, and lets go of its locks, as it ends, so an
+    # upgrade over several revisions holds up the queue for one revision's locks at a time,
+    # not for all of them until the last; one that fails leaves those before it applied.
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        transaction_per_migration=True,
+    )
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        if connection.in_transaction():
+            connection.rollback()
+        raise MigrationLockTimeoutError(
+            "the upgrade gave up waiting for a lock on a sa_jobqueue table (its lock_timeout"
+            f" ran out; {LOCK_TIMEOUT} unless the session sets one): a long transaction holds"
+            " it (see pg_stat_activity); the workers went on; the revisions applied before"
+            " it are kept: run `sa-jobqueue migrate` again"
+        ) from exc
     if connection.in_transaction():
         connection.commit()
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 ${imports if imports else ""}
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = ${repr(branch_labels)}
@@ -17,8 +19,10 @@ depends_on = ${repr(depends_on)}
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     ${upgrades if upgrades else "pass"}
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     ${downgrades if downgrades else "pass"}

@@ -236,3 +236,96 @@ def _terminate(database_url: URL, application: str) -> None:
             )
     finally:
         admin.dispose()
+
+
+def _reading_info_on_errors(engine: sa.Engine) -> None:
+    """An application's ``handle_error`` hook that reads the failed connection's ``info``, as
+    hooks do: on the Connection SQLAlchemy sets an engine up with, that raises
+    NotImplementedError, which replaces the driver's error."""
+
+    @sa.event.listens_for(engine, "handle_error")
+    def note(context: sa.engine.ExceptionContext) -> None:
+        if context.connection is not None:
+            context.connection.info.get("request")
+
+
+@pytest.mark.parametrize("pooler", ["direct", pytest.param("transaction", marks=needs_pgbouncer)])
+def test_this_connection_is_closed_after_a_cut_during_the_setup_is_transient(
+    database_url: URL, pooler: str
+) -> None:
+    """On an application's own engine (``sqlalchemy.create_engine``, so without
+    :func:`~sa_jobqueue.database.guard_dialect_setup`) under such a hook, a connection cut
+    during the dialect's setup (a PgBouncer or server restarting as it connects) fails the
+    connect with SQLAlchemy's ``ResourceClosedError("This Connection is closed")``: the setup
+    went on over the connection the cut closed. That is a lost connection: transient."""
+    with cutting_proxy(database_url, "session" if pooler == "direct" else pooler) as proxy:
+        url = proxy.url(database_url).set(drivername="postgresql+psycopg")
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        _reading_info_on_errors(engine)
+        try:
+            proxy.cut_next_once_ready(1)
+            with pytest.raises(sa.exc.ResourceClosedError) as raised:
+                engine.connect()
+            assert str(raised.value) == "This Connection is closed"
+            assert transient(raised.value)
+        finally:
+            engine.dispose()
+
+
+def test_this_connection_is_closed_for_a_connection_the_caller_closed_is_a_mistake(
+    database_url: URL,
+) -> None:
+    """The same class and text for a Connection the calling code closed, whichever call
+    meets it (a statement, ``invalidate()``, ``detach()``), and the pool's text raised outside
+    the pool: mistakes in the calling code, never retried."""
+    engine = sa.create_engine(database_url.set(drivername="postgresql+psycopg"))
+    try:
+        conn = engine.connect()
+        conn.close()
+        for use in (lambda: conn.execute(sa.text("SELECT 1")), conn.invalidate, conn.detach):
+            with pytest.raises(sa.exc.ResourceClosedError) as raised:
+                use()
+            assert str(raised.value) == "This Connection is closed"
+            assert not transient(raised.value)
+        with pytest.raises(sa.exc.InvalidRequestError) as mistaken:
+            raise sa.exc.InvalidRequestError("This connection is closed")
+        assert not transient(mistaken.value)
+    finally:
+        engine.dispose()
+
+
+def test_a_worker_on_an_applications_hooked_engine_whose_setup_is_cut_starts_all_the_same(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """In-process, on an application's engine with such a hook: the first connection is cut
+    at the setup's first query; the schema check connects again and the burst runs its jobs,
+    instead of raising "This Connection is closed"."""
+    ids = enqueue(database_url, "write", 2)
+    proxy = SilentProxy(database_url)
+    engine = sa.create_engine(proxy.url(database_url).set(drivername="postgresql+psycopg"))
+    _reading_info_on_errors(engine)
+    proxy.cut_next_once_ready(1, answered=SETUP_QUERIES["version"])
+    try:
+        worker = Worker(network.queue, engine, concurrency=2, poll_interval=timedelta(seconds=0.2))
+        assert worker.run(burst=True)
+    finally:
+        engine.dispose()
+        proxy.close()
+    assert statuses(tables, ids) == {"succeeded": 2}
+
+
+def test_an_enqueue_on_an_applications_hooked_engine_whose_setup_is_cut_is_tried_again(
+    tables: sa.Engine, database_url: URL
+) -> None:
+    """A producer's ``enqueue(engine)`` (a transaction of its own) on such an engine, whose
+    first connection is cut during its setup: tried again, the job is enqueued once."""
+    proxy = SilentProxy(database_url)
+    engine = sa.create_engine(proxy.url(database_url).set(drivername="postgresql+psycopg"))
+    _reading_info_on_errors(engine)
+    proxy.cut_next_once_ready(1)
+    try:
+        job = network.queue.enqueue(engine, "write", {})
+    finally:
+        engine.dispose()
+        proxy.close()
+    assert statuses(tables, [int(job)]) == {"queued": 1}

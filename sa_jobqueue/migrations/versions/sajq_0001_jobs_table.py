@@ -12,6 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 from sa_jobqueue.errors import SchemaManagedElsewhereError
+from sa_jobqueue.migrations._locks import bound_lock_waits
 
 revision = "sajq_0001"
 down_revision = None
@@ -25,6 +26,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     _refuse_existing_tables()
     op.create_table(
         "sa_jobqueue_jobs",
@@ -116,5 +118,6 @@ def _refuse_existing_tables() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_index("sa_jobqueue_jobs_claim_idx", table_name="sa_jobqueue_jobs")
     op.drop_table("sa_jobqueue_jobs")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0002"
 down_revision = "sajq_0001"
 branch_labels = None
@@ -17,6 +19,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     # A constant default: PostgreSQL 11+ adds the column without rewriting the table.
     op.add_column(
         "sa_jobqueue_jobs",
@@ -27,4 +30,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_column("sa_jobqueue_jobs", "cancel_requested")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0003"
 down_revision = "sajq_0002"
 branch_labels = None
@@ -22,6 +24,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.create_index(
         "sa_jobqueue_jobs_prune_idx",
         "sa_jobqueue_jobs",
@@ -36,6 +39,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.execute(
         "ALTER TABLE sa_jobqueue_jobs RESET (fillfactor, autovacuum_vacuum_scale_factor,"
         " autovacuum_vacuum_insert_scale_factor, autovacuum_analyze_scale_factor)"

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0004"
 down_revision = "sajq_0003"
 branch_labels = None
@@ -18,6 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     # Nullable columns without defaults: added without rewriting the table.
     op.add_column("sa_jobqueue_jobs", sa.Column("unique_key", sa.Text(), nullable=True))
     op.add_column(
@@ -61,6 +64,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_table("sa_jobqueue_workers")
     op.drop_table("sa_jobqueue_periodic")
     op.drop_index("sa_jobqueue_jobs_unique_idx", table_name="sa_jobqueue_jobs")

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0005"
 down_revision = "sajq_0004"
 branch_labels = None
@@ -18,6 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     # Nullable, no default: added without rewriting the table.
     op.add_column(
         "sa_jobqueue_jobs",
@@ -26,4 +29,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_column("sa_jobqueue_jobs", "backoff")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0006"
 down_revision = "sajq_0005"
 branch_labels = None
@@ -22,6 +24,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.create_index(
         "sa_jobqueue_jobs_dead_idx",
         "sa_jobqueue_jobs",
@@ -31,4 +34,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_index("sa_jobqueue_jobs_dead_idx", table_name="sa_jobqueue_jobs")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0007"
 down_revision = "sajq_0006"
 branch_labels = None
@@ -21,6 +23,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.create_table(
         "sa_jobqueue_queues",
         sa.Column("queue", sa.Text(), nullable=False),
@@ -33,4 +36,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_table("sa_jobqueue_queues")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0008"
 down_revision = "sajq_0007"
 branch_labels = None
@@ -21,6 +23,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(
         "sa_jobqueue_jobs", sa.Column("unique_window", sa.DateTime(timezone=True), nullable=True)
     )
@@ -34,5 +37,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_index("sa_jobqueue_jobs_unique_window_idx", table_name="sa_jobqueue_jobs")
     op.drop_column("sa_jobqueue_jobs", "unique_window")

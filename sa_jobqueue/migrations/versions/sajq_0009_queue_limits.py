@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0009"
 down_revision = "sajq_0008"
 branch_labels = None
@@ -110,6 +112,7 @@ $$
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(TABLE, sa.Column("concurrency", sa.Integer(), nullable=True))
     op.add_column(TABLE, sa.Column("rate_limit", sa.Integer(), nullable=True))
     op.add_column(TABLE, sa.Column("rate_period", sa.Interval(), nullable=True))
@@ -127,6 +130,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.execute("DROP FUNCTION sa_jobqueue_lock_queue(text)")
     for name in CHECKS:
         op.drop_constraint(op.f(f"{TABLE}_{name}_check"), TABLE, type_="check")

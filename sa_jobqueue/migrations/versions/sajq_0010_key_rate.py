@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0010"
 down_revision = "sajq_0009"
 branch_labels = None
@@ -55,6 +57,7 @@ $$
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(TABLE, sa.Column("key_rate_limit", sa.Integer(), nullable=True))
     op.add_column(TABLE, sa.Column("key_rate_period", sa.Interval(), nullable=True))
     op.drop_constraint(op.f(f"{TABLE}_key_check"), TABLE, type_="check")
@@ -74,6 +77,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.execute("DROP FUNCTION sa_jobqueue_key_starts(text, timestamptz, text[], text[])")
     op.drop_table(STARTS)
     for name in CHECKS:

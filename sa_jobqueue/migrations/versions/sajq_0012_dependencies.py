@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0012"
 down_revision = "sajq_0011"
 branch_labels = None
@@ -151,6 +153,7 @@ EXECUTE FUNCTION sa_jobqueue_recheck_dependency()
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     # The new check is added NOT VALID and validated after: the validation reads the table
     # under a lock that lets enqueues and workers go on.
     op.drop_constraint(op.f(f"{JOBS}_status_check"), JOBS, type_="check")
@@ -180,6 +183,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     # Jobs still waiting would break the old check, and changing them would lose what they
     # wait for: refuse, and let the operator decide (run or cancel them first).
     op.execute(REFUSE_WITH_WAITING)

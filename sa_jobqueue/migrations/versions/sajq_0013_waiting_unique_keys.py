@@ -14,6 +14,8 @@ from types import ModuleType
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0013"
 down_revision = "sajq_0012"
 branch_labels = None
@@ -224,6 +226,7 @@ def _unique_index(name: str, predicate: str) -> None:
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     # The settling function first: the duplicates' cancellation settles their dependents
     # with it, and a dependent duplicate of its own is then handled as one.
     op.execute(SETTLE)
@@ -238,6 +241,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     # The old index covers fewer rows: it can always be built. Jobs this revision cancelled
     # stay cancelled (their rows and errors are history).
     _unique_index(f"{INDEX}_old", OLD_PREDICATE)

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0014"
 down_revision = "sajq_0013"
 branch_labels = None
@@ -29,10 +31,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(
         "sa_jobqueue_jobs", sa.Column("attempt_history", postgresql.JSONB(), nullable=True)
     )
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_column("sa_jobqueue_jobs", "attempt_history")

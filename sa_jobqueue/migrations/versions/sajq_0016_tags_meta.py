@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0016"
 down_revision = "sajq_0015"
 branch_labels = None
@@ -37,10 +39,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column("sa_jobqueue_jobs", sa.Column("tags", postgresql.ARRAY(sa.Text()), nullable=True))
     op.add_column("sa_jobqueue_jobs", sa.Column("meta", postgresql.JSONB(), nullable=True))
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_column("sa_jobqueue_jobs", "meta")
     op.drop_column("sa_jobqueue_jobs", "tags")

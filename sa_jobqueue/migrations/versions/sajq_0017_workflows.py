@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from sa_jobqueue._pooler import OUTSIDE_TRANSACTION
+from sa_jobqueue.migrations._locks import bound_lock_waits
 
 revision = "sajq_0017"
 down_revision = "sajq_0016"
@@ -45,6 +46,7 @@ DROP_INDEX = "DROP INDEX CONCURRENTLY IF EXISTS {index}"
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column(JOBS, sa.Column("workflow_id", sa.BigInteger(), nullable=True))
     op.add_column(JOBS, sa.Column("workflow_step", sa.Text(), nullable=True))
     op.execute(CREATE_SEQUENCE)
@@ -63,6 +65,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     # Jobs keep running as plain jobs with their dependency edges; only the workflow ids go.
     schema = _schema()
     with _outside_transaction():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sa_jobqueue.migrations._locks import bound_lock_waits
+
 revision = "sajq_0018"
 down_revision = "sajq_0017"
 branch_labels = None
@@ -33,6 +35,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bound_lock_waits()
     op.add_column("sa_jobqueue_jobs", sa.Column("progress", sa.Double(), nullable=True))
     op.add_column("sa_jobqueue_jobs", sa.Column("progress_message", sa.Text(), nullable=True))
     op.add_column(
@@ -42,6 +45,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    bound_lock_waits()
     op.drop_column("sa_jobqueue_jobs", "progress_at")
     op.drop_column("sa_jobqueue_jobs", "progress_message")
     op.drop_column("sa_jobqueue_jobs", "progress")
