@@ -8,6 +8,7 @@
 - :mod:`tests.helpers.periodic`: making a periodic schedule's latest tick due again;
 - :mod:`tests.helpers.processes`: the ``sa-jobqueue`` command as a subprocess, and workers;
 - :mod:`tests.helpers.poolers`: pgbouncer and a proxy that can go silent;
+- :mod:`tests.helpers.replication`: a primary and its streaming replica, for failovers;
 - :mod:`tests.helpers.waiting`: polling for a condition, and a worker in a thread.
 
 A package rather than one module: together they are several hundred lines, and each concern
