@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from .. import __version__
 from ..errors import InvalidJobError, InvalidLimitError, JobQueueError
 from ..ops.filters import check_age
-from . import _actions, _api_actions, _api_shapes, _bulk, _pages, _queue_reads, _reads
+from . import _actions, _api_actions, _api_shapes, _bulk, _pages, _queue_reads, _reads, _requests
 from . import _workflow_reads as _workflows
 from ._api_errors import API_PREFIX, MAX_BODY, ApiError, Marked
 from ._filters import queue_name, read_filter
@@ -128,7 +128,7 @@ class Api:
 
     async def job(self, request: Request) -> Response:
         job_id = _job_id(request)
-        job, links = await self._read(_pages._job_page, job_id)
+        job, links = await self._read(_requests.job_page, job_id)
         if job is None:
             raise ApiError(404, "not_found", f"no job with id {job_id}")
         return JSONResponse(_api_shapes.job_detail(job, links))
@@ -161,8 +161,8 @@ class Api:
     async def purge_count(self, request: Request) -> Response:
         params = request.query_params
         statuses, age_text = params.getlist("status"), params.get("older_than", "")
-        selection = _param(_pages._purge_selection, statuses, age_text)
-        as_of, matching = await self._read(_pages._purge_page, selection)
+        selection = _param(_requests.purge_selection, statuses, age_text)
+        as_of, matching = await self._read(_requests.purge_page, selection)
         assert matching is not None  # counted: a selection was given
         return JSONResponse(
             {
@@ -199,11 +199,11 @@ class Api:
         body = await self._body(request)
         workflow_id = _workflow_id(request)
         action = request.path_params["action"]
-        if action not in _pages.WORKFLOW_ACTIONS:
+        if action not in _requests.WORKFLOW_ACTIONS:
             raise ApiError(
                 404,
                 "not_found",
-                f"no action {action[:40]!r}: {', '.join(_pages.WORKFLOW_ACTIONS)}",
+                f"no action {action[:40]!r}: {', '.join(_requests.WORKFLOW_ACTIONS)}",
             )
         allowed = {"retry": ("attempts",), "delete": ("force",)}.get(action, ())
         _valid(_api_actions.fields, body, allowed)
@@ -277,7 +277,7 @@ class Api:
         _valid(_api_actions.fields, body, _api_actions.PURGE_FIELDS)
         statuses = _valid(_api_actions.texts, body, "statuses")
         age_text = _valid(_api_actions.text, body, "older_than")
-        selection = _valid(_pages._purge_selection, statuses, age_text)
+        selection = _valid(_requests.purge_selection, statuses, age_text)
         return _outcome(await self._act(_actions.purge, **selection))
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class Api:
         refused."""
         try:
             return await self.board._read(reader, *args)
-        except _pages.PageError as exc:
+        except _requests.PageError as exc:
             raise ApiError(exc.status, "database_error", exc.message) from exc
 
     async def _act(self, action: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -362,15 +362,15 @@ def _outcome(outcome: _actions.Outcome) -> Response:
 
 def _job_id(request: Request) -> int:
     try:
-        return _pages._job_id(request)
-    except _pages.PageError as exc:
+        return _requests.job_id_of(request)
+    except _requests.PageError as exc:
         raise ApiError(404, "not_found", exc.message) from None
 
 
 def _workflow_id(request: Request) -> int:
     try:
-        return _pages._workflow_id(request)
-    except _pages.PageError as exc:
+        return _requests.workflow_id_of(request)
+    except _requests.PageError as exc:
         raise ApiError(404, "not_found", exc.message) from None
 
 

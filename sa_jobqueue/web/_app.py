@@ -26,7 +26,8 @@ from ..ops.health import Thresholds
 from ..queue import JobQueue
 from ._api import Api
 from ._api_errors import ApiError, api_error, error_response, http_error, under_api
-from ._pages import Dashboard, PageError
+from ._pages import Dashboard
+from ._requests import PageError
 
 #: ``authorize(request)``: True to let the request through, False to refuse it (403).
 Authorize = Callable[[Request], bool | Awaitable[bool]]

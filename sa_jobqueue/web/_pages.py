@@ -27,30 +27,28 @@ from .._sql.dashboard import page_settings
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
 from ..ops.bulk import BULK_BATCH
-from ..ops.filters import MAX_JOB_ID, RequeueAttempts, check_age, requeue_attempts
+from ..ops.filters import check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
-from . import _actions, _bulk, _display, _queue_reads, _reads, _workflow_reads, _workflow_svg
+from . import (
+    _actions,
+    _bulk,
+    _display,
+    _queue_reads,
+    _reads,
+    _requests,
+    _workflow_reads,
+    _workflow_svg,
+)
 from ._db_errors import explain
-from ._filters import JobFilter, age, finished_statuses, queue_name, read_filter, task_name
+from ._filters import JobFilter, age, queue_name, read_filter, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
 
 T = TypeVar("T")
 
 
 _STATIC: Final = Path(__file__).parent / "static"
-#: What a workflow's buttons do (``POST /workflows/{id}/{action}``), its API's too.
-WORKFLOW_ACTIONS: Final = ("cancel", "retry", "delete")
-
-
-class PageError(Exception):
-    """A page that cannot be shown, with the HTTP status and the sentence that says why."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class Dashboard:
@@ -122,7 +120,7 @@ class Dashboard:
         try:
             after = queue_name(request.query_params.get("queues_after", ""))
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
+            raise _requests.PageError(400, str(exc)) from None
         data = await self._read(_reads.read_overview, self.thresholds, after)
         return self._page(request, "overview.html", data.as_of, overview=data)
 
@@ -131,7 +129,7 @@ class Dashboard:
             query = request.query_params
             wanted = read_filter(query, query.getlist("status"), query.getlist("tag"))
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
+            raise _requests.PageError(400, str(exc)) from None
         page = await self._read(_reads.read_jobs, wanted)
         return self._page(
             request,
@@ -145,17 +143,17 @@ class Dashboard:
         )
 
     async def job(self, request: Request) -> Response:
-        job_id = _job_id(request)
-        job, links = await self._read(_job_page, job_id)
+        job_id = _requests.job_id_of(request)
+        job, links = await self._read(_requests.job_page, job_id)
         if job is None:
-            raise PageError(404, f"no job with id {job_id}")
+            raise _requests.PageError(404, f"no job with id {job_id}")
         return self._page(request, "job.html", job.as_of, job=job, links=links)
 
     async def workflow(self, request: Request) -> Response:
-        job_id = _job_id(request)
+        job_id = _requests.job_id_of(request)
         graph = await self._read(_workflow_reads.read_workflow, job_id)
         if graph is None:
-            raise PageError(404, f"no job with id {job_id}")
+            raise _requests.PageError(404, f"no job with id {job_id}")
         # Every link of the view is this prefix and an id: one route lookup, not 400.
         job_href = self.url(request, "job", job_id=0).removesuffix("0")
         return self._page(
@@ -168,20 +166,20 @@ class Dashboard:
         )
 
     async def workflow_page(self, request: Request) -> Response:
-        workflow_id = _workflow_id(request)
+        workflow_id = _requests.workflow_id_of(request)
         page = await self._read(_workflow_reads.read_workflow_page, workflow_id)
         if page is None:
-            raise PageError(404, f"no workflow with id {workflow_id}")
+            raise _requests.PageError(404, f"no workflow with id {workflow_id}")
         return self._page(request, "workflow_jobs.html", page.as_of, page=page)
 
     async def workflow_action(self, request: Request) -> Response:
         form = await self._action_form(request)
-        workflow_id = _workflow_id(request)
+        workflow_id = _requests.workflow_id_of(request)
         action = request.path_params["action"]
-        if action not in WORKFLOW_ACTIONS:
-            raise PageError(404, f"no workflow action {action[:40]!r}")
-        attempts = _attempts(form)
-        force = _field(form, "force") == "yes"
+        if action not in _requests.WORKFLOW_ACTIONS:
+            raise _requests.PageError(404, f"no workflow action {action[:40]!r}")
+        attempts = _requests.attempts_of(form)
+        force = _requests.field(form, "force") == "yes"
         outcome = await self._act(
             _actions.workflow_action, workflow_id, action, attempts=attempts, force=force
         )
@@ -197,18 +195,18 @@ class Dashboard:
         try:
             name = queue_name(request.query_params.get("name", ""))
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
+            raise _requests.PageError(400, str(exc)) from None
         if name is None:
-            raise PageError(400, "give the queue's name: /queues?name=...")
+            raise _requests.PageError(400, "give the queue's name: /queues?name=...")
         stale = check_age(self.thresholds.stale_after, "stale_after")
         data = await self._read(_queue_reads.read_queue, name, stale)
         return self._page(request, "queue.html", data.as_of, page=data)
 
     async def payload(self, request: Request) -> Response:
-        job_id = _job_id(request)
+        job_id = _requests.job_id_of(request)
         text = await self._read(_reads.read_payload, job_id)
         if text is None:
-            raise PageError(404, f"no job with id {job_id}")
+            raise _requests.PageError(404, f"no job with id {job_id}")
         # JSON, never HTML: nosniff (from the guard) stops a browser from guessing otherwise.
         return Response(text, media_type="application/json")
 
@@ -224,40 +222,40 @@ class Dashboard:
         selection: dict[str, Any] | None = None
         if statuses or age_text:
             try:
-                selection = _purge_selection(statuses, age_text)
+                selection = _requests.purge_selection(statuses, age_text)
             except InvalidJobError as exc:
-                raise PageError(400, str(exc)) from None
-        as_of, matching = await self._read(_purge_page, selection)
+                raise _requests.PageError(400, str(exc)) from None
+        as_of, matching = await self._read(_requests.purge_page, selection)
         return self._page(request, "purge.html", as_of, chosen=chosen, matching=matching)
 
     # -- the actions -------------------------------------------------------------------------
 
     async def retry(self, request: Request) -> Response:
         form = await self._action_form(request)
-        job_id = _job_id(request)
-        outcome = await self._act(_actions.retry, job_id, _attempts(form))
+        job_id = _requests.job_id_of(request)
+        outcome = await self._act(_actions.retry, job_id, _requests.attempts_of(form))
         return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
     async def cancel(self, request: Request) -> Response:
         await self._action_form(request)
-        job_id = _job_id(request)
+        job_id = _requests.job_id_of(request)
         outcome = await self._act(_actions.cancel, job_id)
         return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
     async def retry_matching(self, request: Request) -> Response:
         form = await self._action_form(request)
         try:
-            age_text = _field(form, "older_than").strip()
+            age_text = _requests.field(form, "older_than").strip()
             wanted = JobFilter(
-                queue=queue_name(_field(form, "queue")),
-                task=task_name(_field(form, "task")),
+                queue=queue_name(_requests.field(form, "queue")),
+                task=task_name(_requests.field(form, "task")),
                 statuses=(DEAD,),
                 older_than=age(age_text) if age_text else None,
                 age_text=age_text,
             )
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
-        attempts = _attempts(form)
+            raise _requests.PageError(400, str(exc)) from None
+        attempts = _requests.attempts_of(form)
         outcome = await self._act(
             _actions.retry_matching,
             queue=wanted.queue,
@@ -271,7 +269,7 @@ class Dashboard:
         try:
             return await _bulk.handle(self, request)
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
+            raise _requests.PageError(400, str(exc)) from None
 
     async def pause_queue(self, request: Request) -> Response:
         return await self._queue_action(request, _actions.pause)
@@ -281,8 +279,8 @@ class Dashboard:
 
     async def set_limits(self, request: Request) -> Response:
         form = await self._action_form(request)
-        fields = {f: _field(form, f) for f in _actions.LimitsForm.__dataclass_fields__}
-        name = _field(form, "queue")
+        fields = {f: _requests.field(form, f) for f in _actions.LimitsForm.__dataclass_fields__}
+        name = _requests.field(form, "queue")
         outcome = await self._act(_actions.set_limits, name, _actions.LimitsForm(**fields))
         return self._after(request, outcome, self.url(request, "queue", query={"name": name}))
 
@@ -291,21 +289,21 @@ class Dashboard:
     ) -> Response:
         form = await self._action_form(request)
         # A bad name is refused by the action (InvalidNameError) and said in the flash.
-        name = _field(form, "queue")
+        name = _requests.field(form, "queue")
         outcome = await self._act(action, name)
         # Back to the page the form was on: the queue's own, or the overview.
-        on_queue_page = _field(form, "back") == "queue"
+        on_queue_page = _requests.field(form, "back") == "queue"
         back = self.url(request, "queue", query={"name": name}) if on_queue_page else None
         return self._after(request, outcome, back or self.url(request, "overview"))
 
     async def purge(self, request: Request) -> Response:
         form = await self._action_form(request)
         statuses = [s for s in form.getlist("status") if isinstance(s, str)]
-        age_text = _field(form, "older_than")
+        age_text = _requests.field(form, "older_than")
         try:
-            selection = _purge_selection(statuses, age_text)
+            selection = _requests.purge_selection(statuses, age_text)
         except InvalidJobError as exc:
-            raise PageError(400, str(exc)) from None
+            raise _requests.PageError(400, str(exc)) from None
         outcome = await self._act(_actions.purge, **selection)
         back = {"status": statuses, "older_than": age_text}
         return self._after(request, outcome, self.url(request, "purge_form", query=back))
@@ -343,9 +341,9 @@ class Dashboard:
                     self._limit_time(conn)
                     return reader(conn, *args)
         except DBAPIError as exc:
-            raise PageError(503, self._explain(exc)) from exc
+            raise _requests.PageError(503, self._explain(exc)) from exc
         except SchemaError as exc:
-            raise PageError(503, str(exc)) from exc
+            raise _requests.PageError(503, str(exc)) from exc
 
     async def _act(
         self, action: Callable[..., _actions.Outcome], *args: Any, **kwargs: Any
@@ -374,7 +372,9 @@ class Dashboard:
     async def _action_form(self, request: Request) -> FormData:
         """The POSTed form, once actions are allowed and its CSRF token holds."""
         if not self.allow_actions:
-            raise PageError(403, "actions are off: the dashboard was started without them")
+            raise _requests.PageError(
+                403, "actions are off: the dashboard was started without them"
+            )
         # Room for the jobs list's act-on-many form: a row's box and the page's id for each
         # of up to 500 rows, and the filter; Starlette's default stops at 1,000 fields.
         form = await request.form(max_fields=2_000)
@@ -382,7 +382,7 @@ class Dashboard:
         if not self.signer.form_accepted(
             request.cookies.get(CSRF_COOKIE), token if isinstance(token, str) else None
         ):
-            raise PageError(
+            raise _requests.PageError(
                 403,
                 "the form's security token is missing or does not match this browser's:"
                 " reload the page and try again",
@@ -396,7 +396,7 @@ class Dashboard:
             FLASH_COOKIE,
             self.signer.flash(outcome.ok, outcome.text),
             max_age=60,
-            path=_cookie_path(request),
+            path=_requests.cookie_path(request),
             secure=request.url.scheme == "https",
             httponly=True,
             samesite="strict",
@@ -433,7 +433,7 @@ class Dashboard:
             **context,
         )
         response = HTMLResponse(html, status_code=status)
-        cookie_path = _cookie_path(request)
+        cookie_path = _requests.cookie_path(request)
         secure = request.url.scheme == "https"
         if fresh is not None:
             response.set_cookie(
@@ -451,60 +451,6 @@ class Dashboard:
         return response
 
     async def page_error(self, request: Request, exc: Exception) -> Response:
-        """The page for a :class:`PageError`: its status, and the sentence that says why."""
-        assert isinstance(exc, PageError)
+        """The page for a :class:`~._requests.PageError`: its status and why."""
+        assert isinstance(exc, _requests.PageError)
         return self._page(request, "message.html", None, status=exc.status, message=exc.message)
-
-
-def _cookie_path(request: Request) -> str:
-    root: str = request.scope.get("root_path", "")
-    return root or "/"
-
-
-def _purge_selection(statuses: list[str], age_text: str) -> dict[str, Any]:
-    """What the purge form chose: finished statuses, and an age (required)."""
-    if not age_text.strip():
-        raise InvalidJobError("give the age: only jobs finished longer ago than it are purged")
-    return {"statuses": finished_statuses(statuses), "older_than": age(age_text.strip())}
-
-
-def _purge_page(conn: Connection, selection: dict[str, Any] | None) -> tuple[Any, int | None]:
-    """The purge form's ``now()`` and, for a selection, how many jobs it matches."""
-    as_of = _reads.now(conn)
-    return as_of, None if selection is None else _actions.count_purge(conn, **selection)
-
-
-def _job_page(conn: Connection, job_id: int) -> tuple[Any, Any]:
-    """A job and its result and edges, in one snapshot."""
-    job = _reads.read_job(conn, job_id)
-    return job, None if job is None else _workflow_reads.read_links(conn, job_id)
-
-
-def _workflow_id(request: Request) -> int:
-    """The workflow id in the path; 404 for one no bigint can hold."""
-    workflow_id: int = request.path_params["workflow_id"]
-    if workflow_id > MAX_JOB_ID:
-        raise PageError(404, f"no workflow with id {workflow_id}")
-    return workflow_id
-
-
-def _job_id(request: Request) -> int:
-    """The id in the path; 404 for one no bigint can hold (there is no such job)."""
-    job_id: int = request.path_params["job_id"]
-    if job_id > MAX_JOB_ID:
-        raise PageError(404, f"no job with id {job_id}")
-    return job_id
-
-
-def _attempts(form: FormData) -> RequeueAttempts:
-    """A retry form's attempts mode: its "attempts" box ticked ("reset"), or not ("extend")."""
-    try:
-        return requeue_attempts(_field(form, "attempts") or "extend")
-    except InvalidJobError as exc:
-        raise PageError(400, str(exc)) from None
-
-
-def _field(form: FormData, name: str) -> str:
-    """A form field's text ("" when missing, or when a file was sent in its place)."""
-    value = form.get(name)
-    return value if isinstance(value, str) else ""
