@@ -462,3 +462,49 @@ def test_cancel_a_workflow_from_its_page_then_retry_it(
     with engine.connect() as conn:
         found = conn.execute(select(j.status).where(j.workflow_id == flow.id).order_by(j.id))
         assert found.scalars().all() == ["queued", "queued", "waiting"]
+
+
+def test_filter_the_jobs_by_a_tag_and_read_a_jobs_labels_and_progress(
+    engine: sa.Engine, served: str, browser: WebDriver, artefacts: Path
+) -> None:
+    queue = JobQueue()
+
+    @queue.task(tags=["billing"], meta={"team": "pay"})
+    def invoice(ctx: JobContext, payload: dict[str, int]) -> None:
+        pass
+
+    with Session(engine) as session, session.begin():
+        tagged = queue.enqueue(session, "invoice", {"n": 1}, tags=["eu"], queue="labels")
+        queue.enqueue(session, "invoice", {"n": 2}, queue="labels")
+    # What a worker's lease renewal writes for a running attempt's report (see progress.md).
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(jobs_table)
+            .where(j.id == tagged)
+            .values(progress=0.25, progress_message="page 1 of 4", progress_at=func.now())
+        )
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(f"{served}/jobs?queue=labels")
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "form.filters")))
+    tag_box = browser.find_element(By.CSS_SELECTOR, "form.filters input[name=tag]")
+    tag_box.clear()
+    tag_box.send_keys("eu")
+    browser.find_element(By.CSS_SELECTOR, "form.filters button[type=submit]").click()
+    wait.until(expected_conditions.url_contains("tag=eu"))
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody tr")
+    assert len(rows) == 1
+    assert [t.text for t in rows[0].find_elements(By.CSS_SELECTOR, ".tag")] == ["billing", "eu"]
+    browser.save_screenshot(str(artefacts / "8-jobs-by-tag.png"))
+
+    browser.find_element(By.LINK_TEXT, str(tagged)).click()
+    wait.until(expected_conditions.title_contains(f"Job {tagged}"))
+    progress = browser.find_element(By.ID, "progress")
+    assert progress.find_element(By.TAG_NAME, "progress").get_attribute("value") == "0.25"
+    assert "25% page 1 of 4" in progress.text
+    main = browser.find_element(By.TAG_NAME, "main").text
+    assert '"team": "pay"' in main or '"team":"pay"' in main
+    # A job's tag links to the jobs carrying it.
+    browser.find_element(By.CSS_SELECTOR, "a.tag[href*='tag=eu']").click()
+    wait.until(expected_conditions.url_contains("tag=eu"))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody tr")) == 1
+    browser.save_screenshot(str(artefacts / "9-job-labels-progress.png"))
