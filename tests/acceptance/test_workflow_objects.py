@@ -28,6 +28,10 @@ j = jobs_table.c
 PARTS = 6
 
 
+#: How long each part runs (ms).
+PART_MS = 5000
+
+
 def statuses(engine: sa.Engine, flow: Workflow) -> dict[str, str]:
     with engine.connect() as conn:
         rows = conn.execute(sa.select(j.workflow_step, j.status).where(j.workflow_id == flow.id))
@@ -56,7 +60,9 @@ def test_a_workflow_cancelled_and_retried_mid_run_with_sigkills_runs_each_step_o
     engine = tables
     dag = Dag().add("fetch", Call("step", {"step": "fetch", "ms": 0}))
     for n in range(PARTS):
-        dag.add(f"part{n}", Call("step", {"step": f"part{n}", "ms": 1500}), needs=["fetch"])
+        # Long enough to be still running when the cancellation lands: the CLI that sends it
+        # is a process of its own, which a loaded machine takes seconds to start.
+        dag.add(f"part{n}", Call("step", {"step": f"part{n}", "ms": PART_MS}), needs=["fetch"])
     dag.add(
         "merge", Call("step", {"step": "merge", "ms": 0}), needs=[f"part{n}" for n in range(PARTS)]
     )
