@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: The newest revision of our Alembic branch; workers refuse to run against an older one.
-SCHEMA_REVISION: Final = "sajq_0018"
+SCHEMA_REVISION: Final = "sajq_0019"
 #: The Alembic branch label our revisions carry.
 BRANCH_LABEL: Final = "sa_jobqueue"
 
@@ -160,6 +160,11 @@ class Job(Base):
     progress: Mapped[float | None] = mapped_column(Double)
     progress_message: Mapped[str | None] = mapped_column(Text)
     progress_at: Mapped[datetime | None]
+    #: The error callbacks the job's death enqueues (revision ``sajq_0019``): a JSON object
+    #: with "job" (its own, one per death) and "workflow" (its workflow's, once per workflow),
+    #: each the callback job to insert. NULL for a job without one, the common case. Read by
+    #: ``sa_jobqueue_settle`` in the statement that ends the job, for a dead job only.
+    on_error: Mapped[Any | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(_status_in(STATUSES), name="status"),

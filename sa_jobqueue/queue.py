@@ -147,6 +147,7 @@ class JobQueue(JobAdmin, WorkflowMethods):
         hard_timeout: timedelta | None = None,
         tags: Sequence[str] = (),
         meta: Mapping[str, Any] | None = None,
+        on_error: Task | None = None,
     ) -> Callable[[Callable[[JobContext, P], object]], Task[P]]: ...
 
     def task(
@@ -168,6 +169,7 @@ class JobQueue(JobAdmin, WorkflowMethods):
         hard_timeout: timedelta | None = None,
         tags: Sequence[str] = (),
         meta: Mapping[str, Any] | None = None,
+        on_error: Task | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Register a handler ``fn(ctx, payload)`` as a task (usable bare or with options).
 
@@ -184,7 +186,10 @@ class JobQueue(JobAdmin, WorkflowMethods):
         ``keep_result`` stores what the handler returns with the job's completion (see
         :meth:`get_result` and :meth:`wait_for_result`). ``tags`` and ``meta`` are kept with
         every job of the task (an enqueue's tags are added to them, its meta's keys go over
-        them; see :meth:`enqueue`). Bad options raise TaskDefinitionError here.
+        them; see :meth:`enqueue`). ``on_error`` is the error callback: a task (declared
+        before this one) of which each death of a job of this task enqueues a job, in the
+        statement that moves it to dead (see "Error callbacks" in the tasks how-to). Bad
+        options raise TaskDefinitionError here.
 
         A handler whose payload parameter is annotated with a dataclass, a ``TypedDict`` or a
         Pydantic model takes a typed payload (see :class:`Task`); the task is a ``Task[T]`` of
@@ -209,6 +214,7 @@ class JobQueue(JobAdmin, WorkflowMethods):
                 hard_timeout=hard_timeout,
                 tags=cast(tuple[str, ...], tags),
                 meta=None if meta is None else dict(meta),
+                on_error=on_error,
             )
             return self._registry.add(task)
 

@@ -153,6 +153,9 @@ class Task(Generic[P]):
     tags: tuple[str, ...] = ()
     #: Meta every job of the task carries, under the keys an enqueue gives (a JSON object).
     meta: dict[str, Any] | None = field(default=None, hash=False)
+    #: The error callback: a task a job of this task enqueues a job of when it dies (see
+    #: "Error callbacks" in the tasks how-to); declared before this one. None: none.
+    on_error: Task[Any] | None = None
     #: How a batch task forms its batches (``JobQueue.batch_task``); None for a task whose
     #: handler takes one job at a time.
     batching: Batching | None = None
@@ -161,6 +164,11 @@ class Task(Generic[P]):
     payload_codec: PayloadCodec | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.on_error is not None and not isinstance(self.on_error, Task):
+            raise TaskDefinitionError(
+                f"task {self.name!r}: on_error is a Task (declared before this one), not"
+                f" {self.on_error!r}"
+            )
         if not isinstance(self.keep_result, bool):
             raise TaskDefinitionError(f"task {self.name!r}: keep_result must be True or False")
         if self.debounce is not None and self.unique_mode != "debounce":

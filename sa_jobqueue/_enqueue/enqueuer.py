@@ -18,12 +18,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .._registry import TaskRegistry
+from ..errors import InvalidJobError
 from ..middleware import Enqueueing, Middleware, enqueue_chain
 from ..tasks import Task
-from ..workflows import Dependency, check_dependencies, enqueue_with
+from ..workflows import Call, Dependency, check_call_options, check_dependencies, enqueue_with
 from .inserting import insert_many, insert_one
 from .jobs import Enqueued, NewJobs, new_jobs
 from .options import (
+    Callback,
     EnqueueManyOptions,
     EnqueueOptions,
     ResolvedOptions,
@@ -129,20 +131,27 @@ class Enqueuer:
         unique_keys: Sequence[str | None] | None,
         options: Mapping[str, Any],
         trace: Callable[[], str | None] | None = None,
+        workflow_callback: Callback | None = None,
     ) -> NewJobs:
         """Check and encode everything an enqueue of ``task`` was given; no I/O.
 
         ``unique_keys`` is parallel to ``payloads``; for a None entry (or no list) the task's
         function, if it has one, gives the key. ``options`` are the enqueue options given
         (none: the task's defaults, resolved once). ``trace`` gives the trace context, when it
-        was taken before (see :meth:`_traced`).
+        was taken before (see :meth:`_traced`). ``workflow_callback``: the error callback of the
+        workflow the jobs join, carried by each of them.
         """
+        given = options.get("on_error")
+        if given is not None:
+            options = {**options, "on_error": self.callback(given)}
         if not options:
             resolved = self._defaults.get(task.name)
             if resolved is None or resolved.task is not task:
                 resolved = self._defaults[task.name] = resolve_options(task)
         else:
             resolved = resolve_options(task, **options)
+        if workflow_callback is not None:
+            resolved = resolved.with_workflow_callback(workflow_callback)
         # The trace context is taken before any I/O and in the caller's thread or task: the
         # span that is current where enqueue was called is the one the job's run points to.
         return new_jobs(
@@ -152,6 +161,22 @@ class Enqueuer:
             max_payload_bytes=self.max_payload_bytes,
             trace_context=trace or self.trace_context,
         )
+
+    def callback(self, value: Any) -> Callback:
+        """An error callback as given (a Task, a task name, a Call), resolved: InvalidJobError
+        for anything else, or a Call's payload that is not a JSON object."""
+        if isinstance(value, Callback | Task):
+            return Callback(value) if isinstance(value, Task) else value
+        if isinstance(value, Call):
+            if value.payload is not None and not isinstance(value.payload, Mapping):
+                raise InvalidJobError(
+                    f"an error callback's payload is a JSON object or None, not {value.payload!r}"
+                )
+            options = check_call_options(value.options)
+            return Callback(self.registry.lookup(value.task), value.payload, options)
+        if isinstance(value, str):
+            return Callback(self.registry.lookup(value))
+        raise InvalidJobError(f"on_error is a task, a task name or a Call, not {value!r}")
 
     def _traced(self) -> Callable[[], str | None] | None:
         """The trace context of the caller, taken now (see :meth:`work`)."""

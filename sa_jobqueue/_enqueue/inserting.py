@@ -127,7 +127,7 @@ def _copy_many(
     if options.backoff is not None:
         tail.append(json.dumps(options.backoff.to_json()))
     if options.labelled:
-        tail += [list(options.tags) or None, options.meta]
+        tail += [list(options.tags) or None, options.meta, options.on_error]
     if member is not None:
         tail += [member.workflow_id, member.step]
     statement = enqueue_sql.copy_jobs(

@@ -12,8 +12,9 @@ option is a key of :class:`JobOptions`, its checker and a field of :class:`Resol
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypedDict, Unpack
 
@@ -30,6 +31,7 @@ from .._validation import (
     check_unique_mode,
     check_unique_period,
 )
+from ..errors import InvalidJobError
 from ..tasks import Task
 
 if TYPE_CHECKING:
@@ -79,6 +81,13 @@ class JobOptions(TypedDict, total=False):
     """A JSON object kept with the job and shown with it: its keys go over the task's meta (a
     shallow merge); at most 4,096 bytes of JSON in all, under the rules of payloads. For
     people and tools: the handler gets it only if it asks (``ctx.tags_and_meta()``)."""
+    on_error: str | Task | Any | None
+    """The error callback: a job enqueued in the statement that moves this job to ``dead``
+    (each death enqueues one), given as a task, its name, or a
+    :class:`~sa_jobqueue.workflows.Call` (its payload, a JSON object or None, is given the
+    keys ``job_id``, ``task``, ``error``, ``attempts`` and ``workflow_id`` of the dead job;
+    its options ``queue``, ``priority``, ``max_attempts``, ``lease``). Left out: the task's
+    ``on_error``. See "Error callbacks" in the tasks how-to."""
 
 
 class EnqueueOptions(JobOptions, total=False):
@@ -146,7 +155,50 @@ CHECKS: Final[dict[str, Callable[[Any, Task], Any]]] = {
     "unique_period": _with(check_unique_period, "unique_period"),
     "tags": lambda value, task: check_tags(value, base=task.tags),
     "meta": lambda value, task: check_meta(value, base=task.meta),
+    "on_error": lambda value, task: _callbacks(task.on_error if value is None else value),
 }
+
+
+@dataclass(frozen=True)
+class Callback:
+    """An error callback resolved to its task: the job a death enqueues, as the enqueuer
+    made it from what it was given (a task, a name, a Call)."""
+
+    task: Task
+    payload: Mapping[str, Any] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> dict[str, Any]:
+        """The job to insert, as ``sa_jobqueue_on_error`` reads it (revision sajq_0019)."""
+        resolved = resolve_options(self.task, **self.options)
+        return {
+            "task": self.task.name,
+            "queue": resolved.queue,
+            "priority": resolved.priority,
+            "max_attempts": resolved.max_attempts,
+            "lease": resolved.lease.total_seconds(),
+            "payload": None if self.payload is None else dict(self.payload),
+        }
+
+
+def callback_of(value: Any) -> Callback:
+    """``value`` as a Callback: a Task, or one already resolved; InvalidJobError otherwise."""
+    if isinstance(value, Task):
+        return Callback(value)
+    if isinstance(value, Callback):
+        return value
+    raise InvalidJobError(f"on_error is a task, a task name or a Call, not {value!r}")
+
+
+def encode_callbacks(own: Callback | None, workflow: Callback | None) -> str | None:
+    """The ``on_error`` column's JSON text: ``{"job": ..., "workflow": ...}``, or None."""
+    kinds = {"job": own, "workflow": workflow}
+    specs = {kind: callback.spec() for kind, callback in kinds.items() if callback is not None}
+    return json.dumps(specs, separators=(",", ":")) if specs else None
+
+
+def _callbacks(value: Any) -> str | None:
+    return None if value is None else encode_callbacks(callback_of(value), None)
 
 
 @dataclass(frozen=True)
@@ -158,7 +210,8 @@ class ResolvedOptions:
     call gave one (stored with the job); None leaves the task's, which is not stored.
     ``unique_mode`` and ``unique_period`` apply to the jobs that get a unique key. ``tags``
     are the task's and the call's together (empty: none, stored as NULL); ``meta`` is the
-    merged object as the JSON text stored (None: none).
+    merged object as the JSON text stored (None: none); ``on_error`` the error callbacks as the
+    JSON text stored (see :class:`Callback`; None: none).
     """
 
     task: Task
@@ -172,11 +225,19 @@ class ResolvedOptions:
     unique_period: timedelta | None = None
     tags: tuple[str, ...] = ()
     meta: str | None = None
+    on_error: str | None = None
 
     @property
     def labelled(self) -> bool:
-        """Whether the jobs carry tags or meta: their statements then bind both."""
-        return bool(self.tags) or self.meta is not None
+        """Whether the jobs carry tags, meta or error callbacks: their statements then bind
+        all three."""
+        return bool(self.tags) or self.meta is not None or self.on_error is not None
+
+    def with_workflow_callback(self, callback: Callback) -> ResolvedOptions:
+        """These options, the jobs also carrying their workflow's error callback."""
+        specs = {} if self.on_error is None else json.loads(self.on_error)
+        specs["workflow"] = callback.spec()
+        return replace(self, on_error=json.dumps(specs, separators=(",", ":")))
 
     @property
     def period_seconds(self) -> int | None:
@@ -211,6 +272,7 @@ class ResolvedOptions:
         if self.labelled:
             params[f"{prefix}tags"] = list(self.tags) or None
             params[f"{prefix}meta"] = self.meta
+            params[f"{prefix}on_error"] = self.on_error
         if isinstance(self.run_at, datetime):
             params["run_at"] = self.run_at
         elif isinstance(self.run_at, timedelta):

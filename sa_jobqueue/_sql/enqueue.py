@@ -120,8 +120,9 @@ def insert_job(
     With ``traced`` the row carries ``:trace_context`` (JSON text). Untraced enqueues keep the
     statement without it, so tracing switched off changes nothing, not even the SQL text.
     With ``backoff`` it carries ``:backoff``, the job's own retry policy (JSON text); with
-    ``labels``, ``:tags`` (an array) and ``:meta`` (JSON text), either of them NULL. A job
-    without tags or meta is sent without them: the common enqueue's statement is unchanged.
+    ``labels``, ``:tags`` (an array), ``:meta`` and ``:on_error`` (JSON text), any of them
+    NULL. A job without tags, meta or error callbacks is sent without them: the common
+    enqueue's statement is unchanged.
     """
     optional: dict[str, Any] = {}
     if unique:
@@ -135,6 +136,7 @@ def insert_job(
     if labels:
         optional["tags"] = bindparam("tags", type_=ARRAY(Text))
         optional["meta"] = cast(bindparam("meta", type_=Text), JSONB)
+        optional["on_error"] = cast(bindparam("on_error", type_=Text), JSONB)
     stmt = pg_insert(jobs_table).values(
         queue=bindparam("queue"),
         task=bindparam("task"),
@@ -220,7 +222,7 @@ def insert_jobs(
         names.append("backoff")
     if labels:
         rows = rows.add_columns(*labels_given())
-        names += ["tags", "meta"]
+        names += LABEL_COLUMNS
     if workflow:
         rows = rows.add_columns(
             bindparam("b_workflow_id", type_=BigInteger), bindparam("b_workflow_step", type_=Text)
@@ -252,12 +254,17 @@ def wake_once(queue: ColumnElement[str]) -> ColumnElement[Any]:
     return select(func.pg_notify(CHANNEL, queue)).scalar_subquery()
 
 
-def labels_given() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
-    """A new job's ``tags`` and ``meta`` from ``:b_tags`` (an array) and ``:b_meta`` (JSON
-    text), for ``INSERT ... SELECT``."""
+#: The columns :func:`labels_given` gives values for, in its order.
+LABEL_COLUMNS: Final = ("tags", "meta", "on_error")
+
+
+def labels_given() -> tuple[ColumnElement[Any], ...]:
+    """A new job's ``tags``, ``meta`` and ``on_error`` from ``:b_tags`` (an array),
+    ``:b_meta`` and ``:b_on_error`` (JSON text), for ``INSERT ... SELECT``."""
     return (
         bindparam("b_tags", type_=ARRAY(Text)),
         cast(bindparam("b_meta", type_=Text), JSONB),
+        cast(bindparam("b_on_error", type_=Text), JSONB),
     )
 
 
@@ -473,7 +480,7 @@ def copy_jobs(
     if backoff:
         names.append(j.backoff.name)
     if labels:
-        names += [j.tags.name, j.meta.name]
+        names += [j.tags.name, j.meta.name, j.on_error.name]
     if workflow:
         names += [j.workflow_id.name, j.workflow_step.name]
     return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(

@@ -26,7 +26,14 @@ from ..models import (
     jobs_table,
     periodic_table,
 )
-from .enqueue import CHANNEL, JOB_COLUMNS, job_columns, labels_given, unless_key_is_live
+from .enqueue import (
+    CHANNEL,
+    JOB_COLUMNS,
+    LABEL_COLUMNS,
+    job_columns,
+    labels_given,
+    unless_key_is_live,
+)
 
 pc = periodic_table.c
 
@@ -75,7 +82,8 @@ def enqueue_tick(unique: bool, labels: bool = False) -> Insert:
     Job parameters are those of :func:`.enqueue.insert_jobs` (``b_`` prefixed) plus ``b_payload``;
     with ``unique`` also ``b_unique_key``: a tick whose key a live job of the task holds moves
     the schedule but inserts no job, so the tick is skipped rather than queued behind it.
-    With ``labels`` also ``b_tags`` and ``b_meta``: the task's tags and meta.
+    With ``labels`` also ``b_tags``, ``b_meta`` and ``b_on_error``: the task's tags, meta and
+    error callback.
     """
     tick = bindparam("tick", type_=DateTime(timezone=True))
     # A data-modifying CTE must sit at the top of the statement, hence add_cte() on the INSERT.
@@ -92,7 +100,7 @@ def enqueue_tick(unique: bool, labels: bool = False) -> Insert:
     names = list(JOB_COLUMNS)
     if labels:
         rows = rows.add_columns(*labels_given())
-        names += ["tags", "meta"]
+        names += LABEL_COLUMNS
     if unique:
         rows = rows.add_columns(bindparam("b_unique_key", type_=Text))
         names.append("unique_key")
