@@ -11,16 +11,21 @@ own (the enqueuer is the queue's) and nothing overrides it; it is a base of ``Jo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ._binds import SessionLike
 from ._enqueue.calls import add_steps_of, chain_of, chord_of, dag_of, group_of
+from ._enqueue.options import Callback
 from ._enqueue.transactions import arun_in, run_in
+from .tasks import Task
 from .workflows import Call, Dag, Dependency, OnFailure, Workflow
 
 if TYPE_CHECKING:
     from ._binds import AsyncSessionLike
     from ._enqueue.enqueuer import Enqueuer
+
+#: What names an error callback: a task, a task's name, or a ``Call`` (its payload an object).
+ErrorCallback: TypeAlias = "Task[Any] | str | Call"
 
 
 class WorkflowMethods:
@@ -36,6 +41,7 @@ class WorkflowMethods:
         *,
         depends_on: Sequence[int | Dependency] | None = None,
         on_failure: OnFailure = "cancel",
+        on_error: ErrorCallback | None = None,
     ) -> Workflow:
         """Enqueue ``calls`` in the caller's transaction, each waiting for the one before (the
         first for ``depends_on``, if given): a :class:`~sa_jobqueue.workflows.Workflow`, the
@@ -46,15 +52,23 @@ class WorkflowMethods:
         cancelled cancels the rest of the chain, or, with ``on_failure="run"``, lets the next
         one run anyway. The jobs of ``depends_on`` are not part of the workflow. See
         :mod:`sa_jobqueue.workflows`.
-        """
-        return run_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
 
-    def group(self, session: SessionLike, calls: Sequence[Call]) -> Workflow:
+        ``on_error`` (a task, a task name or a ``Call``), the workflow's error callback: a job
+        of that task is enqueued once, in the statement that moves the workflow's first job
+        to dead, as its step ``"on_error"`` (see the workflows how-to). Every workflow method
+        takes it.
+        """
+        work = chain_of(self._enqueuer, calls, depends_on, on_failure, self._on_error(on_error))
+        return run_in(session, work)
+
+    def group(
+        self, session: SessionLike, calls: Sequence[Call], *, on_error: ErrorCallback | None = None
+    ) -> Workflow:
         """Enqueue ``calls`` to run side by side, in the caller's transaction: a
         :class:`~sa_jobqueue.workflows.Workflow` of their ids, in order. Calls of one task
         with the same options go in together (by COPY from 200 on), so a group of 10,000 is
         a few statements."""
-        return run_in(session, group_of(self._enqueuer, calls))
+        return run_in(session, group_of(self._enqueuer, calls, self._on_error(on_error)))
 
     def chord(
         self,
@@ -63,20 +77,24 @@ class WorkflowMethods:
         callback: Call,
         *,
         on_failure: OnFailure = "cancel",
+        on_error: ErrorCallback | None = None,
     ) -> Workflow:
         """A :meth:`group` and a ``callback`` that runs once every job of the group has ended
         (reading their results with ``ctx.upstream_results()``): a
         :class:`~sa_jobqueue.workflows.Workflow` of the group's ids then the callback's, last
         (``flow[:-1]``, ``flow[-1]``). A member that ends dead or cancelled cancels the
         callback, or, with ``on_failure="run"``, does not stop it."""
-        return run_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
+        work = chord_of(self._enqueuer, calls, callback, on_failure, self._on_error(on_error))
+        return run_in(session, work)
 
-    def workflow(self, session: SessionLike, dag: Dag) -> Workflow:
+    def workflow(
+        self, session: SessionLike, dag: Dag, *, on_error: ErrorCallback | None = None
+    ) -> Workflow:
         """Enqueue the named steps of ``dag``, each waiting for the steps it needs, in the
         caller's transaction: a :class:`~sa_jobqueue.workflows.Workflow` whose ``steps`` maps
         each name to its job's id. A cycle, a need of an unknown step or a name used twice
         raises :class:`~sa_jobqueue.errors.InvalidWorkflowError` before anything is sent."""
-        return run_in(session, dag_of(self._enqueuer, dag))
+        return run_in(session, dag_of(self._enqueuer, dag, self._on_error(on_error)))
 
     def add_steps(self, session: SessionLike, workflow_id: int, dag: Dag) -> Workflow:
         """Add the steps of ``dag`` to the existing workflow ``workflow_id``, in the caller's
@@ -99,13 +117,21 @@ class WorkflowMethods:
         *,
         depends_on: Sequence[int | Dependency] | None = None,
         on_failure: OnFailure = "cancel",
+        on_error: ErrorCallback | None = None,
     ) -> Workflow:
         """:meth:`chain` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, chain_of(self._enqueuer, calls, depends_on, on_failure))
+        work = chain_of(self._enqueuer, calls, depends_on, on_failure, self._on_error(on_error))
+        return await arun_in(session, work)
 
-    async def agroup(self, session: AsyncSessionLike, calls: Sequence[Call]) -> Workflow:
+    async def agroup(
+        self,
+        session: AsyncSessionLike,
+        calls: Sequence[Call],
+        *,
+        on_error: ErrorCallback | None = None,
+    ) -> Workflow:
         """:meth:`group` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, group_of(self._enqueuer, calls))
+        return await arun_in(session, group_of(self._enqueuer, calls, self._on_error(on_error)))
 
     async def achord(
         self,
@@ -114,13 +140,21 @@ class WorkflowMethods:
         callback: Call,
         *,
         on_failure: OnFailure = "cancel",
+        on_error: ErrorCallback | None = None,
     ) -> Workflow:
         """:meth:`chord` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, chord_of(self._enqueuer, calls, callback, on_failure))
+        work = chord_of(self._enqueuer, calls, callback, on_failure, self._on_error(on_error))
+        return await arun_in(session, work)
 
-    async def aworkflow(self, session: AsyncSessionLike, dag: Dag) -> Workflow:
+    async def aworkflow(
+        self, session: AsyncSessionLike, dag: Dag, *, on_error: ErrorCallback | None = None
+    ) -> Workflow:
         """:meth:`workflow` for an ``AsyncSession`` or ``AsyncConnection``."""
-        return await arun_in(session, dag_of(self._enqueuer, dag))
+        return await arun_in(session, dag_of(self._enqueuer, dag, self._on_error(on_error)))
+
+    def _on_error(self, given: ErrorCallback | None) -> Callback | None:
+        """A workflow's error callback, resolved before any SQL (InvalidJobError if bad)."""
+        return None if given is None else self._enqueuer.callback(given)
 
     async def aadd_steps(self, session: AsyncSessionLike, workflow_id: int, dag: Dag) -> Workflow:
         """:meth:`add_steps` for an ``AsyncSession`` or ``AsyncConnection``."""

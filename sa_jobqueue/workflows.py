@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Call", "Dag", "Dependency", "OnFailure", "Step", "Workflow"]
 
+#: The step name of a workflow's error callback job (``on_error=``), which no step may take.
+ERROR_STEP: Final = "on_error"
 #: What a dependency that ends dead or cancelled does to the job that waits for it.
 OnFailure = Literal["cancel", "run"]
 _POLICIES: Final = ("cancel", "run")
@@ -309,6 +311,10 @@ class Dag:
             )
         if name in self._steps:
             raise InvalidWorkflowError(f"two steps are named {name!r}")
+        if name == ERROR_STEP:
+            raise InvalidWorkflowError(
+                f"the step name {ERROR_STEP!r} is the workflow's error callback's: choose another"
+            )
         if not isinstance(call, Call):
             raise InvalidWorkflowError(f"step {name!r} runs a Call, not {call!r}"[:200])
         if isinstance(needs, (str, bytes, int)) or not isinstance(needs, Sequence):

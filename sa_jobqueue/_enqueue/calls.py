@@ -33,6 +33,7 @@ from ..workflows import (
 from .enqueuer import Enqueuer
 from .inserting import insert_many
 from .jobs import Enqueued, Membership
+from .options import Callback
 
 
 def chain_of(
@@ -40,13 +41,15 @@ def chain_of(
     calls: Sequence[Call],
     depends_on: Sequence[int | Dependency] | None,
     on_failure: OnFailure,
+    on_error: Callback | None = None,
 ) -> Callable[[Connection], Workflow]:
-    """``calls``, each waiting for the one before (the first for ``depends_on``)."""
+    """``calls``, each waiting for the one before (the first for ``depends_on``); with
+    ``on_error``, the workflow's error callback, carried by each of its jobs."""
     first_edges = check_dependencies(depends_on)
     _check_size(len(calls))
 
     def chain(conn: Connection) -> Workflow:
-        member = Membership(functools.partial(_new_id, conn))
+        member = Membership(functools.partial(_new_id, conn), callback=on_error)
         ids: list[Enqueued] = []
         edges = first_edges
         for call in calls:
@@ -59,25 +62,31 @@ def chain_of(
     return chain
 
 
-def group_of(enqueuer: Enqueuer, calls: Sequence[Call]) -> Callable[[Connection], Workflow]:
+def group_of(
+    enqueuer: Enqueuer, calls: Sequence[Call], on_error: Callback | None = None
+) -> Callable[[Connection], Workflow]:
     """``calls`` side by side; calls of one task with the same options go in together."""
     _check_size(len(calls))
 
     def group(conn: Connection) -> Workflow:
-        member = Membership(functools.partial(_new_id, conn))
+        member = Membership(functools.partial(_new_id, conn), callback=on_error)
         return Workflow(member.workflow_id, _members(enqueuer, conn, calls, member))
 
     return group
 
 
 def chord_of(
-    enqueuer: Enqueuer, calls: Sequence[Call], callback: Call, on_failure: OnFailure
+    enqueuer: Enqueuer,
+    calls: Sequence[Call],
+    callback: Call,
+    on_failure: OnFailure,
+    on_error: Callback | None = None,
 ) -> Callable[[Connection], Workflow]:
     """A group of ``calls`` and a ``callback`` that waits for all of them (the last job)."""
     _check_size(len(calls) + 1)
 
     def chord(conn: Connection) -> Workflow:
-        member = Membership(functools.partial(_new_id, conn))
+        member = Membership(functools.partial(_new_id, conn), callback=on_error)
         members = _members(enqueuer, conn, calls, member)
         edges = [Dependency(job_id, on_failure) for job_id in members]
         (last,) = _enqueue_calls(enqueuer, conn, [callback], edges, frozenset(members), member)
@@ -86,12 +95,14 @@ def chord_of(
     return chord
 
 
-def dag_of(enqueuer: Enqueuer, dag: Dag) -> Callable[[Connection], Workflow]:
+def dag_of(
+    enqueuer: Enqueuer, dag: Dag, on_error: Callback | None = None
+) -> Callable[[Connection], Workflow]:
     """The steps of ``dag``, each waiting for the steps (and jobs) it needs."""
     ordered = dag.ordered()
 
     def build(conn: Connection) -> Workflow:
-        return _add(enqueuer, conn, _new_id(conn), ordered, {})
+        return _add(enqueuer, conn, _new_id(conn), ordered, {}, on_error)
 
     return build
 
@@ -138,6 +149,7 @@ def _add(
     workflow_id: int,
     ordered: list[Step],
     known: dict[str, Enqueued],
+    on_error: Callback | None = None,
 ) -> Workflow:
     """Enqueue ``ordered`` steps into the workflow, one statement or three each; ``known``:
     the ids of the names they may need besides their own."""
@@ -152,7 +164,7 @@ def _add(
         needs = [ids[n] if isinstance(n, str) else n for n in step.needs]
         edges = [Dependency(job_id, step.on_failure) for job_id in needs]
         new = frozenset(created) & frozenset(needs)
-        member = Membership(workflow_id, step.name)
+        member = Membership(workflow_id, step.name, on_error)
         (job_id,) = _enqueue_calls(enqueuer, conn, [step.call], edges, new, member)
         ids[step.name] = job_id
         created.append(job_id)

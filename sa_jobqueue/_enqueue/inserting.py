@@ -10,6 +10,7 @@ transaction, riding in its own round trip (see :mod:`.wakeups`).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Final
 
@@ -67,6 +68,8 @@ def insert_many(conn: Connection, new: NewJobs, member: Membership | None = None
     draw before a COPY), once, and only if a job was added. With ``member`` every job is
     inserted into that workflow (as that step).
     """
+    if member is not None and member.callback is not None:
+        new = replace(new, options=new.options.with_workflow_callback(member.callback))
     sent = sent_notifications(conn)
     wake_up = new.queue not in sent
     if not new.unique and len(new.payloads) >= COPY_FROM and copy_possible(conn):

@@ -15,7 +15,7 @@ from .._payloads import encode_payload
 from .._validation import check_unique_key
 from ..errors import InvalidJobError
 from ..tasks import Task
-from .options import ResolvedOptions
+from .options import Callback, ResolvedOptions
 
 
 class Enqueued(int):
@@ -52,17 +52,25 @@ def added(job_id: int) -> Enqueued:
 class Membership:
     """The workflow new jobs are inserted into, and their step's name (None: unnamed).
 
+    ``callback``: the workflow's error callback, carried by every job inserted into it.
     ``workflow`` is the workflow's id, or what draws a new one: then the id is drawn when the
     first job goes into the workflow, after the enqueue middleware has run for it, so that a
     middleware that refuses the call finds nothing sent; later jobs get the same id.
     """
 
-    __slots__ = ("_draw", "_id", "step")
+    __slots__ = ("_draw", "_id", "callback", "step")
 
-    def __init__(self, workflow: int | Callable[[], int], step: str | None = None) -> None:
+    def __init__(
+        self,
+        workflow: int | Callable[[], int],
+        step: str | None = None,
+        callback: Callback | None = None,
+    ) -> None:
         self._id = workflow if isinstance(workflow, int) else None
         self._draw = None if isinstance(workflow, int) else workflow
         self.step = step
+        #: The workflow's error callback, carried by each of its jobs (see ``on_error``).
+        self.callback = callback
 
     @property
     def workflow_id(self) -> int:

@@ -18,9 +18,10 @@ from sqlalchemy import select, update
 from sa_jobqueue import InvalidJobError, JobQueue
 from sa_jobqueue._sql.claiming import claim
 from sa_jobqueue._sql.transitions import bury, complete, fail
+from sa_jobqueue.errors import InvalidWorkflowError, UnknownTaskError
 from sa_jobqueue.models import jobs_table
 from sa_jobqueue.tasks import Task
-from sa_jobqueue.workflows import Call
+from sa_jobqueue.workflows import Call, Dag
 
 j = jobs_table.c
 ERROR = json.dumps({"type": "ValueError", "message": "boom"})
@@ -228,3 +229,63 @@ def test_lease_is_kept_in_seconds(
     _fail(conn, job_id, 1)
     lease = conn.execute(select(j.lease).where(j.task == "report")).scalar_one()
     assert lease == timedelta(minutes=2)
+
+
+@pytest.fixture
+def flows() -> JobQueue:
+    """A queue whose steps die at their first failure, and a callback task."""
+    queue = JobQueue()
+
+    @queue.task(queue="alerts")
+    def report(ctx: Any, payload: Any) -> None: ...
+
+    @queue.task(max_attempts=1)
+    def step(ctx: Any, payload: Any) -> None: ...
+
+    return queue
+
+
+def test_a_workflows_callback_is_enqueued_once_at_its_first_death(
+    conn: sa.Connection, flows: JobQueue
+) -> None:
+    flow = flows.group(conn, [Call("step", {"n": n}) for n in range(3)], on_error="report")
+    _claim(conn)
+    _fail(conn, flow[1], 1)
+    (made,) = _callbacks(conn)
+    row = conn.execute(select(j.workflow_id, j.workflow_step, j.queue).where(j.id == made.id)).one()
+    assert tuple(row) == (flow.id, "on_error", "alerts")
+    assert (made.payload["job_id"], made.payload["workflow_id"]) == (flow[1], flow.id)
+    _fail(conn, flow[2], 1)  # a second death of the same workflow: no second callback
+    assert [c.id for c in _callbacks(conn)] == [made.id]
+    assert [r.status for r in _fail(conn, flow[0], 1)] == ["dead"]
+    assert len(_callbacks(conn)) == 1
+
+
+def test_a_chains_callback_fires_for_its_death_not_for_what_it_cancels(
+    conn: sa.Connection, flows: JobQueue
+) -> None:
+    flow = flows.chain(
+        conn, [Call("step"), Call("step"), Call("step")], on_error=Call("report", {"why": "chain"})
+    )
+    _claim(conn)
+    _fail(conn, flow[0], 1)
+    statuses = dict(conn.execute(select(j.id, j.status).where(j.id.in_(list(flow)))).all())
+    assert [statuses[i] for i in flow] == ["dead", "cancelled", "cancelled"]
+    (made,) = _callbacks(conn)
+    assert made.payload["why"] == "chain"
+    assert made.payload["job_id"] == flow[0]
+
+
+def test_a_dags_callback_and_the_name_it_reserves(conn: sa.Connection, flows: JobQueue) -> None:
+    with pytest.raises(InvalidWorkflowError, match="on_error"):
+        Dag().add("on_error", Call("step"))
+    with pytest.raises(UnknownTaskError):
+        flows.workflow(conn, Dag().add("a", Call("step")), on_error="no_such_task")
+    assert conn.execute(select(sa.func.count()).select_from(jobs_table)).scalar_one() == 0
+    flow = flows.workflow(
+        conn, Dag().add("a", Call("step")).add("b", Call("step")), on_error="report"
+    )
+    _claim(conn)
+    _fail(conn, flow.steps["b"], 1)
+    (made,) = _callbacks(conn)
+    assert made.payload["job_id"] == flow.steps["b"]
