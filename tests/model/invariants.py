@@ -22,7 +22,7 @@ from tests.model.history import attempt_history
 from tests.model.model import Model, Violation
 from tests.model.plans import batch_form, hard_limits, plans_followed
 from tests.model.producers import adopt, misfits_failed
-from tests.model.tasks import BATCHES, KEEPS, LATE, effects, ends, starts
+from tests.model.tasks import BATCHES, CALLBACK, CALLING, KEEPS, LATE, effects, ends, starts
 
 j = jobs_table.c
 
@@ -237,12 +237,58 @@ def nothing_lost(model: Model, final: Final) -> list[Violation]:
     lost = [i for i, r in model.jobs.items() if i not in final.jobs and not r.deleted]
     if lost:
         found.append(Violation("nothing_lost", tuple(lost), "created, committed, and gone"))
-    extra = [i for i in final.jobs if i not in model.jobs]
+    # Error callbacks are created by the statement that moves a job to dead, not by an
+    # enqueue: error_callbacks checks them.
+    extra = [i for i in final.jobs if i not in model.jobs and final.jobs[i].task != CALLBACK]
     if extra:
         found.append(
             Violation("nothing_duplicated", tuple(extra), "in the table, created by no enqueue")
         )
     return found
+
+
+def error_callbacks(model: Model, final: Final) -> list[Violation]:
+    """Each death of a job of a task with ``on_error`` enqueued one callback job, in the same
+    statement: a dead job has a callback for the attempt it died at; no two callbacks name one
+    job at one attempt (a job requeued that dies again has one per death, at its later
+    attempts); every callback names a job of such a task that died (it is dead now, or was
+    requeued since), with its task and its error; and no job of another task has one."""
+    found = []
+    named: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, r in final.jobs.items():
+        if r.task == CALLBACK:
+            named[(r.payload["job_id"], r.payload["attempts"])].append(i)
+    for (job_id, attempts), ids in named.items():
+        died = final.jobs.get(job_id)
+        if len(ids) > 1:
+            found.append(Violation("error_callbacks", (job_id,), f"{len(ids)} callbacks for one"
+                                   f" death at attempt {attempts}: jobs {ids}"))  # fmt: skip
+        if died is None:
+            continue  # purged since by a bulk delete (the callback outlives it)
+        payload = final.jobs[ids[0]].payload
+        if died.task not in CALLING:
+            found.append(Violation("error_callbacks", (job_id,), f"a callback for a job of"
+                                   f" {died.task}, which names none"))  # fmt: skip
+        elif payload["task"] != died.task or not isinstance(payload["error"], dict):
+            found.append(Violation("error_callbacks", (job_id,), f"callback payload {payload}"))
+        elif died.status != "dead" and not model.jobs.get(job_id, _NOBODY).requeued:
+            why = f"a callback at attempt {attempts}, the job {died.status} and never requeued"
+            found.append(Violation("error_callbacks", (job_id,), why))
+    model.checked["error callbacks"] = model.checked.get("error callbacks", 0) + sum(
+        len(ids) for ids in named.values()
+    )
+    for i, r in final.jobs.items():
+        if r.task in CALLING and r.status == "dead" and (i, r.attempts) not in named:
+            found.append(Violation("error_callbacks", (i,), f"dead at attempt {r.attempts}"
+                                   " with no callback"))  # fmt: skip
+    return found
+
+
+class _Nobody:
+    requeued = 0
+
+
+_NOBODY = _Nobody()
 
 
 def effects_once(model: Model, final: Final) -> list[Violation]:
@@ -523,6 +569,7 @@ FINAL_CHECKS: tuple[Callable[[Model, Final], list[Violation]], ...] = (
     terminal,
     nothing_lost,
     effects_once,
+    error_callbacks,
     attempts_once,
     session_usable,
     kept_results,

@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from typing_extensions import TypedDict
@@ -438,11 +438,24 @@ def _declare(name: str, lease: timedelta = LEASE, handler: Any = work, **options
         LATE.add(name)
     if options.get("hard_timeout"):
         LIMITED.add(name)
+    if options.get("on_error"):
+        CALLING.add(name)
 
 
-_declare("plain")
+def on_dead(ctx: JobContext, payload: dict[str, Any]) -> None:
+    """The error callback: a job of it is enqueued by the statement that moves a job of a task
+    declared with ``on_error`` to dead (revision sajq_0019); what it is given is checked at
+    quiescence (``invariants.error_callbacks``), so it does nothing."""
+
+
+#: The error callback task, and the tasks whose deaths enqueue a job of it.
+CALLBACK: Final = "on_dead"
+_callback = queue.task(name=CALLBACK, lease=LEASE, max_attempts=3)(on_dead)
+CALLING: set[str] = set()
+
+_declare("plain", on_error=_callback)
 _declare("kept", queue="q1", keep_result=True)
-_declare("brief", lease=SHORT_LEASE, queue="q2")
+_declare("brief", lease=SHORT_LEASE, queue="q2", on_error=_callback)
 _declare("keyed", unique_key=lambda p: p.get("uk"))
 _declare("replacing", unique_key=lambda p: p.get("uk"), unique_mode="replace", keep_result=True)
 _declare("periodic_key", unique_key=lambda p: p.get("uk"), unique_period=timedelta(seconds=2))
