@@ -386,7 +386,16 @@ class ClaimLoop:
             # started all it could. What still holds due jobs then is out of its hands (a
             # pause, a cap whose slots other workers hold, a dependency it is not running), or
             # a rate window: only one that opens soon is worth waiting for.
-            idle = burst and not more and not running and not self._completing()
+            # A wake since the round began (a completion written meanwhile, which may have
+            # released a job the round did not see yet) is a reason to claim again: the
+            # completer wakes the loop before it stops counting its batch as pending.
+            idle = (
+                burst
+                and not more
+                and not running
+                and not self._completing()
+                and not self._wake.is_set()
+            )
             if idle and (window is None or window > BURST_WINDOW_WAIT):
                 return
             # With work waiting, a finishing job sets the event. Without, only a NOTIFY (or

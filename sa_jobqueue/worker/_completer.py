@@ -190,6 +190,10 @@ class Completer:
             except Exception as exc:  # never let the thread die: later batches must still go
                 log.error("completing %d jobs failed: %s", len(batch), exc)
             finally:
+                # Told before the batch stops counting as pending: a burst's claim loop that
+                # finds nothing pending then finds itself woken (see ClaimLoop.run).
+                if self._on_flushed is not None:
+                    self._on_flushed()
                 again = set(still)
                 with self._lock:
                     self._in_flight -= len(batch) - len(again)
@@ -197,8 +201,6 @@ class Completer:
                         written = None if pair in again else self._waiting.pop(pair, None)
                         if written is not None:
                             written.set()
-                if self._on_flushed is not None:
-                    self._on_flushed()
             busy = {pair: busy.get(pair, 0) + 1 for pair in still}
 
     def _gather(self, batch: list[_Pair], first_within: float | None) -> bool:

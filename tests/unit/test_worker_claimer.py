@@ -281,6 +281,35 @@ def test_a_burst_claims_until_a_round_finds_nothing_and_nothing_runs() -> None:
     assert rounds == [0, 1, 2]  # pruning gets its chance before every round
 
 
+def test_a_burst_claims_again_after_a_completion_written_during_its_empty_round() -> None:
+    """A batched completion written while the last round claimed nothing (the job it releases
+    was still waiting when the round looked) wakes the loop: the burst claims once more
+    rather than end with that job left queued. The completer tells (wakes) before it stops
+    counting the completion as pending, so the loop sees one or the other."""
+    lane = Lane(["a"], 1, 0)
+    wake = threading.Event()
+
+    class Releasing(FakeLaneClaimer):
+        def claim(self) -> bool:
+            found = super().claim()
+            if self.rounds == 1:
+                wake.set()  # the completer wrote a batch during this round, and said so
+            return found
+
+    fake = Releasing(lane, [False, False])
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=wake,
+        stopping=threading.Event(),
+        between_rounds=lambda: None,
+        completing=lambda: False,  # by the idle check, nothing is pending any more
+    )
+    loop.run(burst=True)
+    assert fake.rounds == 2
+
+
 def test_a_failed_claim_is_retried_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
     from sqlalchemy.exc import OperationalError
 
