@@ -75,8 +75,10 @@ def fail_over_mid_drain(
                 session, "write_briefly", [{"n": i} for i in range(JOBS)]
             )
             ids = [int(i) for i in enqueued]
-        for _ in range(2):
-            workers.start(concurrency=4)
+        started = [workers.start(concurrency=4) for _ in range(2)]
+        # Both running before the primary goes: a worker that starts while no server takes
+        # writes refuses to start ("cannot connect"), as it should; a supervisor restarts it.
+        workers.wait_registered(started, timeout=30)
         workers.wait(lambda: statuses(engine, ids)["succeeded"] >= JOBS // 3, timeout=60)
         if lagging:
             pair.lag()
