@@ -190,15 +190,12 @@ def callback_of(value: Any) -> Callback:
     raise InvalidJobError(f"on_error is a task, a task name or a Call, not {value!r}")
 
 
-def encode_callbacks(own: Callback | None, workflow: Callback | None) -> str | None:
-    """The ``on_error`` column's JSON text: ``{"job": ..., "workflow": ...}``, or None."""
-    kinds = {"job": own, "workflow": workflow}
-    specs = {kind: callback.spec() for kind, callback in kinds.items() if callback is not None}
-    return json.dumps(specs, separators=(",", ":")) if specs else None
-
-
 def _callbacks(value: Any) -> str | None:
-    return None if value is None else encode_callbacks(callback_of(value), None)
+    """The ``on_error`` column's JSON text for a job's own callback (``{"job": ...}``; a
+    workflow's is added by :meth:`ResolvedOptions.with_workflow_callback`), or None."""
+    if value is None:
+        return None
+    return json.dumps({"job": callback_of(value).spec()}, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

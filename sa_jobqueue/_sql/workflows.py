@@ -42,6 +42,7 @@ from ..models import (
     workflow_ids,
 )
 from .arrays import id_array
+from .dashboard import LISTED
 
 j = jobs_table.c
 e = dependencies_table.c
@@ -51,23 +52,9 @@ e = dependencies_table.c
 #: application's own bigint advisory locks never meet these.
 WORKFLOW_LOCK_CLASS: Final = 0x73616A77
 
-#: The columns of a workflow's job as its reads show them (those of ``ops.admin.JobSummary``
-#: and the step's name).
-JOB_FIELDS: Final = (
-    "id",
-    "queue",
-    "task",
-    "status",
-    "priority",
-    "attempts",
-    "max_attempts",
-    "visible_at",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "cancel_requested",
-    "workflow_step",
-)
+#: The columns of a workflow's job as its reads show them: a job's as every list shows them
+#: (``dashboard.LISTED``, the fields of ``ops.admin.JobSummary``), and the step's name.
+JOB_FIELDS: Final = (*LISTED, "workflow_step")
 
 
 def _workflow() -> Any:

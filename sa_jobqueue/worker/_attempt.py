@@ -114,7 +114,7 @@ class Pipeline:
                 value = handler(ctx, self._rebuilt(task, payload))
                 if ctx.session_used:
                     ctx.session.flush()
-            self._keep(job, task, value)
+            self.keep(job, task, value)
         except Exception as exc:
             failure = exc
         self.ran(job, run, time.monotonic() - started)
@@ -137,7 +137,7 @@ class Pipeline:
                 value = await handler(ctx, self._rebuilt(task, payload))
                 if ctx.async_session_used and pending_writes(ctx.async_session):
                     await ctx.async_session.flush()
-            self._keep(job, task, value)
+            self.keep(job, task, value)
         except Exception as exc:
             failure = exc
         self.ran(job, run, time.monotonic() - started)
@@ -146,9 +146,6 @@ class Pipeline:
     def keep(self, job: Claimed, task: Task, value: object) -> None:
         """Hold what a task that keeps results returned, for its completion to store; a value
         that cannot be stored raises ``UnstorableResultError``."""
-        self._keep(job, task, value)
-
-    def _keep(self, job: Claimed, task: Task, value: object) -> None:
         if task.keep_result:
             self._recorder.results.keep(job, task, value, self._queue.max_payload_bytes)
 
