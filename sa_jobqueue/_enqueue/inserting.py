@@ -17,6 +17,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from .._driver import copy_possible, copy_rows, first_row
+from .._sql import copying as copy_sql
 from .._sql import enqueue as enqueue_sql
 from .jobs import Enqueued, Membership, NewJobs, added
 from .unique import insert_unique_many, insert_unique_one
@@ -115,7 +116,7 @@ def _copy_many(
         params["delay"] = options.run_at.total_seconds()
     if wake_up:
         params["queue"] = options.queue
-    drawn = conn.execute(enqueue_sql.reserve_jobs(schedule, wake_up), params).one()
+    drawn = conn.execute(copy_sql.reserve_jobs(schedule, wake_up), params).one()
     # Drawn in generate_series order, so ascending; sorted in case the aggregate's order is not
     # the draw's: the jobs' ids then follow the payloads' order, as the INSERT's do.
     ids: list[int] = sorted(drawn.ids)
@@ -133,7 +134,7 @@ def _copy_many(
         tail += [list(options.tags) or None, options.meta, options.on_error]
     if member is not None:
         tail += [member.workflow_id, member.step]
-    statement = enqueue_sql.copy_jobs(
+    statement = copy_sql.copy_jobs(
         schedule,
         traced=new.trace_context is not None,
         backoff=options.backoff is not None,

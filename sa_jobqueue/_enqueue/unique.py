@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Insert
 
 from .._driver import first_row
 from .._sql import enqueue as enqueue_sql
+from .._sql import unique_holders as holders_sql
 from ..errors import JobQueueError
 from .jobs import Enqueued, NewJobs
 
@@ -49,7 +50,7 @@ def insert_unique_one(
     )
     update = None
     if options.unique_mode != "skip":
-        update = enqueue_sql.update_held(options.unique_mode, options.schedule, traced=traced)
+        update = holders_sql.update_held(options.unique_mode, options.schedule, traced=traced)
         replacing = {**new.params("b_"), "b_payload": params["payload"], "b_unique_key": key}
     lookup = {"task": new.task, "unique_keys": [key], "unique_period": period}
     for _ in range(UNIQUE_ROUNDS):
@@ -64,7 +65,7 @@ def insert_unique_one(
                     sent.add(held[2])  # due now: the holder's queue was notified
                 return Enqueued(held[0], created=False, updated=True)
             # Not queued (running, or finished in its window), or gone: look it up.
-        found = conn.execute(enqueue_sql.find_unique(bool(period)), lookup).first()
+        found = conn.execute(holders_sql.find_unique(bool(period)), lookup).first()
         if found is not None:
             return Enqueued(found[1], created=False)
         # The live job that held the key finished between the two statements: insert again.
@@ -94,7 +95,7 @@ def insert_unique_many(
     update = None
     if replace:
         traced = new.trace_context is not None
-        update = enqueue_sql.update_held(options.unique_mode, options.schedule, traced, many=True)
+        update = holders_sql.update_held(options.unique_mode, options.schedule, traced, many=True)
     for _ in range(UNIQUE_ROUNDS):
         # Keys in one order (keyless payloads first, in theirs): two batches sharing keys then
         # take them one after another in the same order and wait for each other rather than
@@ -145,7 +146,7 @@ def insert_unique_many(
             break
         live: dict[str, int] = {}
         for key, job_id in conn.execute(
-            enqueue_sql.find_unique(period is not None),
+            holders_sql.find_unique(period is not None),
             {
                 "task": new.task,
                 "unique_keys": [new.keys[i] for i in skipped],

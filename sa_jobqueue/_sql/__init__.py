@@ -2,13 +2,14 @@
 
 One module per concern. The worker's: ``claiming``, ``transitions``, ``leases``,
 ``retention``, ``history`` (the hourly counts the upkeep folds in) and ``workers`` (its row
-in the registry). The application's: ``enqueue``,
-``periodic``, ``admin``, ``listing`` (pages of jobs) and ``finished`` (requeueing dead jobs,
-purging old ones). The operator's: ``stats``, ``health`` and ``dashboard`` (the web pages).
-Around them: ``schema`` (where the database's schema stands), ``session`` (the session itself:
-a ping, a local timeout), ``testing`` (``sa_jobqueue.testing``'s drain) and ``verify``
-(``sa-jobqueue verify``, with its record tables). ``fence``, ``clock`` and ``arrays`` (every
-bound array of job ids or attempts) hold the pieces they share.
+in the registry). The application's: ``enqueue`` (with ``unique_holders``, the job holding a
+unique key, and ``copying``, many jobs by COPY), ``periodic``, ``admin``, ``listing`` (pages
+of jobs) and ``finished`` (requeueing dead jobs, purging old ones). The operator's: ``stats``,
+``health`` and ``dashboard`` (the web pages). Around them: ``schema`` (where the database's
+schema stands), ``session`` (the session itself: a ping, a local timeout), ``testing``
+(``sa_jobqueue.testing``'s drain) and ``verify`` (``sa-jobqueue verify``, with its record
+tables). ``fence``, ``clock`` and ``arrays`` (every bound array of job ids or attempts) hold
+the pieces they share.
 
 Each function returns a statement with named bind parameters; callers execute it with values.
 Nothing here does I/O. Rules that hold for all of them:

@@ -1,8 +1,9 @@
-"""Inserting jobs: one, many (by INSERT or by COPY), unique, and the wake-up sent with them.
+"""Inserting jobs: one, or many by one INSERT, unique or not, and the wake-up sent with them.
 
 Unique jobs take up to three statements, each a plain one: the insert (``ON CONFLICT DO
-NOTHING``), then for the replace and debounce modes :func:`update_held` (a guarded UPDATE of a
-queued holder), then :func:`find_unique` (the holder that was left as it was).
+NOTHING``), then for the replace and debounce modes :func:`.unique_holders.update_held` (a
+guarded UPDATE of a queued holder), then :func:`.unique_holders.find_unique` (the holder that
+was left as it was). Many jobs by COPY take the statements of :mod:`.copying`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Final
 
-from psycopg import sql
 from sqlalchemy import (
     ARRAY,
     BigInteger,
@@ -23,8 +23,6 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Update,
-    any_,
     bindparam,
     case,
     cast,
@@ -34,16 +32,13 @@ from sqlalchemy import (
     insert,
     literal_column,
     null,
-    or_,
     select,
-    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..models import (
-    QUEUED,
     jobs_table,
     unique_live,
 )
@@ -296,117 +291,6 @@ def job_columns(
 
 
 @cache
-def find_unique(period: bool = False) -> Select[str, int]:
-    """The live jobs of ``:task`` that hold one of ``:unique_keys``: ``(unique_key, id)``.
-
-    Run after an insert of :func:`insert_job` or :func:`insert_jobs` skipped a row, as a
-    statement of its own: under READ COMMITTED it then sees a conflicting row that a
-    concurrent transaction committed while the insert waited for it. It may also find nothing,
-    if that job finished in between: the caller inserts again.
-
-    With ``period``, a job of the current window of ``:unique_period`` seconds holds its key
-    too, finished or not. A key may then have two rows (a dead job of an earlier window,
-    requeued, beside a finished one of this window): they come back in key order, the live one
-    first, and the caller takes the first row of each key.
-    """
-    stmt = select(j.unique_key, j.id).where(
-        j.task == bindparam("task", type_=Text),
-        j.unique_key == any_(bindparam("unique_keys", type_=ARRAY(Text))),
-    )
-    if not period:
-        return stmt.where(unique_live())
-    return (
-        stmt.where(or_(unique_live(), j.unique_window == unique_window("unique_period")))
-        # A live job first (finished_at is NULL exactly while a job is live), then the newest.
-        .order_by(j.unique_key, j.finished_at.is_not(None), j.id.desc())
-    )
-
-
-def held_due(mode: str, schedule: str) -> ColumnElement[datetime]:
-    """A queued holder's new due time: the enqueue's (replace), or the later of the two."""
-    due = due_at(schedule)
-    return due if mode == "replace" else func.greatest(j.visible_at, due)
-
-
-@cache
-def update_held(mode: str, schedule: str, traced: bool = False, many: bool = False) -> Update:
-    """Give the queued job of ``:b_task`` holding ``:b_unique_key`` the enqueue's
-    ``:b_payload``, ``:b_priority`` and due time (see :func:`held_due`); if it was queued,
-    ``(id, unique_key, queue)`` comes back.
-
-    The guard is ``status = 'queued'`` in this one statement, never a read before it: a
-    running job is never changed, whatever its worker does next. A claim that has locked the
-    row makes this statement wait for it; under READ COMMITTED the row is then read again, is
-    running, and is left alone (no row comes back). A row this statement updated stays locked
-    until the caller's transaction ends, and the claim (``SKIP LOCKED``) passes it over until
-    then.
-
-    The job's queue is woken (a NOTIFY in the RETURNING, delivered at commit) when the job is
-    due now once updated: a replace may have moved it earlier. A job due later is found by the
-    workers' poll, as one enqueued for later is. ``queue`` comes back only for a job due now;
-    the caller records it as woken. PostgreSQL folds repeated notifications of one
-    transaction into one, so the holder's queue is notified without asking whether this
-    transaction already did.
-
-    With ``traced`` the job takes ``:b_trace_context`` too: its run is then linked to the
-    enqueue whose payload it runs. With ``many``, a batch: ``:payloads`` and ``:unique_keys``
-    run parallel, the keys all different. The parameters take the prefix ``b_`` (``run_at``
-    and ``delay`` excepted), as in :func:`insert_jobs`: an UPDATE may not reuse a column's
-    name for a bind parameter either.
-    """
-    payload: ColumnElement[Any]
-    held: list[ColumnElement[bool]] = [
-        j.task == bindparam("b_task", type_=Text),
-        unique_live(),  # the unique index's predicate: the rows are found through it
-        j.status == QUEUED,
-    ]
-    stmt = update(jobs_table)
-    if many:
-        given = (
-            func.unnest(
-                bindparam("payloads", type_=ARRAY(Text)),
-                bindparam("unique_keys", type_=ARRAY(Text)),
-            )
-            # Not named like the table's columns: the index predicate names them unqualified.
-            .table_valued(column("new_payload", Text), column("held_key", Text))
-            .render_derived(name="p")
-        )
-        # The rows are locked first, in id order: two batches that share keys then wait for
-        # each other in one order and cannot deadlock, which an UPDATE joining the keys in
-        # whatever order its plan reads them could. The locking read applies the same guard
-        # (a row claimed meanwhile is read again and dropped); the UPDATE repeats it for rows
-        # it already holds locked.
-        locked = (
-            select(j.id, given.c.new_payload)
-            .select_from(jobs_table.join(given, j.unique_key == given.c.held_key))
-            .where(*held)
-            .order_by(j.id)
-            .with_for_update(of=jobs_table)
-            .cte("held")
-            .prefix_with("MATERIALIZED")
-        )
-        stmt = stmt.where(j.id == locked.c.id, j.status == QUEUED)
-        payload = locked.c.new_payload
-    else:
-        stmt = stmt.where(j.unique_key == bindparam("b_unique_key", type_=Text), *held)
-        payload = bindparam("b_payload", type_=Text)
-    values: dict[str, Any] = {
-        "payload": cast(payload, JSONB),
-        "priority": bindparam("b_priority", type_=Integer),
-        "visible_at": held_due(mode, schedule),
-    }
-    if traced:
-        values["trace_context"] = cast(bindparam("b_trace_context", type_=Text), JSONB)
-    due_now = j.visible_at <= func.now()
-    return stmt.values(**values).returning(
-        j.id,
-        j.unique_key,
-        case((due_now, j.queue)),
-        case((due_now, func.pg_notify(CHANNEL, j.queue))),
-    )
-
-
-@cache
 def notify() -> Select[object]:
     """Wake idle workers of ``:queue``. Delivered at commit, dropped on rollback.
 
@@ -414,76 +298,3 @@ def notify() -> Select[object]:
     sends at most one per queue per transaction, so bulk and repeated enqueues cost one each.
     """
     return select(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))
-
-
-# -- COPY ------------------------------------------------------------------------------------
-
-#: The columns a COPY of new jobs always fills, in its rows' order (see :func:`copy_jobs`).
-COPY_COLUMNS: Final = ("id", "payload", "queue", "task", "priority", "max_attempts", "lease")
-
-
-@cache
-def reserve_jobs(schedule: str, wake: bool = False) -> Select[Any]:
-    """Take ``:n`` ids for a COPY of new jobs, with the values the database computes for them.
-
-    One row: ``ids`` (an array of ``:n`` fresh ids from the table's sequence, the order they
-    were drawn in), ``lease`` (``:lease`` seconds as the interval's text, computed as
-    :func:`insert_job` computes it, so the COPY stores the same interval), and with schedule
-    "after" ``visible_at`` (``:delay`` seconds after ``now()``, again as :func:`insert_job`).
-    COPY has no RETURNING and evaluates no expressions; this statement does both for it.
-
-    With ``wake`` it also sends ``:queue``'s NOTIFY: in the same transaction (or savepoint) as
-    the COPY that follows, so both commit or roll back together. On an autocommit connection
-    the two would commit apart, the NOTIFY first; callers do not COPY there.
-    """
-    # The sequence's name is looked up once (an InitPlan), not once per id.
-    sequence = select(func.pg_get_serial_sequence(jobs_table.name, j.id.name)).scalar_subquery()
-    drawn = select(func.array_agg(func.nextval(sequence, type_=BigInteger))).select_from(
-        func.generate_series(1, bindparam("n", type_=Integer))
-    )
-    columns: list[ColumnElement[Any]] = [
-        drawn.scalar_subquery().label("ids"),
-        cast(seconds("lease"), Text).label("lease"),
-    ]
-    if schedule == "after":
-        columns.append(due_at(schedule).label("visible_at"))
-    if wake:
-        columns.append(func.pg_notify(CHANNEL, bindparam("queue", type_=Text)))
-    return select(*columns)
-
-
-@cache
-def copy_jobs(
-    schedule: str,
-    traced: bool = False,
-    backoff: bool = False,
-    labels: bool = False,
-    workflow: bool = False,
-) -> sql.Composed:
-    """``COPY sa_jobqueue_jobs (...) FROM STDIN``: one row per job, in text format.
-
-    A row holds :data:`COPY_COLUMNS` (``id`` from :func:`reserve_jobs`, ``payload`` as JSON
-    text, ``lease`` as the interval text :func:`reserve_jobs` returned), then ``visible_at``
-    unless ``schedule`` is "now" (left out, the column's default is ``now()``, as
-    :func:`insert_job` stores), ``trace_context`` with ``traced``, ``backoff`` with
-    ``backoff``, and ``tags`` (an array's text) and ``meta`` with ``labels``. The table and
-    column names are quoted as identifiers by psycopg.
-    :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
-    ``backoff``, ``workflow_id`` and ``workflow_step`` with ``workflow``. The table and column
-    names are quoted as identifiers by psycopg.
-    """
-    names = list(COPY_COLUMNS)
-    if schedule != "now":
-        names.append(j.visible_at.name)
-    if traced:
-        names.append(j.trace_context.name)
-    if backoff:
-        names.append(j.backoff.name)
-    if labels:
-        names += [j.tags.name, j.meta.name, j.on_error.name]
-    if workflow:
-        names += [j.workflow_id.name, j.workflow_step.name]
-    return sql.SQL("COPY {table} ({columns}) FROM STDIN").format(
-        table=sql.Identifier(jobs_table.name),
-        columns=sql.SQL(", ").join(sql.Identifier(name) for name in names),
-    )

@@ -8,8 +8,9 @@ one lane per queue with a concurrency each)::
         │   └── slot freed when the buffer is half empty ◄─────────  with the handler's tx)
         └────── NOTIFY from enqueue, or the jittered poll as the safety net
 
-:class:`Worker` only builds and wires the parts, each a class of its own that takes what it
-needs in its constructor (none inherits another, and nothing is wired in after construction).
+:class:`Worker` only builds and wires the parts (``_wiring``, once per run), each a class of
+its own that takes what it needs in its constructor (none inherits another, and nothing is
+wired in after construction).
 The one cycle, the runner recording through the recorder whose hand-off claims jobs for the
 runner, goes through a port (``_lanes.Intake``) the runner attaches to as it is built. Their
 modules are internal, not a stable API:

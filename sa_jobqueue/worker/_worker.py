@@ -1,4 +1,4 @@
-"""The Worker: validates its options, builds its collaborators, starts and stops their threads."""
+"""The Worker: validates its options, starts the collaborators ``_wiring`` builds, stops them."""
 
 from __future__ import annotations
 
@@ -25,24 +25,15 @@ from ..database import HeldConnection, Pooler, check_schema, pooler_of
 from ..errors import DatabaseUnavailableError, WorkerConfigError
 from ..observability import Observer, Observers
 from ..queue import JobQueue
-from ._attempt import Pipeline
-from ._batches import Batches
-from ._claimer import ClaimLoop, LaneClaimer, LimitedQueues
 from ._embedding import CONCURRENCY, WorkerOptions, engines_for, run_on_loop
-from ._event_loop import EventLoopThread
-from ._groups import Groups
-from ._heartbeat import Heartbeat
-from ._lanes import Intake, Lane, default_queues, undeclared_queues
+from ._lanes import Lane, default_queues, undeclared_queues
 from ._leases import LeaseTable, Ticket
-from ._listener import listen
-from ._pulse import CLAIM_LOOP, HEARTBEAT, Pulse, stall_bound
+from ._pulse import Pulse, stall_bound
 from ._recorder import Recorder
-from ._reports import Reports
 from ._retries import retrying
-from ._runner import Runner
 from ._served import Served
-from ._successes import HandOff
-from ._upkeep import PRUNE_MAX_BATCHES, Pruner, Upkeep
+from ._upkeep import PRUNE_MAX_BATCHES, Pruner
+from ._wiring import wire
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -266,104 +257,9 @@ class Worker:
         )
         self._leases = LeaseTable(burst=burst)
 
-        # Each collaborator gets what it needs in its constructor. The one cycle (the runner
-        # records through the recorder, whose hand-off claims jobs for the runner) goes
-        # through ``intake``, which the runner attaches to as it is built (see Intake).
-        intake = Intake()
-        limits = LimitedQueues(self._claimer)
-        # In a burst, a written completion may make more work due (a job that waited for it):
-        # the claim loop looks again once the completions are written, rather than stop.
-        recorder = Recorder(
-            self._single,
-            Reports(self._observe),
-            handoff=HandOff(self.name, limits, self._lane_of, intake, self._stopping),
-            on_flushed=self._wake.set if burst else None,
-            clock=self._clock,
-        )
-        loop = None
-        if self._has_async:
-            loop = EventLoopThread(self.engine.url, pool_size=self.concurrency, pooler=self.pooler)
-        pipeline = Pipeline(self.queue, self._leases, recorder)
-        batches = Batches(
-            self.queue,
-            self.engine,
-            self._single,
-            self._leases,
-            recorder,
-            pipeline,
-            worker=self.name,
-            loop=loop,
-            stopping=self._stopping,
-            wake=self._wake,
-        )
-        runner = Runner(
-            self.queue,
-            self.engine,
-            self._leases,
-            recorder,
-            pipeline,
-            Groups(self.engine, self._leases, recorder, self._wake),
-            loop=loop,
-            stopping=self._stopping,
-            wake=self._wake,
-            intake=intake,
-            batches=batches if batches.tasks else None,
-        )
-        claims = ClaimLoop(
-            [
-                LaneClaimer(lane, self._claimer, self.name, self._leases, runner.submit, limits)
-                for lane in self._lanes
-            ],
-            self._leases,
-            poll_interval=self.poll_interval,
-            wake=self._wake,
-            stopping=self._stopping,
-            between_rounds=self._pruner.maybe,
-            completing=recorder.completing,
-            limits=limits,
-            beat=lambda: self._pulse.beat(CLAIM_LOOP),
-        )
-        heartbeat = Heartbeat(
-            self._single,
-            self._leases,
-            recorder,
-            self._observe,
-            self._halt,
-            beat=lambda: self._pulse.beat(HEARTBEAT),
-        )
-        upkeep = Upkeep(
-            self.queue,
-            self._single,
-            name=self.name,
-            queues=self.queues,
-            concurrency=self.concurrency,
-            wake=self._wake,
-            stopping=self._stopping,
-            halt=self._halt,
-        )
-        job_threads = [
-            threading.Thread(
-                target=runner.thread,
-                args=(lane,),
-                name=f"sa_jobqueue-job-{lane.queues[0]}-{i}",
-                daemon=True,
-            )
-            for lane in self._lanes
-            for i in range(lane.concurrency)
-        ]
-        helpers = [
-            threading.Thread(target=heartbeat.loop, name="sa_jobqueue-heartbeat", daemon=True),
-            threading.Thread(target=upkeep.loop, name="sa_jobqueue-upkeep", daemon=True),
-        ]
-        if self.listen:
-            helpers.append(
-                threading.Thread(
-                    target=listen,
-                    args=(self.engine, self.served, self._wake, self._stopping, self._clock),
-                    name="sa_jobqueue-listener",
-                    daemon=True,
-                )
-            )
+        wired = wire(self, burst)
+        recorder, loop, claims = wired.recorder, wired.loop, wired.claims
+        job_threads, helpers = wired.job_threads, wired.helpers
         for thread in job_threads + helpers:
             thread.start()
         try:

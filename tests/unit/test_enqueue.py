@@ -169,7 +169,7 @@ def test_urls_naming_another_driver_are_refused_not_switched(url: str) -> None:
 
 
 def test_the_copy_of_new_jobs_names_its_columns_as_quoted_identifiers() -> None:
-    from sa_jobqueue._sql.enqueue import COPY_COLUMNS, copy_jobs
+    from sa_jobqueue._sql.copying import COPY_COLUMNS, copy_jobs
     from sa_jobqueue.models import jobs_table
 
     assert set(COPY_COLUMNS) <= set(jobs_table.c.keys())

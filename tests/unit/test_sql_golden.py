@@ -23,7 +23,16 @@ import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 from sqlalchemy.sql import ClauseElement
 
-from sa_jobqueue._sql import claim_limits, claim_many, claiming, enqueue, leases, transitions
+from sa_jobqueue._sql import (
+    claim_limits,
+    claim_many,
+    claiming,
+    copying,
+    enqueue,
+    leases,
+    transitions,
+    unique_holders,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "SA_JOBQUEUE_UPDATE_GOLDEN"
@@ -55,11 +64,11 @@ BUILDERS: dict[str, Callable[[], ClauseElement]] = {
     # Enqueue's: one job (due now, waking its queue), a batch by INSERT, a batch's ids for COPY.
     "insert_job": partial(enqueue.insert_job, "now", True),
     "insert_jobs": partial(enqueue.insert_jobs, "now", wake=True),
-    "reserve_jobs": partial(enqueue.reserve_jobs, "now", True),
+    "reserve_jobs": partial(copying.reserve_jobs, "now", True),
     # A replace's guarded UPDATE of the queued job holding a key, for one job and for a batch:
     # the status guard is what keeps it off a claimed job.
-    "update_held": partial(enqueue.update_held, "replace", "now"),
-    "update_held_many": partial(enqueue.update_held, "debounce", "after", many=True),
+    "update_held": partial(unique_holders.update_held, "replace", "now"),
+    "update_held_many": partial(unique_holders.update_held, "debounce", "after", many=True),
 }
 
 # Line breaks go before these words, so that a change shows as a changed line in a diff rather

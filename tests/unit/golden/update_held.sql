@@ -1,4 +1,4 @@
--- sa_jobqueue._sql.enqueue.update_held('replace', 'now'), compiled for PostgreSQL (psycopg)
+-- sa_jobqueue._sql.unique_holders.update_held('replace', 'now'), compiled for PostgreSQL (psycopg)
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 UPDATE sa_jobqueue_jobs
 SET payload=CAST(%(b_payload)s::VARCHAR AS JSONB), priority=%(b_priority)s::INTEGER, visible_at=now()

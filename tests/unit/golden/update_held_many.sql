@@ -1,4 +1,4 @@
--- sa_jobqueue._sql.enqueue.update_held('debounce', 'after', many=True), compiled for PostgreSQL (psycopg)
+-- sa_jobqueue._sql.unique_holders.update_held('debounce', 'after', many=True), compiled for PostgreSQL (psycopg)
 -- regenerate: SA_JOBQUEUE_UPDATE_GOLDEN=1 pytest tests/unit/test_sql_golden.py
 WITH held AS MATERIALIZED
 (SELECT sa_jobqueue_jobs.id AS id, p.new_payload AS new_payload
