@@ -78,11 +78,9 @@ def copy_jobs(
     text, ``lease`` as the interval text :func:`reserve_jobs` returned), then ``visible_at``
     unless ``schedule`` is "now" (left out, the column's default is ``now()``, as
     :func:`insert_job` stores), ``trace_context`` with ``traced``, ``backoff`` with
-    ``backoff``, and ``tags`` (an array's text) and ``meta`` with ``labels``. The table and
-    column names are quoted as identifiers by psycopg.
-    :func:`insert_job` stores), ``trace_context`` with ``traced`` and ``backoff`` with
-    ``backoff``, ``workflow_id`` and ``workflow_step`` with ``workflow``. The table and column
-    names are quoted as identifiers by psycopg.
+    ``backoff``, ``tags`` (an array's text), ``meta`` and ``on_error`` with ``labels``, and
+    ``workflow_id`` and ``workflow_step`` with ``workflow``. The table and column names are
+    quoted as identifiers by psycopg.
     """
     names = list(COPY_COLUMNS)
     if schedule != "now":
