@@ -159,3 +159,51 @@ def test_a_worker_completes_around_a_row_another_transaction_holds(db: sa.Engine
         wait_for(lambda: _statuses(db)[blocked] == "succeeded", timeout=20)
     assert outcomes.seen.count((blocked, "succeeded")) == 1
     assert not [seen for seen in outcomes.seen if seen[0] == blocked and seen[1] != "succeeded"]
+
+
+def _claim_keyed(conn: sa.Connection) -> list[int]:
+    rows = conn.execute(
+        claim_limits.claim_limited(keyed=True),
+        {"from_queue": "capped", "limit": 10, "worker": "w"},
+    )
+    return [row.id for row in rows if row.id is not None]
+
+
+@pytest.mark.parametrize("meanwhile", ["claimed", "completed"])
+def test_a_keyed_claim_that_waited_for_the_lock_counts_the_keys_holders_as_they_are_after_it(
+    db: sa.Engine, meanwhile: str
+) -> None:
+    """A claim's head of the queue comes from its snapshot, taken before it waited for the
+    queue's row; the key's holders from after the wait. Whatever moved meanwhile, a key's
+    later job is taken only once the earlier one holds no slot because it ended: taken by the
+    claim it waited for, the earlier job (still queued in the head) holds its key; ended, it
+    is no longer in the way."""
+    with Session(db) as session, session.begin():
+        first, second = queue.enqueue_many(session, "noop", [{"customer": "c0"}] * 2)
+        session.add(QueueSettings(queue="capped", key_concurrency=1, key_field="customer"))
+    with db.connect() as other, db.connect() as claimer:
+        other.begin()
+        if meanwhile == "claimed":
+            # 1. Another claim takes the first job and holds the queue's row until it commits.
+            assert _claim_keyed(other) == [first]
+        else:
+            # 1. The first job was claimed and runs; the queue's row is held.
+            with db.begin() as conn:
+                assert _claim_keyed(conn) == [first]
+            other.execute(sa.select(QueueSettings).with_for_update())
+        # 2. The claim starts: its snapshot sees the first job queued (or running).
+        claimer_pid = claimer.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        claimer.commit()
+        took: list[list[int]] = []
+        claiming = threading.Thread(target=lambda: took.append(_claim_keyed(claimer)))
+        claiming.start()
+        wait_for(lambda: _waiting_for_lock(db, claimer_pid), timeout=10)
+        if meanwhile == "completed":
+            # 3. The first job completes while the claim waits.
+            with db.begin() as conn:
+                fence = held_many([(first, 1)])
+                assert [r.id for r in conn.execute(transitions.complete_many(), fence)] == [first]
+        other.commit()
+        claiming.join(10)
+        claimer.commit()
+    assert took == [[] if meanwhile == "claimed" else [second]]

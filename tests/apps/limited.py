@@ -33,6 +33,10 @@ recorder = common.Recorder(runs, effects, pool_size=10, max_overflow=10, pool_pr
 
 
 def _run(ctx: JobContext, payload: Any, *, write: bool = True) -> None:
+    if payload.get("fail_first") and ctx.attempt == 1:
+        # An attempt that fails before its start is recorded, as one can on a loaded machine
+        # (its audit connection refused, say): the job is retried after its backoff.
+        raise RuntimeError("the first attempt fails before the handler starts")
     r = runs.c
     engine = recorder.engine(ctx)
     with engine.connect() as conn:
@@ -62,7 +66,8 @@ def _run(ctx: JobContext, payload: Any, *, write: bool = True) -> None:
 
 @queue.task
 def work(ctx: JobContext, payload: Any) -> None:
-    """Waits ``payload["ms"]`` milliseconds between its start and end records."""
+    """Waits ``payload["ms"]`` milliseconds between its start and end records; with
+    ``payload["fail_first"]``, its first attempt raises before recording anything."""
     _run(ctx, payload)
 
 

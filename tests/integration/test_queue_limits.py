@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from sa_jobqueue._sql import claim_limits, claiming
+from sa_jobqueue._sql import claim_limits, claiming, transitions
 from sa_jobqueue.errors import InvalidLimitError
 from sa_jobqueue.models import jobs_table, queues_table
 from sa_jobqueue.ops import (
@@ -403,6 +403,71 @@ def test_a_rate_limit_in_one_window_allows_its_count_whatever_is_asked(
     assert claimer.not_before["rated"] > 0
     (info,) = list_queues(conn)
     assert (info.rate_used, info.running) == (5, 5)
+
+
+# -- 4. the cap per key: the order of a key's jobs ---------------------------------------------
+
+
+def keyed_jobs(conn: sa.Connection, n: int, keys: int) -> list[int]:
+    """``n`` jobs of queue ``keyed`` (``keys`` customers in turn), due since 10 s ago, under a
+    cap of 1 per customer; their ids in enqueue order."""
+    add_due(conn, "keyed", n, keys=keys)
+    ten_ago = sa.func.now() - timedelta(seconds=10)
+    ids = conn.execute(
+        sa.update(jobs_table).where(j.queue == "keyed").values(visible_at=ten_ago).returning(j.id)
+    ).scalars()
+    set_queue_key_concurrency(conn, "keyed", 1, key="customer")
+    return sorted(ids)
+
+
+@pytest.fixture
+def keyed_claimer(conn: sa.Connection) -> LaneClaimer:
+    """The worker's limited claim of queue ``keyed`` (with its limits per key)."""
+    return limited_claimer(InCaller(conn), keyed=("keyed",))
+
+
+def test_a_cap_of_1_per_key_starts_each_keys_jobs_one_at_a_time_in_claim_order(
+    conn: sa.Connection, keyed_claimer: LaneClaimer
+) -> None:
+    ids = keyed_jobs(conn, 6, keys=2)  # c0: ids 0, 2, 4; c1: ids 1, 3, 5
+    first = claim_limited(keyed_claimer, "keyed", 10)
+    assert [job.id for job in first] == ids[:2]
+    assert take(keyed_claimer, "keyed") == []
+    assert finish(conn, first[:1]) == 1
+    assert take(keyed_claimer, "keyed") == [ids[2]]
+    assert finish(conn, first[1:]) == 1
+    assert take(keyed_claimer, "keyed") == [ids[3]]
+
+
+@pytest.mark.parametrize("how", ["lease expired", "failed"])
+def test_a_job_due_again_after_an_attempt_goes_behind_its_keys_next_jobs(
+    conn: sa.Connection, keyed_claimer: LaneClaimer, how: str
+) -> None:
+    """Claim order is by due time, and a job whose attempt did not succeed is due again from
+    its lease's end or its backoff's: after its key's jobs that were waiting. They start
+    first, one at a time, and the job after them; its first attempt ran no handler, so the
+    attempt that does is the only one its key's order sees."""
+    ids = keyed_jobs(conn, 3, keys=1)
+    (first,) = claim_limited(keyed_claimer, "keyed", 10)
+    assert first.id == ids[0]
+    if how == "lease expired":
+        # Its worker stalled before the handler started; the lease ran out a second ago.
+        conn.execute(
+            sa.update(jobs_table)
+            .where(j.id == first.id)
+            .values(visible_at=sa.func.now() - timedelta(seconds=1))
+        )
+    else:
+        # The attempt failed (before its handler did anything), retried with no backoff left.
+        failed = {"job_id": first.id, "attempt": 1, "error": json.dumps({"message": "x"}),
+                  "delay": 0}  # fmt: skip
+        assert conn.execute(transitions.fail(), failed).one().status == "queued"
+    order = []
+    while again := claim_limited(keyed_claimer, "keyed", 10):
+        assert len(again) == 1  # one at a time
+        order.append((again[0].id, again[0].attempts))
+        assert finish(conn, again) == 1
+    assert order == [(ids[1], 1), (ids[2], 1), (ids[0], 2)]
 
 
 # -- 7. plans -----------------------------------------------------------------------------------
