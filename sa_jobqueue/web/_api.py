@@ -1,8 +1,9 @@
 """The JSON API: every page's data and every action under :data:`API_PREFIX` (``/api/v1``).
 
-The routes read with the pages' own readers, in the pages' one read-only transaction, and act
-with the pages' own actions, one transaction each; only the shape of the answer differs
-(:mod:`._api_shapes`). Behind the same guard as the pages (``authorize``, the Host and Origin
+The reading routes are made from the pages' own table of views (:data:`._views.VIEWS`): the
+same reader, in the pages' one read-only transaction, with only the shape of the answer
+differing (:mod:`._api_shapes`). The actions act with the pages' own actions, one
+transaction each. Behind the same guard as the pages (``authorize``, the Host and Origin
 checks), and for a request that changes something:
 
 * actions must be allowed (``allow_actions``), else 403 ``actions_disabled``;

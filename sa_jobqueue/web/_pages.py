@@ -1,7 +1,9 @@
 """The dashboard's pages and actions: each route's endpoint, and what they share.
 
-Endpoints are coroutines; the database work of each runs in Starlette's thread pool (the
-engine is synchronous), pages in one read-only transaction, actions in one read-write one.
+The pages are made from the table of views (:data:`._views.VIEWS`), each the same
+endpoint around its entry; the actions are methods here. Endpoints are coroutines; the
+database work of each runs in Starlette's thread pool (the engine is synchronous), pages in
+one read-only transaction, actions in one read-write one.
 """
 
 from __future__ import annotations
