@@ -1,8 +1,9 @@
 """The JSON API: every page's data and every action under :data:`API_PREFIX` (``/api/v1``).
 
-The routes read with the pages' own readers, in the pages' one read-only transaction, and act
-with the pages' own actions, one transaction each; only the shape of the answer differs
-(:mod:`._api_shapes`). Behind the same guard as the pages (``authorize``, the Host and Origin
+The reading routes are made from the pages' own table of views (:data:`._views.VIEWS`): the
+same reader, in the pages' one read-only transaction, with only the shape of the answer
+differing (:mod:`._api_shapes`). The actions act with the pages' own actions, one
+transaction each. Behind the same guard as the pages (``authorize``, the Host and Origin
 checks), and for a request that changes something:
 
 * actions must be allowed (``allow_actions``), else 403 ``actions_disabled``;
@@ -19,12 +20,9 @@ Errors are JSON (:mod:`._api_errors`). See docs/reference/dashboard-api.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
-from urllib.parse import urlencode
 
-from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -33,19 +31,12 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from .. import __version__
 from ..errors import InvalidJobError, InvalidLimitError, JobQueueError
-from ..ops.filters import check_age
-from . import _actions, _api_actions, _api_shapes, _bulk, _pages, _queue_reads, _reads, _requests
-from . import _workflow_reads as _workflows
+from . import _actions, _api_actions, _api_shapes, _bulk, _pages, _requests
 from ._api_errors import API_PREFIX, MAX_BODY, ApiError, Marked
-from ._filters import queue_name, read_filter
+from ._views import VIEWS, View
 
 T = TypeVar("T")
 
-#: The query parameters of ``GET /jobs``: any other is refused, so that a mistyped filter
-#: (``stauts=dead``) is said rather than ignored.
-JOB_PARAMS: Final = frozenset(
-    {"queue", "task", "status", "tag", "older_than", "order", "after", "before", "limit"}
-)
 #: Single-job actions taken by the route ``POST /jobs/{id}/{action}``.
 JOB_ACTIONS: Final = ("cancel", "retry", "delete", "run_now")
 _STATUS: Final = {"not_found": 404, "conflict": 409}
@@ -58,23 +49,18 @@ class Api:
         self.board = board
         routes: list[BaseRoute] = [
             Route("/", self.index),
-            Route("/overview", self.overview),
-            Route("/workers", self.workers),
-            Route("/queues/{name}", self.queue),
+            *(
+                Route(view.api, self._view(view), name=view.name)
+                for view in VIEWS
+                if view.api is not None
+            ),
             Route("/queues/{name}/pause", self.pause, methods=["POST"]),
             Route("/queues/{name}/resume", self.resume, methods=["POST"]),
             Route("/queues/{name}/limits", self.set_limits, methods=["PUT"]),
-            Route("/jobs", self.jobs),
             Route("/jobs/bulk", self.bulk, methods=["POST"]),
             Route("/jobs/retry_dead", self.retry_dead, methods=["POST"]),
-            Route("/jobs/{job_id:int}", self.job),
-            Route("/jobs/{job_id:int}/payload", self.payload),
-            Route("/jobs/{job_id:int}/workflow", self.workflow),
             Route("/jobs/{job_id:int}/{action}", self.job_action, methods=["POST"]),
-            Route("/workflows/{workflow_id:int}", self.workflow_jobs),
             Route("/workflows/{workflow_id:int}/{action}", self.workflow_action, methods=["POST"]),
-            Route("/periodic", self.periodic),
-            Route("/purge", self.purge_count),
             Route("/purge", self.purge, methods=["POST"]),
         ]
         self.mount = Mount(API_PREFIX, app=Marked(Router(routes)))
@@ -90,90 +76,23 @@ class Api:
             }
         )
 
-    async def overview(self, request: Request) -> Response:
-        after = _param(queue_name, request.query_params.get("queues_after", ""))
-        data = await self._read(_reads.read_overview, self.board.thresholds, after)
-        return JSONResponse(_api_shapes.overview(data))
+    def _view(self, view: View) -> Callable[[Request], Awaitable[Response]]:
+        """The API's answer for ``view``: what it asks, read as its page reads it, as JSON."""
 
-    async def workers(self, request: Request) -> Response:
-        stale = check_age(self.board.thresholds.stale_after, "stale_after")
-        as_of, live = await self._read(_live_workers, stale)
-        shaped = [_api_shapes.worker(w) for w in live]
-        return JSONResponse({"as_of": _api_shapes.moment(as_of), "workers": shaped})
+        async def answer(request: Request) -> Response:
+            try:
+                asked = (view.api_ask or view.ask)(request, self.board)
+            except InvalidJobError as exc:
+                raise ApiError(400, "invalid_parameter", str(exc)) from None
+            except _requests.PageError as exc:  # an id no bigint holds
+                raise ApiError(404, "not_found", exc.message) from None
+            data = await self._read(view.read, *asked)
+            if data is None and view.missing is not None:
+                raise ApiError(404, "not_found", view.missing.format(*asked))
+            shaped = view.shape(request, asked, data)
+            return shaped if isinstance(shaped, Response) else JSONResponse(shaped)
 
-    async def queue(self, request: Request) -> Response:
-        name = _param(queue_name, request.path_params["name"])
-        stale = check_age(self.board.thresholds.stale_after, "stale_after")
-        data = await self._read(_queue_reads.read_queue, name, stale)
-        return JSONResponse(_api_shapes.queue_page(data))
-
-    async def jobs(self, request: Request) -> Response:
-        params = request.query_params
-        unknown = sorted(set(params) - JOB_PARAMS)
-        if unknown:
-            raise ApiError(
-                400,
-                "invalid_parameter",
-                f"unknown parameter {', '.join(map(repr, unknown))}: expected"
-                f" {', '.join(sorted(JOB_PARAMS))}",
-            )
-        wanted = _param(read_filter, params, params.getlist("status"), params.getlist("tag"))
-        page = await self._read(_reads.read_jobs, wanted)
-        here = request.scope.get("root_path", "") + "/jobs?"
-        forward = page.next_after
-        back = page.previous_before
-        next_url = None if forward is None else here + urlencode(wanted.query(after=forward), True)
-        back_url = None if back is None else here + urlencode(wanted.query(before=back), True)
-        return JSONResponse(_api_shapes.job_page(page, next_url, back_url))
-
-    async def job(self, request: Request) -> Response:
-        job_id = _job_id(request)
-        job, links = await self._read(_requests.job_page, job_id)
-        if job is None:
-            raise ApiError(404, "not_found", f"no job with id {job_id}")
-        return JSONResponse(_api_shapes.job_detail(job, links))
-
-    async def payload(self, request: Request) -> Response:
-        job_id = _job_id(request)
-        text = await self._read(_reads.read_payload, job_id)
-        if text is None:
-            raise ApiError(404, "not_found", f"no job with id {job_id}")
-        return Response(text, media_type="application/json")
-
-    async def workflow(self, request: Request) -> Response:
-        job_id = _job_id(request)
-        graph = await self._read(_workflows.read_workflow, job_id)
-        if graph is None:
-            raise ApiError(404, "not_found", f"no job with id {job_id}")
-        return JSONResponse(_api_shapes.workflow(graph))
-
-    async def workflow_jobs(self, request: Request) -> Response:
-        workflow_id = _workflow_id(request)
-        page = await self._read(_workflows.read_workflow_page, workflow_id)
-        if page is None:
-            raise ApiError(404, "not_found", f"no workflow with id {workflow_id}")
-        return JSONResponse(_api_shapes.workflow_page(page))
-
-    async def periodic(self, request: Request) -> Response:
-        data = await self._read(_reads.read_schedules, self.board.schedules)
-        return JSONResponse(_api_shapes.schedules(data))
-
-    async def purge_count(self, request: Request) -> Response:
-        params = request.query_params
-        statuses, age_text = params.getlist("status"), params.get("older_than", "")
-        selection = _param(_requests.purge_selection, statuses, age_text)
-        as_of, matching = await self._read(_requests.purge_page, selection)
-        assert matching is not None  # counted: a selection was given
-        return JSONResponse(
-            {
-                "as_of": _api_shapes.moment(as_of),
-                "statuses": selection["statuses"],
-                "older_than_seconds": selection["older_than"].total_seconds(),
-                "matching": min(matching, _actions.MAX_BATCH),
-                "more": matching > _actions.MAX_BATCH,
-                "batch": _actions.MAX_BATCH,
-            }
-        )
+        return answer
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -372,7 +291,3 @@ def _workflow_id(request: Request) -> int:
         return _requests.workflow_id_of(request)
     except _requests.PageError as exc:
         raise ApiError(404, "not_found", exc.message) from None
-
-
-def _live_workers(conn: Connection, stale_after: float) -> tuple[datetime, list[Any]]:
-    return _reads.now(conn), _queue_reads.read_live_workers(conn, stale_after)

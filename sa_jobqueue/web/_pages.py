@@ -1,12 +1,14 @@
 """The dashboard's pages and actions: each route's endpoint, and what they share.
 
-Endpoints are coroutines; the database work of each runs in Starlette's thread pool (the
-engine is synchronous), pages in one read-only transaction, actions in one read-write one.
+The pages are made from the table of views (:data:`._views.VIEWS`), each the same
+endpoint around its entry; the actions are methods here. Endpoints are coroutines; the
+database work of each runs in Starlette's thread pool (the engine is synchronous), pages in
+one read-only transaction, actions in one read-write one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -18,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -27,23 +29,14 @@ from .._sql.dashboard import page_settings
 from ..errors import InvalidJobError, JobQueueError, SchemaError
 from ..models import DEAD, FINISHED_STATUSES, STATUSES
 from ..ops.bulk import BULK_BATCH
-from ..ops.filters import check_age
 from ..ops.health import Thresholds
 from ..ops.requeue import REQUEUE_BATCH
 from ..periodic import Schedule
-from . import (
-    _actions,
-    _bulk,
-    _display,
-    _queue_reads,
-    _reads,
-    _requests,
-    _workflow_reads,
-    _workflow_svg,
-)
+from . import _actions, _bulk, _display, _requests, _workflow_reads
 from ._db_errors import explain
-from ._filters import JobFilter, age, queue_name, read_filter, task_name
+from ._filters import JobFilter, age, queue_name, task_name
 from ._tokens import CSRF_COOKIE, CSRF_FIELD, FLASH_COOKIE, Signer
+from ._views import VIEWS, View
 
 T = TypeVar("T")
 
@@ -82,28 +75,24 @@ class Dashboard:
         )
         self.templates.filters.update(_display.FILTERS)
         self.routes: list[BaseRoute] = [
-            Route("/", self.overview, name="overview"),
-            Route("/jobs", self.jobs, name="jobs"),
+            *(
+                Route(view.page, self._view(view), name=view.name)
+                for view in VIEWS
+                if view.page is not None
+            ),
             Route("/jobs/retry", self.retry_matching, methods=["POST"], name="retry_matching"),
             Route("/jobs/bulk", self.bulk, methods=["POST"], name="bulk"),
-            Route("/jobs/{job_id:int}", self.job, name="job"),
-            Route("/jobs/{job_id:int}/payload.json", self.payload, name="payload"),
-            Route("/jobs/{job_id:int}/workflow", self.workflow, name="workflow"),
             Route("/jobs/{job_id:int}/retry", self.retry, methods=["POST"], name="retry"),
             Route("/jobs/{job_id:int}/cancel", self.cancel, methods=["POST"], name="cancel"),
-            Route("/workflows/{workflow_id:int}", self.workflow_page, name="workflow_page"),
             Route(
                 "/workflows/{workflow_id:int}/{action}",
                 self.workflow_action,
                 methods=["POST"],
                 name="workflow_action",
             ),
-            Route("/queues", self.queue, name="queue"),
             Route("/queues/limits", self.set_limits, methods=["POST"], name="set_limits"),
             Route("/queues/pause", self.pause_queue, methods=["POST"], name="pause_queue"),
             Route("/queues/resume", self.resume_queue, methods=["POST"], name="resume_queue"),
-            Route("/periodic", self.periodic, name="periodic"),
-            Route("/purge", self.purge_form, name="purge_form"),
             Route("/purge", self.purge, methods=["POST"], name="purge"),
             Mount("/static", StaticFiles(directory=_STATIC), name="static"),
         ]
@@ -116,61 +105,38 @@ class Dashboard:
 
     # -- the pages ---------------------------------------------------------------------------
 
-    async def overview(self, request: Request) -> Response:
-        try:
-            after = queue_name(request.query_params.get("queues_after", ""))
-        except InvalidJobError as exc:
-            raise _requests.PageError(400, str(exc)) from None
-        data = await self._read(_reads.read_overview, self.thresholds, after)
-        return self._page(request, "overview.html", data.as_of, overview=data)
+    def _view(self, view: View) -> Callable[[Request], Awaitable[Response]]:
+        """The page of ``view``: what it asks, read in one snapshot, in its template."""
 
-    async def jobs(self, request: Request) -> Response:
-        try:
-            query = request.query_params
-            wanted = read_filter(query, query.getlist("status"), query.getlist("tag"))
-        except InvalidJobError as exc:
-            raise _requests.PageError(400, str(exc)) from None
-        page = await self._read(_reads.read_jobs, wanted)
-        return self._page(
-            request,
-            "jobs.html",
-            page.as_of,
-            page=page,
-            wanted=wanted,
-            scan_window=_reads.SCAN_WINDOW,
-            bulk=_bulk.enabled(wanted),
-            bulk_labels=_bulk.LABELS,
-        )
+        async def page(request: Request) -> Response:
+            try:
+                asked = view.ask(request, self)
+            except InvalidJobError as exc:
+                raise _requests.PageError(400, str(exc)) from None
+            data = await self._read(view.read, *asked)
+            if data is None and view.missing is not None:
+                raise _requests.PageError(404, view.missing.format(*asked))
+            if view.template is None or view.context is None:
+                answer = view.shape(request, asked, data)
+                return answer if isinstance(answer, Response) else JSONResponse(answer)
+            context = view.context(self, request, asked, data)
+            return self._page(request, view.template, context.pop("as_of"), **context)
 
-    async def job(self, request: Request) -> Response:
+        return page
+
+    # -- the actions -------------------------------------------------------------------------
+
+    async def retry(self, request: Request) -> Response:
+        form = await self._action_form(request)
         job_id = _requests.job_id_of(request)
-        job, links = await self._read(_requests.job_page, job_id)
-        if job is None:
-            raise _requests.PageError(404, f"no job with id {job_id}")
-        return self._page(request, "job.html", job.as_of, job=job, links=links)
+        outcome = await self._act(_actions.retry, job_id, _requests.attempts_of(form))
+        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
-    async def workflow(self, request: Request) -> Response:
+    async def cancel(self, request: Request) -> Response:
+        await self._action_form(request)
         job_id = _requests.job_id_of(request)
-        graph = await self._read(_workflow_reads.read_workflow, job_id)
-        if graph is None:
-            raise _requests.PageError(404, f"no job with id {job_id}")
-        # Every link of the view is this prefix and an id: one route lookup, not 400.
-        job_href = self.url(request, "job", job_id=0).removesuffix("0")
-        return self._page(
-            request,
-            "workflow.html",
-            graph.as_of,
-            graph=graph,
-            drawing=_workflow_svg.svg_body(graph, job_href),
-            layer_lines=_workflow_svg.layer_items(graph, job_href),
-        )
-
-    async def workflow_page(self, request: Request) -> Response:
-        workflow_id = _requests.workflow_id_of(request)
-        page = await self._read(_workflow_reads.read_workflow_page, workflow_id)
-        if page is None:
-            raise _requests.PageError(404, f"no workflow with id {workflow_id}")
-        return self._page(request, "workflow_jobs.html", page.as_of, page=page)
+        outcome = await self._act(_actions.cancel, job_id)
+        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
     async def workflow_action(self, request: Request) -> Response:
         form = await self._action_form(request)
@@ -190,57 +156,6 @@ class Dashboard:
             else self.url(request, "workflow_page", workflow_id=workflow_id)
         )
         return self._after(request, outcome, target)
-
-    async def queue(self, request: Request) -> Response:
-        try:
-            name = queue_name(request.query_params.get("name", ""))
-        except InvalidJobError as exc:
-            raise _requests.PageError(400, str(exc)) from None
-        if name is None:
-            raise _requests.PageError(400, "give the queue's name: /queues?name=...")
-        stale = check_age(self.thresholds.stale_after, "stale_after")
-        data = await self._read(_queue_reads.read_queue, name, stale)
-        return self._page(request, "queue.html", data.as_of, page=data)
-
-    async def payload(self, request: Request) -> Response:
-        job_id = _requests.job_id_of(request)
-        text = await self._read(_reads.read_payload, job_id)
-        if text is None:
-            raise _requests.PageError(404, f"no job with id {job_id}")
-        # JSON, never HTML: nosniff (from the guard) stops a browser from guessing otherwise.
-        return Response(text, media_type="application/json")
-
-    async def periodic(self, request: Request) -> Response:
-        data = await self._read(_reads.read_schedules, self.schedules)
-        return self._page(request, "periodic.html", data.as_of, schedules=data)
-
-    async def purge_form(self, request: Request) -> Response:
-        params = request.query_params
-        statuses = params.getlist("status")
-        age_text = params.get("older_than", "").strip()
-        chosen: dict[str, Any] = {"statuses": statuses or [], "older_than": age_text}
-        selection: dict[str, Any] | None = None
-        if statuses or age_text:
-            try:
-                selection = _requests.purge_selection(statuses, age_text)
-            except InvalidJobError as exc:
-                raise _requests.PageError(400, str(exc)) from None
-        as_of, matching = await self._read(_requests.purge_page, selection)
-        return self._page(request, "purge.html", as_of, chosen=chosen, matching=matching)
-
-    # -- the actions -------------------------------------------------------------------------
-
-    async def retry(self, request: Request) -> Response:
-        form = await self._action_form(request)
-        job_id = _requests.job_id_of(request)
-        outcome = await self._act(_actions.retry, job_id, _requests.attempts_of(form))
-        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
-
-    async def cancel(self, request: Request) -> Response:
-        await self._action_form(request)
-        job_id = _requests.job_id_of(request)
-        outcome = await self._act(_actions.cancel, job_id)
-        return self._after(request, outcome, self.url(request, "job", job_id=job_id))
 
     async def retry_matching(self, request: Request) -> Response:
         form = await self._action_form(request)

@@ -46,10 +46,12 @@ def purge_page(conn: Connection, selection: dict[str, Any] | None) -> tuple[Any,
     return as_of, None if selection is None else _actions.count_purge(conn, **selection)
 
 
-def job_page(conn: Connection, job_id: int) -> tuple[Any, Any]:
-    """A job and its result and edges, in one snapshot."""
+def job_page(
+    conn: Connection, job_id: int
+) -> tuple[_reads.JobDetail, _workflow_reads.JobLinks] | None:
+    """A job and its result and edges, in one snapshot; None when there is no such job."""
     job = _reads.read_job(conn, job_id)
-    return job, None if job is None else _workflow_reads.read_links(conn, job_id)
+    return None if job is None else (job, _workflow_reads.read_links(conn, job_id))
 
 
 def workflow_id_of(request: Request) -> int:
