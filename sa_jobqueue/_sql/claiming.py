@@ -26,7 +26,6 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
-    null,
     or_,
     select,
     true,
@@ -210,8 +209,10 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
     ``few``: the picked rows' LIMIT is not a constant (the limited claim's room), so the
     planner cannot tell they are few and may join them to the whole jobs table with a hash or
     merge join, reading all of it. Matched as ``id = ANY (ARRAY(...))`` instead, each is one
-    primary-key probe; the claim position (``visible_at`` before the claim) then comes back
-    NULL, which the limited claim, always from the head, does not use.
+    primary-key probe; the row's ``visible_at`` before the claim is then read back from the
+    picked rows by id, a few rows each (the limited claim, always from the head, needs no
+    claim position, but a job handed back unstarted takes its place again with it: see
+    ``transitions.release``).
 
     ``durable``: the claim commits with others' writes that must reach the disk before the
     commit returns (completions), so it does not turn ``synchronous_commit`` off.
@@ -268,7 +269,14 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
             # For the handler's context (``JobContext.created_at``): read here, not queried.
             j.created_at,
             j.priority if few else picked.c.priority,
-            null().label("visible_at") if few else picked.c.visible_at,
+            (
+                select(picked.c.visible_at)
+                .where(picked.c.id == j.id)
+                .scalar_subquery()
+                .label("visible_at")
+                if few
+                else picked.c.visible_at
+            ),
             # A lost last attempt ends here (dead, or cancelled): what waits for it is settled.
             settled_here(),
         )

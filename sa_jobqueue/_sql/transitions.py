@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from datetime import datetime
 from functools import cache
 from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
+    DateTime,
     Select,
     Text,
     Update,
@@ -32,7 +36,7 @@ from ..models import (
 from .attempt_history import appended
 from .clock import seconds
 from .dependencies import settle, settled_here, settling
-from .fence import fenced, fenced_many, held_ids
+from .fence import fenced, fenced_many, held_ids, held_many
 
 j = jobs_table.c
 
@@ -147,8 +151,17 @@ def release() -> Update:
     """Hand claimed attempts that never started back to the queue, as if never claimed.
 
     Used on shutdown for jobs still waiting in the worker's buffer: the attempt is not counted
-    and the job is due again at once. Fenced like every transition.
+    and the job takes back its place in the claim order, its ``visible_at`` as it was before
+    the claim (``:due_list``, a JSON object from job id to that time, as the claim returned
+    it). Due at once (``now()``) where ``:due_list`` has no time for it. Given ``now()``
+    instead, a rolling restart would send each worker's buffered jobs behind the jobs
+    enqueued after them: in a queue with a cap of 1 per key, after their keys' later jobs.
+    Fenced like every transition.
     """
+    due_before = cast(
+        cast(bindparam("due_list", value="{}", type_=Text), JSONB).op("->>")(cast(j.id, Text)),
+        DateTime(timezone=True),
+    )
     return (
         update(jobs_table)
         .where(*fenced_many())
@@ -156,13 +169,28 @@ def release() -> Update:
             # A job cancelled while it waited in the buffer ends here rather than run again.
             status=case((j.cancel_requested, CANCELLED), else_=QUEUED),
             attempts=j.attempts - 1,
-            visible_at=func.now(),
+            visible_at=func.coalesce(due_before, func.now()),
             started_at=None,
             finished_at=case((j.cancel_requested, func.now()), else_=None),
             worker=None,
         )
         .returning(j.id, settled_here())
     )
+
+
+def release_params(held: Iterable[tuple[int, int, datetime | str | None]]) -> dict[str, Any]:
+    """The parameters of :func:`release` for ``(job id, attempt, visible_at before the claim)``
+    triples, as the claim returned them (None: due at once)."""
+    held = list(held)
+    due = {
+        job_id: moment if isinstance(moment, str) else moment.isoformat()
+        for job_id, _, moment in held
+        if moment is not None
+    }
+    return {
+        **held_many((job_id, attempt) for job_id, attempt, _ in held),
+        "due_list": json.dumps(due),
+    }
 
 
 @cache

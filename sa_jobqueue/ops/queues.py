@@ -342,11 +342,11 @@ def set_queue_key_concurrency(
     For example ``set_queue_key_concurrency(session, "emails", 1, key="customer_id")``.
 
     At 1, the jobs of a task that share a key run one at a time, in claim order (priority,
-    due time, id). Not promised: that a job which goes back to the queue (a failed attempt,
-    an expired lease, a hand-back at shutdown) keeps its place; it is due again from then,
-    behind its key's jobs already waiting. Jobs whose payload has no such field (or not an
-    object) are not limited by key. The value is compared as text (``payload ->> key``):
-    ``42`` and ``"42"`` match.
+    due time, id). Not promised: that a job which goes back to the queue after an attempt (a
+    failure, an expired lease) keeps its place; it is due again from then, behind its key's
+    jobs already waiting. A job handed back unstarted at shutdown keeps it. Jobs whose
+    payload has no such field (or not an object) are not limited by key. The value is
+    compared as text (``payload ->> key``): ``42`` and ``"42"`` match.
     """
     name = check_queue_name(queue)
     cap = check_cap(per_key)

@@ -41,7 +41,7 @@ class Claimed:
     backoff: dict[str, float] | None  # the job's own retry policy, if enqueue gave one
     #: With ``id``, the job's claim position: its priority and ``visible_at`` as they were
     #: before the claim (where the lane's next claim can start; see ``claiming.claim_after``).
-    #: The limited claim, always from the head, returns no ``visible_at`` (None).
+    #: The limited claim returns them too, though it always claims from the head.
     priority: int = 0
     visible_at: datetime | None = None
     #: When the job was enqueued (database clock; None only in a Claimed made by hand).

@@ -232,11 +232,16 @@ class Recorder:
     def hand_back(
         self, jobs: list[Claimed], why: str, *, report: bool = False, ran: bool = False
     ) -> None:
-        """Return attempts to the queue (fenced), due again at once: as if never claimed, or,
-        if their handlers ``ran`` (a group rolled back), with their attempt numbers spent and
-        one more attempt each (see ``transitions.release_ran``)."""
-        params = held_many((job.id, job.attempts) for job in jobs)
-        statement = transitions.release_ran() if ran else transitions.release()
+        """Return attempts to the queue (fenced): as if never claimed, each in its place in
+        the claim order again (see ``transitions.release``), or, if their handlers ``ran`` (a
+        group rolled back), due at once with their attempt numbers spent and one more attempt
+        each (see ``transitions.release_ran``)."""
+        if ran:
+            statement = transitions.release_ran()
+            params = held_many((job.id, job.attempts) for job in jobs)
+        else:
+            statement = transitions.release()
+            params = transitions.release_params((j.id, j.attempts, j.visible_at) for j in jobs)
 
         def write() -> list[Row[Any]]:
             with self._single.connect() as conn:

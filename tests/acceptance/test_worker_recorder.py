@@ -164,6 +164,22 @@ def test_hand_back_returns_the_attempt_uncounted(
     assert outcomes.seen == [(job.id, "handed_back")]
 
 
+def test_a_job_handed_back_takes_its_place_again_ahead_of_later_jobs(
+    db: sa.Engine, recorded: tuple[Recorder, Outcomes]
+) -> None:
+    """A rolling restart hands back each worker's buffered jobs: they are claimed again
+    before the jobs enqueued after them, as if they had never been claimed."""
+    recorder, _ = recorded
+    (job,) = claim(db, recorder)
+    with Session(db) as session, session.begin():
+        later = [QUEUE.enqueue(session, "work") for _ in range(2)]
+    recorder.hand_back([job], "shutting down")
+    with db.begin() as conn:
+        params = {"from_queue": "default", "limit": 3, "worker": "w"}
+        again = [row.id for row in conn.execute(claiming.claim(), params)]
+    assert again == [job.id, *later]
+
+
 def test_an_unrunnable_job_is_dead_and_its_log_line_shows_control_characters(
     db: sa.Engine, recorded: tuple[Recorder, Outcomes], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -470,6 +470,23 @@ def test_a_job_due_again_after_an_attempt_goes_behind_its_keys_next_jobs(
     assert order == [(ids[1], 1), (ids[2], 1), (ids[0], 2)]
 
 
+def test_a_keyed_job_handed_back_unstarted_runs_first_again(
+    conn: sa.Connection, keyed_claimer: LaneClaimer
+) -> None:
+    """A job handed back at shutdown before its handler started takes its place in its key's
+    order again, its attempt uncounted: a rolling restart does not reorder a key's jobs."""
+    ids = keyed_jobs(conn, 3, keys=1)
+    (first,) = claim_limited(keyed_claimer, "keyed", 10)
+    assert first.id == ids[0] and first.visible_at is not None
+    params = transitions.release_params([(first.id, first.attempts, first.visible_at)])
+    assert conn.execute(transitions.release(), params).rowcount == 1
+    order = []
+    while again := claim_limited(keyed_claimer, "keyed", 10):
+        order.append((again[0].id, again[0].attempts))
+        assert finish(conn, again) == 1
+    assert order == [(ids[0], 1), (ids[1], 1), (ids[2], 1)]
+
+
 # -- 7. plans -----------------------------------------------------------------------------------
 
 
