@@ -172,11 +172,8 @@ def _retry(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _cancel(engine: Engine, args: argparse.Namespace) -> int:
-    if (refused := refuse_mixed(args)) is not None:
+    if (refused := _refuse_choice(args)) is not None:
         return refused
-    if args.job_ids and args.dry_run:
-        print("sa-jobqueue: --dry-run counts jobs chosen by filter, not by ID", file=sys.stderr)
-        return EXIT_USAGE
     if not args.job_ids:
         return cancel_by_filter(engine, args)
     failed = 0
@@ -251,6 +248,17 @@ def refuse_mixed(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _refuse_choice(args: argparse.Namespace) -> int | None:
+    """As :func:`refuse_mixed`, and EXIT_USAGE for ``--dry-run`` with IDs (it counts jobs
+    chosen by filter)."""
+    if (refused := refuse_mixed(args)) is not None:
+        return refused
+    if args.job_ids and args.dry_run:
+        print("sa-jobqueue: --dry-run counts jobs chosen by filter, not by ID", file=sys.stderr)
+        return EXIT_USAGE
+    return None
+
+
 def run_batches(engine: Engine, step: Step) -> Totals:
     """Call ``step`` batch after batch, each in its own transaction, past the last id the
     previous one picked, until a batch says nothing more matches."""
@@ -304,11 +312,8 @@ def cancel_by_filter(engine: Engine, args: argparse.Namespace) -> int:
 
 def run_now(engine: Engine, args: argparse.Namespace) -> int:
     """``jobs run-now``: queued jobs due later are made due now, by ID or by filter."""
-    if (refused := refuse_mixed(args)) is not None:
+    if (refused := _refuse_choice(args)) is not None:
         return refused
-    if args.dry_run and args.job_ids:
-        print("sa-jobqueue: --dry-run counts jobs chosen by filter, not by ID", file=sys.stderr)
-        return EXIT_USAGE
     if args.dry_run:
         return _dry_run(engine, "run_now", args, "make due now")
     ids = sorted(set(args.job_ids)) or None

@@ -396,7 +396,8 @@ def test_jobs_retry_by_id(run: Run, engine: sa.Engine) -> None:
 
 
 def test_jobs_retry_by_filter(run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_job_changes, "REQUEUE_BATCH", 2)  # several batches, each its own transaction
+    # Several batches, each its own transaction.
+    monkeypatch.setattr(_job_changes, "REQUEUE_BATCH", 2)
     with engine.begin() as conn:
         mail = [add_dead(conn, queue="mail") for _ in range(5)]
         other = add_dead(conn, queue="other")
