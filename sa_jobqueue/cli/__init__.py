@@ -27,17 +27,21 @@ critical finding (or when it cannot reach the database). Output cut short by its
 :func:`main` is the entry point (``sa-jobqueue`` and ``python -m sa_jobqueue``). The modules
 of this package are internal, not a stable API:
 
-* ``_arguments``: the parser, every option, its default and help text; ``_values`` reads
-  the options' values;
-* ``_worker``: ``worker`` (logging observers, tracing, the metrics endpoint, signals), with
-  ``_app`` loading the user's ``module:attribute``; ``_supervised``: ``worker --processes N``
-  (the supervisor, and how each child builds its worker); ``_logs``: the logging setup;
-* ``_schema``: ``migrate``;
-* ``_jobs``: ``stats``, ``jobs ...``, ``queues ...`` and ``check``, with ``_reports``
-  rendering their results as text or JSON;
-* ``_verify``: ``verify``'s options and exit status (the run is :mod:`sa_jobqueue.verify`);
-* ``_web``: ``web``, its options and the server (the ``web`` extra, imported when it runs);
-* ``_exit``: the exit statuses.
+* ``_arguments``: the top-level grammar (the global options, ``--database-url``, every
+  command assembled, the options that do not go together); ``_values`` reads the options'
+  values;
+* a module per command, each with its options (``add_parser``), what it does and how its
+  output reads: ``_worker`` (``worker``: logging observers, tracing, the metrics endpoint,
+  signals), with ``_app`` loading the user's ``module:attribute`` and ``_supervised`` for
+  ``worker --processes N`` (the supervisor, and how each child builds its worker);
+  ``_migrate`` (``migrate``); ``_stats``; ``_jobs`` (``jobs list|show``, and the ``jobs``
+  grammar) with ``_job_changes`` (``jobs retry|cancel|run-now|purge``); ``_workflows``;
+  ``_queues``; ``_check``; ``_verify`` (``verify``'s options and exit status: the run is
+  :mod:`sa_jobqueue.verify`); ``_web`` (``web`` and its server: the ``web`` extra, imported
+  when it runs);
+* ``_operator``: what the operators' commands share (their engine, one line per database
+  error); ``_output``: text tables and JSON; ``_logs``: the logging setup; ``_exit``: the exit
+  statuses.
 """
 
 from __future__ import annotations
@@ -46,23 +50,34 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Final
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._error_text import one_line
 from ..errors import JobQueueError
+from . import _check, _jobs, _queues, _stats, _workflows
 from ._app import load_app
 from ._arguments import parse_args
 from ._exit import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_USAGE
-from ._jobs import OPERATOR_COMMANDS, operate
 from ._logs import configure_logging
-from ._schema import migrate
+from ._migrate import migrate
+from ._operator import Command, operate
 from ._supervised import supervise, supervised
 from ._verify import run as run_verify
 from ._web import run_web
 from ._worker import run_worker
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_ERROR", "EXIT_USAGE", "load_app", "main"]
+
+#: The operators' commands that run on an engine of their own once the schema is checked
+#: (:func:`._operator.operate`); ``check`` opens its own, to report what it finds as a probe.
+OPERATOR_COMMANDS: Final[dict[str, Command]] = {
+    "stats": _stats.run,
+    "jobs": _jobs.run,
+    "workflows": _workflows.run,
+    "queues": _queues.run,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,8 +109,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return run_verify(args)  # exit 0 / 1 (lost or doubled) / 2 (could not run)
         if args.command == "migrate":
             return migrate(args)
+        if args.command == "check":
+            return _check.run(args)  # exit 0 / 1 (warning) / 2 (critical or unreachable)
         if args.command in OPERATOR_COMMANDS:
-            return operate(args)
+            return operate(args, OPERATOR_COMMANDS[args.command])
         if args.command == "web":
             return run_web(args)
         return supervise(args) if supervised(args) else run_worker(args)

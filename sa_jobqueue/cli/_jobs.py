@@ -1,146 +1,91 @@
-"""Operating the queue: ``stats``, ``jobs list|show|retry|cancel|run-now|purge``, ``workflows
-show|cancel|retry|delete`` (in :mod:`._workflows`), ``queues list|pause|resume|limit`` and
-``check``.
+"""``sa-jobqueue jobs list|show``, and the ``jobs`` command's grammar.
 
-Each command opens a short-lived engine of its own with time limits on its statements
-(:data:`OPERATOR_SETTINGS`), so a query stuck behind a lock fails instead of hanging a
-terminal or a monitoring probe. A database error is one line on stderr and exit status 1;
-``check`` reports an unreachable database as critical (2) instead, as a probe should.
+``list`` pages through jobs in id order, ``show`` prints one in full (its attempts, what it
+waits for, its last error's traceback); both as text for people or JSON for programs. The
+actions that change jobs (``retry``, ``cancel``, ``run-now``, ``purge``) are in
+:mod:`._job_changes`. A job's timing and edges are shown here as ``workflows show`` shows
+them too.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import sys
-import time
-from collections.abc import Callable
-from datetime import datetime
-from typing import Final
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine
 
-from .._sql.clock import database_now
-from ..database import check_schema, create_engine, ping
-from ..errors import JobQueueError
-from ..models import DEAD, FINISHED_STATUSES, RUNNING
-from ..ops import count_purge, purge, stats
-from ..ops.admin import cancel_job, get_job, job_edges, list_jobs, requeue_job
-from ..ops.filters import RequeueAttempts
-from ..ops.health import Thresholds, check, span, worst
-from ..ops.queues import (
-    QueueLimits,
-    clear_queue_limits,
-    list_queues,
-    pause_queue,
-    queue_known,
-    queue_limits,
-    resume_queue,
-    set_queue_concurrency,
-    set_queue_key_concurrency,
-    set_queue_key_rate,
-    set_queue_rate,
-)
-from ..ops.requeue import REQUEUE_BATCH, requeue_dead_jobs
-from . import _bulk, _workflows
-from ._exit import CHECK_EXIT, EXIT_ERROR, EXIT_USAGE
-from ._reports import (
-    findings_json,
-    findings_text,
-    job_detail,
-    job_list,
-    limits_text,
-    queue_list,
-    queues_json,
-    stats_text,
-    to_json,
-)
+from .._visible import visible
+from ..models import QUEUED, RUNNING
+from ..ops.admin import Edge, JobInfo, JobSummary, get_job, job_edges, list_jobs
+from ..ops.health import span
+from . import _job_changes, _values
+from ._exit import EXIT_ERROR
+from ._operator import database_time
+from ._output import table, to_json
 
-#: The commands this module runs (``jobs``, ``workflows`` and ``queues`` with their actions).
-OPERATOR_COMMANDS: Final = ("stats", "jobs", "workflows", "queues", "check")
-#: Limits for the operator commands' sessions: a query stuck behind a lock or on an overloaded
-#: server fails instead of hanging a terminal or a monitoring probe.
-OPERATOR_SETTINGS: Final = {"statement_timeout": "60s", "lock_timeout": "10s"}
+#: Longest error message shown in a job list; ``jobs show`` prints all of it.
+ERROR_WIDTH = 60
 
 
-def operate(args: argparse.Namespace) -> int:
-    """Run ``stats``, ``check`` or one of the ``jobs`` or ``queues`` actions; its exit status."""
-    if args.command == "check":
-        return _check(args)
-    engine = _operator_engine(args)
-    try:
-        ping(engine)
-        check_schema(engine)
-        if args.command == "stats":
-            return _stats(engine, args)
-        if args.command == "queues":
-            return _queues(engine, args)
-        if args.command == "workflows":
-            return _workflows.run(engine, args)
-        action: Callable[[Engine, argparse.Namespace], int] = {
-            "list": _jobs_list,
-            "show": _jobs_show,
-            "retry": _jobs_retry,
-            "cancel": _jobs_cancel,
-            "run-now": _bulk.run_now,
-            "purge": _jobs_purge,
-        }[args.action]
-        return action(engine, args)
-    except DBAPIError as exc:
-        print(f"sa-jobqueue: {_reason(exc)}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        engine.dispose()
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    database_option: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Declare ``sa-jobqueue jobs`` and its actions (those that change jobs come from
+    :func:`._job_changes.add_parsers`)."""
+    jobs = commands.add_parser("jobs", help="list, show, retry, cancel, run now or purge jobs")
+    actions = jobs.add_subparsers(dest="action", required=True)
 
-
-def _operator_engine(args: argparse.Namespace) -> Engine:
-    return create_engine(
-        args.database_url,
-        pooler=args.pooler,
-        settings=OPERATOR_SETTINGS,
-        poolclass=NullPool,
-        connect_args={"application_name": f"sa-jobqueue {args.command}"},
+    listing = actions.add_parser(
+        "list", help="jobs in id order, oldest first unless --newest-first"
     )
+    database_option(listing)
+    _job_changes.filter_options(listing)
+    listing.add_argument("--status", type=_values.statuses, help="comma-separated statuses")
+    listing.add_argument(
+        "--tag",
+        type=_values.tag,
+        action="append",
+        dest="tags",
+        metavar="TAG",
+        help="only jobs carrying this tag; repeat it for jobs carrying all of them",
+    )
+    listing.add_argument(
+        "--limit", type=_values.page, default=50, help="at most this many (default 50)"
+    )
+    listing.add_argument("--after", type=int, metavar="ID", help="start after this id (next page)")
+    listing.add_argument(
+        "--newest-first",
+        action="store_true",
+        help="highest id first; --after then pages on to lower ids",
+    )
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+
+    show = actions.add_parser(
+        "show", help="one job in full: its attempts, its last error's traceback"
+    )
+    database_option(show)
+    show.add_argument("job_id", type=int, metavar="ID")
+    show.add_argument("--json", action="store_true", help="JSON instead of text")
+
+    _job_changes.add_parsers(actions, database_option)
 
 
-def _reason(exc: DBAPIError) -> str:
-    """A driver error's first line: what went wrong, without SQLAlchemy's statement dump."""
-    text = str(exc.orig) if exc.orig is not None else str(exc)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+def run(engine: Engine, args: argparse.Namespace) -> int:
+    """Run ``jobs <action>``; its exit status."""
+    if args.action == "list":
+        return _list(engine, args)
+    if args.action == "show":
+        return _show(engine, args)
+    return _job_changes.run(engine, args)
 
 
-def _now(conn: Connection) -> datetime:
-    now: datetime = conn.execute(database_now()).scalar_one()
-    return now
-
-
-def _stats(engine: Engine, args: argparse.Namespace) -> int:
-    try:
-        while True:
-            # A connection per round: each round sees the database's current now(), and no
-            # transaction stays open between rounds to hold back vacuum.
-            with engine.connect() as conn:
-                result = stats(conn, window=args.window)
-            if args.json:
-                text = to_json(result, indent=None if args.watch else 2)
-            else:
-                text = stats_text(result)
-            if args.watch is None:
-                print(text)
-                return 0
-            if not args.json:
-                if sys.stdout.isatty():
-                    print("\x1b[H\x1b[2J", end="")  # clear the screen, cursor home
-                print(f"{result.as_of:%Y-%m-%d %H:%M:%S %Z}  (every {span(args.watch)})\n")
-            print(text, flush=True)
-            time.sleep(args.watch.total_seconds())
-    except KeyboardInterrupt:
-        return 0
-
-
-def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
+def _list(engine: Engine, args: argparse.Namespace) -> int:
     with engine.connect() as conn:
         found = list_jobs(
             conn,
@@ -153,21 +98,21 @@ def _jobs_list(engine: Engine, args: argparse.Namespace) -> int:
             newest_first=args.newest_first,
             tags=args.tags,
         )
-        now = _now(conn)
+        moment = database_time(conn)
     if args.json:
         print(to_json(found))
         return 0
-    print(job_list(found, now))
+    print(job_list(found, moment))
     if len(found) == args.limit:
         print(f"(more: --after {found[-1].id}{' --newest-first' if args.newest_first else ''})")
     return 0
 
 
-def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
+def _show(engine: Engine, args: argparse.Namespace) -> int:
     with engine.connect() as conn:
         job = get_job(conn, args.job_id)
         waits_for, waited_by = job_edges(conn, args.job_id)
-        now = _now(conn)
+        moment = database_time(conn)
     if job is None:
         print(f"sa-jobqueue: no job with id {args.job_id}", file=sys.stderr)
         return EXIT_ERROR
@@ -175,205 +120,166 @@ def _jobs_show(engine: Engine, args: argparse.Namespace) -> int:
         fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
         print(to_json({**fields, "waits_for": waits_for, "waited_for_by": waited_by}))
     else:
-        print(job_detail(job, now, waits_for, waited_by))
+        print(job_detail(job, moment, waits_for, waited_by))
     return 0
 
 
-def _jobs_retry(engine: Engine, args: argparse.Namespace) -> int:
-    mode: RequeueAttempts = "reset" if args.reset_attempts else "extend"
-    filtered = args.all or any(v is not None for v in (args.queue, args.task, args.older_than))
-    if bool(args.job_ids) == bool(filtered):
-        print(
-            "sa-jobqueue: give either job IDs or filters (--queue, --task, --older-than, --all)",
-            file=sys.stderr,
+# -- rendering -------------------------------------------------------------------------------
+
+
+def when(job: JobSummary, now: datetime) -> str:
+    """Where the job stands in time: when it is due, its lease, or when it finished."""
+    if job.status == QUEUED:
+        ahead = job.visible_at - now
+        return "due now" if ahead <= timedelta(0) else f"due in {span(ahead)}"
+    if job.status == RUNNING:
+        left = job.visible_at - now
+        return f"lease {span(left)} left" if left > timedelta(0) else f"lease expired {span(-left)}"
+    if job.finished_at is not None:
+        return f"finished {span(now - job.finished_at)} ago"
+    return ""
+
+
+def _error(job: JobInfo, width: int | None = ERROR_WIDTH) -> str:
+    error = job.last_error
+    if not isinstance(error, dict):
+        return ""
+    lines = str(error.get("message", "")).splitlines()
+    text = f"{error.get('type', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def job_list(jobs: Sequence[JobInfo], now: datetime) -> str:
+    """One line per job: id, queue, task, status, attempts, age, timing, last error."""
+    rows = [
+        (
+            job.id,
+            job.queue,
+            job.task,
+            job.status + (" (cancel requested)" if job.cancel_requested else ""),
+            f"{job.attempts}/{job.max_attempts}",
+            span(now - job.created_at),
+            when(job, now),
+            _error(job),
         )
-        return EXIT_USAGE
-    if args.job_ids:
-        failed = 0
-        with engine.begin() as conn:
-            for job_id in args.job_ids:
-                if requeue_job(conn, job_id, attempts=mode):
-                    print(f"job {job_id}: queued again")
-                    continue
-                failed += 1
-                job = get_job(conn, job_id)
-                if job is None:
-                    reason = "no such job"
-                elif job.status != DEAD:
-                    reason = f"not dead but {job.status}, left as it is"
-                else:
-                    reason = (
-                        "left dead: a waiting, queued or running job of its task holds its"
-                        " unique key"
-                    )
-                print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
-        return EXIT_ERROR if failed else 0
-    requeued = kept = 0
-    after: int | None = None
-    while True:
-        # A transaction per batch: a long retry holds no locks for long, and what it did
-        # stays done if it is interrupted.
-        with engine.begin() as conn:
-            done = requeue_dead_jobs(
-                conn,
-                queue=args.queue,
-                task=args.task,
-                older_than=args.older_than,
-                attempts=mode,
-                after_id=after,
-                batch=REQUEUE_BATCH,
-            )
-        requeued += done.requeued
-        kept += done.kept
-        if not done.more:
-            break
-        after = done.last_id
-    print(f"requeued {requeued} dead job(s)")
-    if kept:
-        print(
-            f"sa-jobqueue: {kept} left dead: a waiting, queued or running job of the task"
-            " holds the unique key",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
-    return 0
+        for job in jobs
+    ]
+    headers = ("ID", "QUEUE", "TASK", "STATUS", "ATTEMPTS", "AGE", "WHEN", "LAST ERROR")
+    return table(headers, rows) if rows else "no jobs"
 
 
-def _jobs_cancel(engine: Engine, args: argparse.Namespace) -> int:
-    if (refused := _bulk.refuse_mixed(args)) is not None:
-        return refused
-    if args.job_ids and args.dry_run:
-        print("sa-jobqueue: --dry-run counts jobs chosen by filter, not by ID", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.job_ids:
-        return _bulk.cancel_by_filter(engine, args)
-    failed = 0
-    with engine.begin() as conn:
-        for job_id in args.job_ids:
-            if cancel_job(conn, job_id):
-                job = get_job(conn, job_id)
-                requested = job is not None and job.status == RUNNING
-                print(
-                    f"job {job_id}: "
-                    + ("cancellation requested; its worker stops it" if requested else "cancelled")
-                )
-                continue
-            failed += 1
-            job = get_job(conn, job_id)
-            reason = "no such job" if job is None else f"already {job.status}, left as it is"
-            print(f"sa-jobqueue: job {job_id}: {reason}", file=sys.stderr)
-    return EXIT_ERROR if failed else 0
+def edge_text(edge: Edge, other: int) -> str:
+    """``12 (pending)``, ``12 (ended)``, with ``, runs on failure`` for an edge that does."""
+    state = "pending" if edge.pending else "ended"
+    return f"{other} ({state}{', runs on failure' if edge.on_failure == 'run' else ''})"
 
 
-def _jobs_purge(engine: Engine, args: argparse.Namespace) -> int:
-    live = [s for s in args.status if s not in FINISHED_STATUSES]
-    if live:
-        print(
-            f"sa-jobqueue: refusing to purge {' and '.join(live)} jobs: only finished ones"
-            f" ({', '.join(FINISHED_STATUSES)}); cancel them first",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    what = (
-        f"{'/'.join(args.status)} job(s) finished over {span(args.older_than)} ago"
-        + (f" in queue {args.queue}" if args.queue else "")
-        + (f" of task {args.task}" if args.task else "")
-    )
-    selection = (args.status, args.older_than, args.queue, args.task)
-    with engine.connect() as conn:
-        if args.dry_run:
-            print(f"would purge {count_purge(conn, *selection)} {what}")
-            return 0
-        deleted = purge(conn, *selection, batch=args.batch)
-    print(f"purged {deleted} {what}")
-    return 0
+def job_detail(
+    job: JobInfo, now: datetime, waits_for: Sequence[Edge] = (), waited_by: Sequence[Edge] = ()
+) -> str:
+    """Every field of one job, the payload as JSON, what it waits for and what waits for it,
+    and the error's traceback in full."""
+
+    def moment(value: datetime | None) -> str:
+        if value is None:
+            return "-"
+        offset = value - now
+        relative = f"in {span(offset)}" if offset > timedelta(0) else f"{span(-offset)} ago"
+        return f"{value.isoformat(timespec='seconds')} ({relative})"
+
+    lines = [
+        f"id:           {job.id}",
+        f"queue:        {job.queue}",
+        f"task:         {job.task}",
+        f"status:       {job.status}"
+        + (" (cancellation requested)" if job.cancel_requested else ""),
+        f"priority:     {job.priority}",
+        f"attempts:     {job.attempts} of {job.max_attempts}",
+        f"created:      {moment(job.created_at)}",
+        f"when:         {when(job, now)}",
+        f"started:      {moment(job.started_at)}",
+        f"finished:     {moment(job.finished_at)}",
+    ]
+    if job.tags:
+        lines.append("tags:         " + ", ".join(job.tags))
+    if job.meta is not None:
+        lines.append("meta:         " + json.dumps(job.meta, ensure_ascii=False))
+    if job.progress is not None:
+        lines.append("progress:     " + _progress(job.progress, job.progress_message))
+        lines.append(f"progress at:  {moment(job.progress_at)}")
+    lines.append("payload:      " + json.dumps(job.payload, ensure_ascii=False))
+    if job.result is not None:  # a task that keeps results, once the job succeeded
+        lines.append("result:       " + json.dumps(job.result, ensure_ascii=False))
+    if waits_for:
+        lines.append("waits for:    " + ", ".join(edge_text(e, e.depends_on) for e in waits_for))
+    if waited_by:
+        lines.append("waited on by: " + ", ".join(edge_text(e, e.job_id) for e in waited_by))
+    if isinstance(job.last_error, dict):
+        lines.append(f"last error:   {_error(job, width=None)}")
+    # One field a line: a line feed in a name or an error cannot start a line of its own.
+    text = "\n".join(visible(line, lines=False) for line in lines)
+    history = attempt_rows(job)
+    if history:
+        headers = ("ATTEMPT", "OUTCOME", "AT", "WORKER", "DURATION", "ERROR")
+        rows = table(headers, history, right=0)
+        text += "\n\nattempts (oldest first; every traceback in --json):\n"
+        text += "\n".join("  " + row for row in rows.splitlines())
+    traceback = job.last_error.get("traceback") if isinstance(job.last_error, dict) else None
+    if traceback:
+        text += "\n\n" + visible(str(traceback).rstrip())
+    return text
 
 
-def _queues(engine: Engine, args: argparse.Namespace) -> int:
-    if args.action == "list":
-        with engine.connect() as conn:
-            found = list_queues(conn)
-            now = _now(conn)
-        print(queues_json(found) if args.json else queue_list(found, now))
-        return 0
-    if args.action == "limit":
-        return _queues_limit(engine, args)
-    # One transaction: the change and, for a resume, the workers' wake-up commit together.
-    with engine.begin() as conn:
-        known = queue_known(conn, args.name)
-        if args.action == "pause":
-            changed = pause_queue(conn, args.name)
-        else:
-            changed = resume_queue(conn, args.name)
-    if not known:
-        # Done all the same (a queue may be paused before its first job), but a typo should
-        # not pass unnoticed.
-        print(
-            f"sa-jobqueue: warning: no job, worker or setting knows queue {args.name} yet"
-            " (a typo?); "
-            + (
-                "paused all the same: its jobs wait once they come"
-                if args.action == "pause"
-                else "nothing to resume"
-            ),
-            file=sys.stderr,
-        )
-    done = "paused" if args.action == "pause" else "resumed"
-    if changed:
-        print(f"queue {args.name}: {done}")
-    else:
-        # Not an error: the queue is in the state asked for, as after a retried command.
-        print(f"queue {args.name}: already {'paused' if args.action == 'pause' else 'running'}")
-    return 0
+def _progress(fraction: float, message: str | None) -> str:
+    """``42% reading file 3 of 7``: the percentage rounded down, so 100% means done."""
+    percent = f"{math.floor(fraction * 100)}%"
+    return f"{percent} {message}" if message else percent
 
 
-def _queues_limit(engine: Engine, args: argparse.Namespace) -> int:
-    # One transaction: both limits change together, with the workers' wake-up, at commit.
-    with engine.begin() as conn:
-        if args.clear:
-            before = clear_queue_limits(conn, args.name)
-        else:
-            changes: list[QueueLimits] = []
-            if args.concurrency is not None or args.no_concurrency:
-                changes.append(set_queue_concurrency(conn, args.name, args.concurrency))
-            if args.rate is not None or args.no_rate:
-                changes.append(set_queue_rate(conn, args.name, args.rate))
-            if args.per_key is not None or args.no_per_key:
-                changes.append(
-                    set_queue_key_concurrency(conn, args.name, args.per_key, key=args.key)
-                )
-            if args.key_rate is not None or args.no_key_rate:
-                changes.append(set_queue_key_rate(conn, args.name, args.key_rate, key=args.key))
-            before = changes[0]  # the first change saw the limits as they were
-        after = queue_limits(conn).get(args.name, QueueLimits())
-    print(f"queue {args.name}: {limits_text(after)} (was: {limits_text(before)})")
-    return 0
+def _entry_error(error: object, width: int = ERROR_WIDTH) -> str:
+    if not isinstance(error, dict):
+        return ""
+    lines = str(error.get("message", "")).splitlines()
+    text = f"{error.get('type', 'Error')}: {lines[0] if lines else ''}".rstrip(": ")
+    return text[: width - 1] + "…" if len(text) > width else text
 
 
-def _check(args: argparse.Namespace) -> int:
-    thresholds = Thresholds(
-        max_wait=args.max_wait,
-        lease_grace=args.lease_grace,
-        dead_window=args.dead_window,
-        max_dead=args.max_dead,
-        max_dead_tuples=args.max_dead_tuples,
-        max_transaction_age=args.max_transaction_age,
-        max_xmin_age=args.max_xmin_age,
-        stale_after=args.stale_after,
-        max_paused=args.max_paused,
-    )
-    engine: Engine | None = None
+def _moment(value: object) -> str:
+    """An entry's ``at`` to the second, as the job's own times are shown; else as it is."""
     try:
-        engine = _operator_engine(args)
-        ping(engine)
-        with engine.connect() as conn:
-            findings = check(conn, thresholds)
-    except (JobQueueError, DBAPIError) as exc:
-        reason = _reason(exc) if isinstance(exc, DBAPIError) else str(exc)
-        print(f"sa-jobqueue: {reason}", file=sys.stderr)
-        return CHECK_EXIT["critical"]
-    finally:
-        if engine is not None:
-            engine.dispose()
-    print(findings_json(findings) if args.json else findings_text(findings))
-    return CHECK_EXIT[worst(findings)]
+        return datetime.fromisoformat(str(value)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(value or "-")
+
+
+def _seconds(value: object) -> str:
+    return f"{value:.3f} s" if isinstance(value, int | float) else "-"
+
+
+def attempt_rows(job: JobInfo) -> list[tuple[str, ...]]:
+    """One row per attempt: the entries of ``attempt_history`` (whatever their shape: a row
+    written by hand may hold anything), then the job's own attempt if it succeeded or runs
+    (a success leaves no entry: its attempt is the row's). Empty for a job with neither."""
+    entries = job.attempt_history if isinstance(job.attempt_history, list) else []
+    rows: list[tuple[str, ...]] = [
+        (
+            str(e.get("attempt", "?")),
+            str(e.get("outcome", "?")),
+            _moment(e.get("at")),
+            str(e.get("worker") or "-"),
+            _seconds(e.get("duration")),
+            _entry_error(e.get("error")),
+        )
+        for e in entries
+        if isinstance(e, dict)
+    ]
+    if job.status in ("succeeded", RUNNING) and job.started_at is not None and job.attempts:
+        end = job.finished_at
+        took = "-" if end is None else _seconds((end - job.started_at).total_seconds())
+        at = job.started_at if end is None else end
+        rows.append(
+            (str(job.attempts), job.status, _moment(at.isoformat()), job.worker or "-", took, "")
+        )
+    return rows

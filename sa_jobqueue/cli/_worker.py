@@ -1,4 +1,4 @@
-"""``sa-jobqueue worker``: load the app, build the Worker with its observers, run it.
+"""``sa-jobqueue worker``: its options; load the app, build the Worker with its observers, run it.
 
 SIGTERM and SIGINT ask the worker to finish its running jobs (up to ``--shutdown-grace``)
 and exit; a second signal exits at once, leaving running jobs to be reclaimed when their
@@ -14,8 +14,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final
 
 from sqlalchemy import Engine
 from sqlalchemy.pool import NullPool
@@ -24,6 +25,7 @@ from ..database import CONNECT_TIMEOUT, create_engine, ping, pooler_of
 from ..errors import DatabaseUnavailableError, JobQueueError
 from ..observability import Observer
 from ..queue import JobQueue
+from . import _values
 from ._app import load_app
 from ._exit import EXIT_ERROR, EXIT_USAGE
 
@@ -31,6 +33,128 @@ if TYPE_CHECKING:
     from ..observability.health import HealthServer
     from ..observability.metrics import MetricsServer
     from ..worker import Worker
+
+
+#: The worker's queues when no --queues is given: for lists a command line cannot hold.
+QUEUES_ENV: Final = "SA_JOBQUEUE_QUEUES"
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    database_option: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Declare ``sa-jobqueue worker`` and its options (``--processes`` and the
+    ``--max-*-per-child`` ask for :mod:`._supervised`)."""
+    worker = commands.add_parser("worker", help="run a worker for the tasks of module:attribute")
+    worker.add_argument("app", help="where your JobQueue lives, as module:attribute")
+    database_option(worker)
+    worker.add_argument("--concurrency", type=int, default=10, help="jobs run at once")
+    worker.add_argument(
+        "--queues",
+        type=_values.queues,
+        default=os.environ.get(QUEUES_ENV) or None,
+        help="comma-separated queues to serve, sharing --concurrency (a,b), or each with its"
+        " own threads (emails=8,reports=1); a pattern serves every queue it matches (tenant-*,"
+        " or * for all). Default: $SA_JOBQUEUE_QUEUES, else the queues the tasks declare",
+    )
+    worker.add_argument(
+        "--queues-file",
+        type=_values.queues_file,
+        metavar="PATH",
+        help="more queues, as --queues takes them, one or more a line (# comments): for lists"
+        " too long for a command line",
+    )
+    worker.add_argument(
+        "--poll-interval",
+        type=_values.seconds,
+        default=timedelta(seconds=1),
+        help="time between safety-net polls, in seconds or with a unit: 500ms, 2s (default 1)",
+    )
+    worker.add_argument(
+        "--shutdown-grace",
+        type=_values.seconds,
+        default=timedelta(seconds=30),
+        help="how long running jobs get to finish on SIGTERM: 30, 30s, 2m (default 30)",
+    )
+    worker.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_false",
+        help="poll only, no LISTEN (for PgBouncer in transaction mode)",
+    )
+    worker.add_argument(
+        "--retention",
+        type=_values.retention,
+        default=timedelta(days=1),
+        metavar="DURATION",
+        help="keep succeeded and cancelled jobs this long (3600, 12h, 7d), 'forever' to keep"
+        " them (default 1d)",
+    )
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="jobs claimed ahead of free threads, handed back on shutdown (default: adapts)",
+    )
+    worker.add_argument(
+        "--wait-for-database",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="keep retrying an unreachable database at start for up to this long (default 0)",
+    )
+    worker.add_argument(
+        "--burst",
+        action="store_true",
+        help="run the jobs that can start now, then exit (never waits on a pause, on other"
+        " workers' jobs holding a cap, or on a rate window more than 10s off)",
+    )
+    worker.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run N worker processes under a supervisor that restarts them (see --max-*-per-child)",
+    )
+    for option, what in (("jobs", "run N jobs"), ("memory", "grown past N MiB resident")):
+        worker.add_argument(
+            f"--max-{option}-per-child",
+            type=int,
+            metavar="N",
+            help=f"with --processes, replace a worker process once it has {what}",
+        )
+    worker.add_argument(
+        "--metrics-port",
+        type=_values.port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs the 'metrics' extra; 0: any free one)",
+    )
+    worker.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the metrics endpoint listens on (default 0.0.0.0, every interface)",
+    )
+    worker.add_argument(
+        "--health-port",
+        type=_values.port,
+        metavar="PORT",
+        help="serve liveness (/livez) and readiness (/readyz) probes on this port (0: any)",
+    )
+    worker.add_argument(
+        "--health-address",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address the probes listen on (default 0.0.0.0, every interface)",
+    )
+    worker.add_argument(
+        "--stalled-after",
+        type=_values.seconds,
+        default=None,
+        metavar="DURATION",
+        help="/livez fails once the claim loop or the heartbeat has not gone round for this"
+        " long (default: 2 x (the longer of 1.2 x --poll-interval and 5s, + 30s): 70s at 1s)",
+    )
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 from sa_jobqueue import cli
 from sa_jobqueue._sql.claiming import rate_window
-from sa_jobqueue.cli import _bulk, _jobs
+from sa_jobqueue.cli import _job_changes, _operator, _stats
 from sa_jobqueue.database import MIGRATE_HINT
 from sa_jobqueue.models import jobs_table, queues_table, workers_table
 from sa_jobqueue.ops import QueueLimits, RateLimit, paused_queues, queue_limits
@@ -119,7 +119,7 @@ def test_stats_watch_prints_until_interrupted(
         if len(naps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(_jobs.time, "sleep", sleep)
+    monkeypatch.setattr(_stats.time, "sleep", sleep)
     assert run("stats", "--json", "--watch", "2") == 0
     rounds = [json.loads(line) for line in run.out.splitlines()]
     assert len(rounds) == 2
@@ -396,7 +396,8 @@ def test_jobs_retry_by_id(run: Run, engine: sa.Engine) -> None:
 
 
 def test_jobs_retry_by_filter(run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_jobs, "REQUEUE_BATCH", 2)  # several batches, each its own transaction
+    # Several batches, each its own transaction.
+    monkeypatch.setattr(_job_changes, "REQUEUE_BATCH", 2)
     with engine.begin() as conn:
         mail = [add_dead(conn, queue="mail") for _ in range(5)]
         other = add_dead(conn, queue="other")
@@ -442,7 +443,7 @@ def test_jobs_cancel_by_filter_goes_batch_by_batch_past_running_jobs(
 ) -> None:
     # Batches of 2, each its own transaction; running jobs stay matching once asked to stop,
     # so a run that started again from the lowest id each batch would never end.
-    monkeypatch.setattr(_bulk, "BULK_BATCH", 2)
+    monkeypatch.setattr(_job_changes, "BULK_BATCH", 2)
     with engine.begin() as conn:
         running = [
             add_job(conn, queue="mail", status="running", attempts=1, started_ago=1, visible_in=29)
@@ -795,7 +796,7 @@ def test_limit_behind_a_held_settings_row_gives_up_and_changes_nothing(
     run: Run, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert run("queues", "limit", "emails", "--concurrency", "2") == 0
-    monkeypatch.setitem(_jobs.OPERATOR_SETTINGS, "lock_timeout", "200ms")
+    monkeypatch.setitem(_operator.OPERATOR_SETTINGS, "lock_timeout", "200ms")
     with engine.connect() as holder:
         # The queue's settings row, locked as a limited claim or another change holds it.
         holder.execute(sa.select(queues_table).with_for_update())

@@ -477,7 +477,8 @@ def test_a_keyed_job_handed_back_unstarted_runs_first_again(
     order again, its attempt uncounted: a rolling restart does not reorder a key's jobs."""
     ids = keyed_jobs(conn, 3, keys=1)
     (first,) = claim_limited(keyed_claimer, "keyed", 10)
-    assert first.id == ids[0] and first.visible_at is not None
+    assert first.id == ids[0]
+    assert first.visible_at is not None
     params = transitions.release_params([(first.id, first.attempts, first.visible_at)])
     assert conn.execute(transitions.release(), params).rowcount == 1
     order = []

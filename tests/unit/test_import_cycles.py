@@ -157,7 +157,7 @@ def test_the_scan_reads_the_package() -> None:
     graph = _graph()
     assert "sa_jobqueue.cli._arguments" in graph["sa_jobqueue.cli"]
     assert "sa_jobqueue.web._app" in graph["sa_jobqueue.web"]
-    assert "sa_jobqueue.ops" in graph["sa_jobqueue.cli._jobs"]
+    assert "sa_jobqueue.ops" in graph["sa_jobqueue.cli._stats"]
 
 
 def test_web_does_not_import_the_cli() -> None:

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 
 from ..database import create_engine, ping, recorded
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    database_option: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Declare ``sa-jobqueue migrate``: no option but the database's."""
+    migrate_ = commands.add_parser("migrate", help="create or upgrade the sa_jobqueue tables")
+    database_option(migrate_)
 
 
 def migrate(args: argparse.Namespace) -> int:
