@@ -195,7 +195,11 @@ class JobContext:
         without it. Progress is not fenced at the call, only at the write: an attempt that
         lost its lease writes nothing. The next attempt of the job starts with no progress.
         """
-        report = check_progress(fraction, message)
+        self._keep_progress(check_progress(fraction, message))
+
+    def _keep_progress(self, report: ProgressReport) -> None:
+        """Keep a checked report for the heartbeat to write (the one way a report is kept, a
+        batch's included); a child process running the attempt also sends it to its worker."""
         self._progress = report  # one reference, replaced whole: see _progress.py
         forward = self._forward_progress
         if forward is not None:

@@ -190,14 +190,14 @@ class BatchContext:
         :class:`~sa_jobqueue.errors.InvalidProgressError` here. There is no progress per job
         of a batch: the batch runs, commits and is retried as one.
         """
-        report = check_progress(fraction, message)
+        report = check_progress(fraction, message)  # checked once, however many members
         for member in self._members:  # one context, shared by the batch's jobs
-            member._progress = report
+            member._keep_progress(report)
 
     @property
     def progress(self) -> tuple[float, str | None] | None:
         """The batch's latest report as ``(fraction, message)``; None before any."""
-        return self._members[0]._progress if self._members else None
+        return self._members[0].progress if self._members else None
 
     def fail(self, job: BatchJob[Any], error: BaseException | str) -> None:
         """Fail this job alone: its attempt is recorded as failed with ``error`` and retried
