@@ -1,6 +1,8 @@
 """The context a handler receives besides its payload: :class:`JobContext`.
 
-Public as ``sa_jobqueue.JobContext`` (and ``sa_jobqueue.tasks.JobContext``).
+Public as ``sa_jobqueue.JobContext`` (and ``sa_jobqueue.tasks.JobContext``). Its sessions,
+made on first use, are a :class:`LazySessions`, as a batch's
+(:class:`~sa_jobqueue.batching.BatchContext`) are.
 """
 
 from __future__ import annotations
@@ -17,6 +19,65 @@ from ._sql import dependencies as dependencies_sql
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+
+
+class LazySessions:
+    """A handler's Session and AsyncSession, each made on first use: what ``session`` and
+    ``async_session`` of :class:`JobContext` and of
+    :class:`~sa_jobqueue.batching.BatchContext` read.
+
+    The worker gives factories, so a handler that never looks at its session costs none; a
+    context made by hand (in a test) may be given a Session already made. Made on the
+    handler's thread; other threads (the heartbeat's) only read :attr:`made`.
+    """
+
+    __slots__ = ("_async_factory", "_async_session", "_factory", "_session")
+
+    def __init__(
+        self,
+        session: Session | Callable[[], Session],
+        async_session: AsyncSession | Callable[[], AsyncSession] | None,
+    ) -> None:
+        self._session: Session | None = None
+        self._factory: Callable[[], Session] | None = None
+        if isinstance(session, Session):
+            self._session = session
+        else:
+            self._factory = session
+        self._async_session: AsyncSession | None = None
+        self._async_factory: Callable[[], AsyncSession] | None = None
+        if callable(async_session):
+            self._async_factory = async_session
+        else:
+            self._async_session = async_session
+
+    @property
+    def session(self) -> Session:
+        """The Session, made now if it was not yet."""
+        if self._session is None:
+            assert self._factory is not None
+            self._session = self._factory()
+        return self._session
+
+    @property
+    def async_session(self) -> AsyncSession:
+        """The AsyncSession, made now if it was not yet; RuntimeError when there is none to
+        make (a sync handler, or a context made by hand without one)."""
+        if self._async_session is None:
+            if self._async_factory is None:
+                raise RuntimeError("only an async def handler run by a worker has async_session")
+            self._async_session = self._async_factory()
+        return self._async_session
+
+    @property
+    def made(self) -> Session | None:
+        """The Session if it was made (or given); None before."""
+        return self._session
+
+    @property
+    def made_async(self) -> AsyncSession | None:
+        """The AsyncSession if it was made (or given); None before."""
+        return self._async_session
 
 
 class JobContext:
@@ -42,14 +103,11 @@ class JobContext:
     """
 
     __slots__ = (
-        "_async_session",
-        "_async_session_factory",
         "_cancel",
         "_forward_progress",
         "_progress",
         "_progress_written",
-        "_session",
-        "_session_factory",
+        "_sessions",
         "_shutdown",
         "_stop",
         "attempt",
@@ -81,19 +139,7 @@ class JobContext:
         self.max_attempts = max_attempts
         self.created_at = datetime.now(UTC) if created_at is None else created_at
         self.priority = priority
-        # The worker passes a factory: a handler that never looks at its session costs none.
-        self._session: Session | None = None
-        self._session_factory: Callable[[], Session] | None = None
-        if isinstance(session, Session):
-            self._session = session
-        else:
-            self._session_factory = session
-        self._async_session: AsyncSession | None = None
-        self._async_session_factory: Callable[[], AsyncSession] | None = None
-        if callable(async_session):
-            self._async_session_factory = async_session
-        else:
-            self._async_session = async_session
+        self._sessions = LazySessions(session, async_session)
         # Plain flags, set by the worker's heartbeat thread and read by the handler's.
         self._stop = False
         self._cancel = False
@@ -114,10 +160,7 @@ class JobContext:
     @property
     def session(self) -> Session:
         """The Session to write through (created on first use)."""
-        if self._session is None:
-            assert self._session_factory is not None
-            self._session = self._session_factory()
-        return self._session
+        return self._sessions.session
 
     @property
     def async_session(self) -> AsyncSession:
@@ -127,21 +170,17 @@ class JobContext:
         sync handler; do not commit it yourself. Only an async handler run by a worker has
         one.
         """
-        if self._async_session is None:
-            if self._async_session_factory is None:
-                raise RuntimeError("only an async def handler run by a worker has async_session")
-            self._async_session = self._async_session_factory()
-        return self._async_session
+        return self._sessions.async_session
 
     @property
     def async_session_used(self) -> bool:
         """Whether the handler asked for its async session at all."""
-        return self._async_session is not None
+        return self._sessions.made_async is not None
 
     @property
     def session_used(self) -> bool:
         """Whether the handler asked for its session at all."""
-        return self._session is not None
+        return self._sessions.made is not None
 
     def upstream_results(self) -> dict[int, Any]:
         """What the jobs this one waited for returned (``depends_on``, a chain's step before, a
@@ -195,7 +234,11 @@ class JobContext:
         without it. Progress is not fenced at the call, only at the write: an attempt that
         lost its lease writes nothing. The next attempt of the job starts with no progress.
         """
-        report = check_progress(fraction, message)
+        self._keep_progress(check_progress(fraction, message))
+
+    def _keep_progress(self, report: ProgressReport) -> None:
+        """Keep a checked report for the heartbeat to write (the one way a report is kept, a
+        batch's included); a child process running the attempt also sends it to its worker."""
         self._progress = report  # one reference, replaced whole: see _progress.py
         forward = self._forward_progress
         if forward is not None:

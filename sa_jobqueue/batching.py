@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic
 
 from sqlalchemy.orm import Session
 
+from ._context import LazySessions
 from ._progress import check_progress
 from .errors import InvalidJobError, TaskDefinitionError
 from .tasks import Discard, JobContext, P, Retry
@@ -104,13 +105,10 @@ class BatchContext:
     """
 
     __slots__ = (
-        "_async_session",
-        "_async_session_factory",
         "_ids",
         "_marks",
         "_members",
-        "_session",
-        "_session_factory",
+        "_sessions",
         "queue",
         "task",
     )
@@ -133,14 +131,7 @@ class BatchContext:
         self._ids = frozenset(job_ids)
         #: The verdicts the handler gave single jobs: the exception each stands for.
         self._marks: dict[int, Exception] = {}
-        self._session: Session | None = None
-        self._session_factory: Callable[[], Session] | None = None
-        if isinstance(session, Session):
-            self._session = session
-        else:
-            self._session_factory = session
-        self._async_session: AsyncSession | None = None
-        self._async_session_factory = async_session
+        self._sessions = LazySessions(session, async_session)
 
     def __repr__(self) -> str:
         return f"BatchContext(task={self.task!r}, queue={self.queue!r}, jobs={len(self._ids)})"
@@ -148,30 +139,23 @@ class BatchContext:
     @property
     def session(self) -> Session:
         """The Session the batch writes through (created on first use)."""
-        if self._session is None:
-            assert self._session_factory is not None
-            self._session = self._session_factory()
-        return self._session
+        return self._sessions.session
 
     @property
     def async_session(self) -> AsyncSession:
         """The AsyncSession an ``async def`` batch handler writes through (created on first
         use); committed with the batch's completions, as :attr:`session` is."""
-        if self._async_session is None:
-            if self._async_session_factory is None:
-                raise RuntimeError("only an async def handler run by a worker has async_session")
-            self._async_session = self._async_session_factory()
-        return self._async_session
+        return self._sessions.async_session
 
     @property
     def session_used(self) -> bool:
         """Whether the handler asked for its session at all."""
-        return self._session is not None
+        return self._sessions.made is not None
 
     @property
     def async_session_used(self) -> bool:
         """Whether the handler asked for its async session at all."""
-        return self._async_session is not None
+        return self._sessions.made_async is not None
 
     @property
     def stop_requested(self) -> bool:
@@ -190,14 +174,14 @@ class BatchContext:
         :class:`~sa_jobqueue.errors.InvalidProgressError` here. There is no progress per job
         of a batch: the batch runs, commits and is retried as one.
         """
-        report = check_progress(fraction, message)
+        report = check_progress(fraction, message)  # checked once, however many members
         for member in self._members:  # one context, shared by the batch's jobs
-            member._progress = report
+            member._keep_progress(report)
 
     @property
     def progress(self) -> tuple[float, str | None] | None:
         """The batch's latest report as ``(fraction, message)``; None before any."""
-        return self._members[0]._progress if self._members else None
+        return self._members[0].progress if self._members else None
 
     def fail(self, job: BatchJob[Any], error: BaseException | str) -> None:
         """Fail this job alone: its attempt is recorded as failed with ``error`` and retried

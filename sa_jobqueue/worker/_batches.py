@@ -216,6 +216,9 @@ class Batches:
             session=functools.partial(handler_session, self._engine, until),
             async_session=self._async_session if is_async else None,
         )
+        # The heartbeat looks for a handler waiting on a silent connection in the session of
+        # each context it holds: the jobs' is the batch's.
+        shared._sessions = ctx._sessions
         runs = self._pipeline.start_many(ready, contexts, task)
         failure: Exception | None = None
         started = time.monotonic()
@@ -410,8 +413,8 @@ def _decoded(jobs: list[Claimed]) -> list[Any]:
 
 def _member_context(job: Claimed) -> JobContext:
     """The context the lease table and the heartbeat keep for the jobs of a batch: their stop
-    flags (lost lease, cancellation, timeout, shutdown). It has no session: the batch's is
-    :class:`BatchContext`'s."""
+    flags (lost lease, cancellation, timeout, shutdown). It has no session of its own: it is
+    given the :class:`BatchContext`'s once that is made."""
     return job.context(_no_session)
 
 

@@ -172,7 +172,7 @@ class Heartbeat:
         """
         waiting: dict[int, tuple[int, int]] = {}  # token -> (job id, server process id)
         for job_id, h in held.items():
-            found = None if h.ctx is None else waiting_on(h.ctx._session)
+            found = None if h.ctx is None else waiting_on(h.ctx._sessions.made)
             if found is not None:
                 waiting[found[1]] = (job_id, found[0])
         if not waiting:

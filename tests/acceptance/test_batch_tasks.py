@@ -7,6 +7,7 @@ committed once, never, or twice.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 from dataclasses import dataclass
@@ -268,3 +269,49 @@ def test_middleware_sees_the_batch_once_and_typed_payloads_are_rebuilt(db: sa.En
     assert drain(typed_queue, db).succeeded == 4
     assert calls.calls == [("BatchContext", 4)]
     assert seen == [Point(n) for n in range(4)]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_batch_report_reaches_every_jobs_row_well_before_the_next_renewal(
+    db: sa.Engine, kind: str
+) -> None:
+    """A batch's report brings its jobs' renewal forward, as a single job's does: with a 30 s
+    lease (renewed every 10 s), every row of the batch shows it within a few seconds."""
+    progress_queue = JobQueue(default_queue="progress")
+    release = threading.Event()
+    options: dict[str, Any] = {"max_size": 10, "lease": timedelta(seconds=30)}
+
+    if kind == "sync":
+
+        @progress_queue.batch_task(**options)
+        def reports(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
+            ctx.report_progress(0.4, "rows read")
+            release.wait(30)
+
+    else:
+
+        @progress_queue.batch_task(**options)
+        async def reports(ctx: BatchContext, jobs: list[BatchJob[dict[str, Any]]]) -> None:
+            ctx.report_progress(0.4, "rows read")
+            await asyncio.to_thread(release.wait, 30)
+
+    ids = enqueue(db, "reports", [{} for _ in range(3)], on=progress_queue)
+    worker = Worker(progress_queue, db, concurrency=1, prefetch=0)
+    j = Job.__table__.c
+
+    def progress() -> dict[int, tuple[Any, Any]]:
+        with db.connect() as conn:
+            rows = conn.execute(sa.select(j.id, j.progress, j.progress_message))
+            return {row.id: (row.progress, row.progress_message) for row in rows}
+
+    try:
+        with running(worker):
+            wait_for(lambda: set(statuses(db).values()) == {"running"}, timeout=20)
+            # The leases' own renewal is 10 s after their claim; the report is written
+            # PROGRESS_INTERVAL (2 s) after the last renewal at the latest, and this leaves room
+            # for a loaded machine.
+            wait_for(lambda: progress() == dict.fromkeys(ids, (0.4, "rows read")), timeout=6)
+            release.set()
+            wait_for(lambda: set(statuses(db).values()) == {"succeeded"}, timeout=20)
+    finally:
+        release.set()

@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from sa_jobqueue import Backoff, JobContext, JobQueue
+from sa_jobqueue import Backoff, BatchContext, BatchJob, JobContext, JobQueue
 from tests.apps import common
 
 metadata = sa.MetaData()
@@ -56,7 +56,12 @@ def fail_once_briefly(ctx: JobContext, payload: Any) -> None:
 
 def note_run(ctx: JobContext) -> None:
     """Append ``job_id attempt pid`` to the runs file."""
-    line = f"{ctx.job_id} {ctx.attempt} {os.getpid()}\n".encode()
+    note_run_of(ctx.job_id, ctx.attempt)
+
+
+def note_run_of(job_id: int, attempt: int) -> None:
+    """:func:`note_run` for a job of a batch."""
+    line = f"{job_id} {attempt} {os.getpid()}\n".encode()
     fd = os.open(os.environ["SAJQ_TEST_RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line)
@@ -113,3 +118,11 @@ def sleep_in_session(ctx: JobContext, payload: Any) -> None:
     """A statement of a few seconds through ``ctx.session``, long enough to go silent under."""
     note_run(ctx)
     ctx.session.execute(sa.select(sa.func.pg_sleep(payload["seconds"])))
+
+
+@queue.batch_task(max_size=10, lease=timedelta(seconds=6))
+def sleep_in_batch_session(ctx: BatchContext, jobs: list[BatchJob[Any]]) -> None:
+    """``sleep_in_session`` for a batch: one statement through the batch's session."""
+    for job in jobs:
+        note_run_of(job.id, job.attempt)
+    ctx.session.execute(sa.select(sa.func.pg_sleep(jobs[0].payload["seconds"])))
