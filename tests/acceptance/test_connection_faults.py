@@ -346,15 +346,18 @@ def sleeping_handlers(engine: sa.Engine) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("task", ["sleep_in_session", "sleep_in_batch_session"])
 def test_a_handler_whose_connection_goes_silent_mid_statement_is_freed(
     tables: sa.Engine,
     database_url: URL,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    task: str,
 ) -> None:
     """No timeout on the task: the server finished the statement, its answer was swallowed.
     The worker sees its handler waiting on a backend that is not working for it, cuts that
-    connection, and the job runs again (its lease is no longer renewed for ever)."""
+    connection, and the job runs again (its lease is no longer renewed for ever). A batch
+    task's handler is found in the batch's session, as a job's in its own."""
     runs = tmp_path / "runs"
     monkeypatch.setenv("SAJQ_TEST_RUNS_FILE", str(runs))
     proxy = SilentProxy(database_url)
@@ -362,35 +365,7 @@ def test_a_handler_whose_connection_goes_silent_mid_statement_is_freed(
     try:
         workers.start(concurrency=1)
         with Session(tables) as session, session.begin():
-            job = network.queue.enqueue(session, "sleep_in_session", {"seconds": 2})
-        workers.wait(lambda: sleeping_handlers(tables) == 1, timeout=20)
-        assert proxy.silence() >= 1
-        drained(tables, [job], workers, timeout=40)
-        attempts = [line.split()[1] for line in runs.read_text().splitlines()]
-        assert attempts == ["1", "2"]
-        workers.terminate_all(timeout=40)
-    finally:
-        workers.kill_all()
-        proxy.close()
-
-
-@pytest.mark.slow
-def test_a_batch_whose_connection_goes_silent_mid_statement_is_freed(
-    tables: sa.Engine,
-    database_url: URL,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """As for a single job: the worker looks for a handler waiting on a silent connection in
-    the batch's session, cuts it, and the batch's jobs run again."""
-    runs = tmp_path / "runs"
-    monkeypatch.setenv("SAJQ_TEST_RUNS_FILE", str(runs))
-    proxy = SilentProxy(database_url)
-    workers = Workers(WORKER_APP, proxy.url(database_url), tmp_path)
-    try:
-        workers.start(concurrency=1)
-        with Session(tables) as session, session.begin():
-            job = network.queue.enqueue(session, "sleep_in_batch_session", {"seconds": 2})
+            job = network.queue.enqueue(session, task, {"seconds": 2})
         workers.wait(lambda: sleeping_handlers(tables) == 1, timeout=20)
         assert proxy.silence() >= 1
         drained(tables, [job], workers, timeout=40)
