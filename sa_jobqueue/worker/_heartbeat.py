@@ -146,6 +146,7 @@ class Heartbeat:
             raise
         still = self._leases.ours(held)  # jobs that finished meanwhile were simply not renewed
         for job_id in still - set(kept) - busy:
+            held[job_id].lost = True  # not to be started, if it still waits for a thread
             ctx = held[job_id].ctx
             if ctx is not None and not ctx.stop_requested:
                 log.warning("job %d lost its lease; asking its handler to stop", job_id)

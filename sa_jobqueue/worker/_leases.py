@@ -14,6 +14,7 @@ statement has the last word.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ class Stage(enum.Enum):
     WAITING = "waiting"  # claimed, in its lane's buffer until a thread takes it
     RUNNING = "running"
     CANCELLED = "cancelled"  # handed back on shutdown before any thread took it
+    LOST = "lost"  # its lease ran out, or was lost, before any thread took it: not started
     DONE = "done"
 
 
@@ -68,6 +70,10 @@ class Held:
     grouped: bool = False  # finished, its completion waiting for its group's commit
     run: JobRun | None = None  # for observers
     backoff: Backoff | None = None  # the job's own retry policy, if enqueue gave one
+    #: time.monotonic() by which the lease has run out unless renewed: the claim's or the last
+    #: renewal's time here plus the lease (see :meth:`LeaseTable.take`).
+    expires: float = math.inf
+    lost: bool = False  # a renewal found the attempt no longer this worker's
 
 
 class LeaseTable:
@@ -107,11 +113,11 @@ class LeaseTable:
     def hold(self, lane: Lane, job: Claimed) -> Ticket:
         """Register a claimed attempt: its lease is renewed from now on."""
         # The first renewal a third of the lease after the claim, so two can fail in a row.
-        renew_at = time.monotonic() + job.lease.total_seconds() / 3
+        now, lease = time.monotonic(), job.lease.total_seconds()
         ticket = Ticket(job, lane)
         with self._lock:
             lane.claimed()
-            self._held[job.id] = Held(job.attempts, job.lease, renew_at)
+            self._held[job.id] = Held(job.attempts, job.lease, now + lease / 3, expires=now + lease)
             self.tickets[ticket] = None
         return ticket
 
@@ -125,8 +131,9 @@ class LeaseTable:
                 ticket = Ticket(job, lane)
                 ticket.stage = Stage.RUNNING
                 lane.claimed()
+                lease = job.lease.total_seconds()
                 self._held[job.id] = Held(
-                    job.attempts, job.lease, now + job.lease.total_seconds() / 3
+                    job.attempts, job.lease, now + lease / 3, expires=now + lease
                 )
                 self.tickets[ticket] = None
                 tickets.append(ticket)
@@ -155,9 +162,21 @@ class LeaseTable:
         return wake
 
     def take(self, ticket: Ticket) -> bool:
-        """A thread takes the job to run it; False if shutdown handed it back first."""
+        """A thread takes the job to run it; False if shutdown handed it back first, or if the
+        attempt is no longer this worker's to start (then :attr:`Stage.LOST`, let go here).
+
+        No longer its own: a renewal found it lost, or its lease ran out while it waited in
+        the buffer (the worker stalled, or its renewals failed, for longer than the lease).
+        Its job is someone else's to run, or soon will be: started here, its handler would
+        run beside that attempt, its outcome refused by the fence.
+        """
         with self._lock:
             if ticket.stage is not Stage.WAITING:
+                return False
+            held = self._current(ticket.job.id, ticket.job.attempts)
+            if held is None or held.lost or time.monotonic() >= held.expires:
+                ticket.stage = Stage.LOST
+                self._let_go(ticket)
                 return False
             ticket.stage = Stage.RUNNING
             return True
@@ -194,7 +213,7 @@ class LeaseTable:
 
     def _let_go(self, ticket: Ticket) -> bool:
         lane, job = ticket.lane, ticket.job
-        if ticket.stage is not Stage.CANCELLED:
+        if ticket.stage not in (Stage.CANCELLED, Stage.LOST):
             ticket.stage = Stage.DONE
         self.tickets.pop(ticket, None)
         wake = lane.finished(wake_always=self._burst)
@@ -296,10 +315,14 @@ def renewal_due(held: Mapping[int, Held], now: float) -> bool:
 
 
 def schedule_renewals(held: Mapping[int, Held], now: float, busy: set[int]) -> None:
-    """After a renewal: the next a third of the lease on, or soon for rows locked just now."""
+    """After a renewal sent at ``now``: the next a third of the lease on, or soon for rows
+    locked just now; the lease runs to ``now`` plus its length for those renewed."""
     for job_id, h in held.items():
-        # A row locked by someone else for now: try again in a moment.
-        h.renew_at = now + (HEARTBEAT_RETRY if job_id in busy else h.lease.total_seconds() / 3)
+        if job_id in busy:  # a row locked by someone else for now: try again in a moment
+            h.renew_at = now + HEARTBEAT_RETRY
+        else:
+            lease = h.lease.total_seconds()
+            h.renew_at, h.expires = now + lease / 3, now + lease
 
 
 def schedule_retries(held: Mapping[int, Held], now: float) -> None:

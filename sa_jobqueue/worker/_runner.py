@@ -35,7 +35,7 @@ from ._event_loop import EventLoopThread, Slots
 from ._groups import GROUP_FAST, GROUP_IDLE, Groups, ThreadState, drop_connection
 from ._isolation import Isolation, child_session
 from ._lanes import Intake, Lane
-from ._leases import LeaseTable, Ticket
+from ._leases import LeaseTable, Stage, Ticket
 from ._recorder import Recorder
 from ._sessions import (
     GroupSession,
@@ -143,7 +143,16 @@ class Runner:
                 drop_connection(here)
                 return
             if not self._leases.take(ticket):
-                continue  # handed back on shutdown before it started
+                # Handed back on shutdown before it started, or no longer this worker's.
+                if ticket.stage is Stage.LOST:
+                    log.warning(
+                        "job %d: attempt %d lost its lease before it started; not started",
+                        ticket.job.id,
+                        ticket.job.attempts,
+                    )
+                    self._recorder.lost([ticket.job])
+                    self._wake.set()
+                continue
             try:
                 self._execute(ticket.job, here)
                 # Commit before the job counts as finished: a burst ends once nothing runs,

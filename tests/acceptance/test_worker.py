@@ -177,6 +177,45 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
     assert job(db, job_id).status == "succeeded"
 
 
+def test_a_buffered_job_another_worker_took_over_is_not_started_here(db: sa.Engine) -> None:
+    """The job waited in the worker's buffer behind a long one while its lease was taken over
+    (the worker had frozen past it): the heartbeat finds it lost, and no thread starts it."""
+    queue = JobQueue()
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[tuple[int, int]] = []
+
+    @queue.task(lease=timedelta(seconds=3))
+    def work(ctx: JobContext, payload: str) -> None:
+        ran.append((ctx.job_id, ctx.attempt))
+        if payload == "long":
+            started.set()
+            assert release.wait(30)
+
+    with Session(db) as session, session.begin():
+        long_id = queue.enqueue(session, "work", "long")
+        buffered = queue.enqueue(session, "work", "short")
+    worker = Worker(queue, db, concurrency=1, listen=False, prefetch=2)
+    with running(worker):
+        try:
+            assert started.wait(10)
+            wait_for(lambda: job(db, buffered).status == "running")  # claimed into the buffer
+            make_due(db, buffered)
+            with db.begin() as conn:
+                params = {"from_queue": "default", "limit": 10, "worker": "other"}
+                taken = [(r.id, r.attempts) for r in conn.execute(claiming.claim(), params)]
+            assert taken == [(buffered, 2)]
+            leases_ = worker._leases
+            wait_for(lambda: leases_.snapshot()[buffered].lost, timeout=10)  # its renewal
+            release.set()
+            wait_for(lambda: not worker._tickets, timeout=10)
+        finally:
+            release.set()
+    assert ran == [(long_id, 1)]  # attempt 1 of the buffered job never started here
+    row = job(db, buffered)
+    assert (row.status, row.attempts, row.worker) == ("running", 2, "other")
+
+
 def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
     queue = JobQueue()
     started = threading.Event()

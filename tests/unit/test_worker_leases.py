@@ -11,6 +11,7 @@ from sa_jobqueue.worker._lanes import Lane
 from sa_jobqueue.worker._leases import (
     HEARTBEAT_RETRY,
     LeaseTable,
+    Stage,
     overdue,
     renewal_due,
     schedule_renewals,
@@ -73,6 +74,30 @@ def test_a_stale_attempt_cannot_touch_the_next_attempts_entry() -> None:
     assert table.snapshot()[7].attempt == 2  # still held, still renewed
     table.let_go(second)
     assert table.snapshot() == {}
+
+
+def test_a_job_whose_lease_ran_out_in_the_buffer_is_not_started_and_frees_its_slot() -> None:
+    """The worker stalled (or its renewals failed) for longer than the lease while the job
+    waited for a thread: another worker may run it already, so no thread starts it here."""
+    table, lane = LeaseTable(), Lane(["default"], 2, 0)
+    ticket = table.hold(lane, claimed(7, lease=0))  # a lease that has run out at once
+    assert not table.take(ticket)
+    assert ticket.stage is Stage.LOST
+    assert (lane.held, table.tickets, table.snapshot()) == (0, {}, {})
+
+
+def test_a_job_a_renewal_found_lost_or_claimed_again_is_not_started() -> None:
+    table, lane = LeaseTable(), Lane(["default"], 3, 0)
+    lost = table.hold(lane, claimed(1))
+    table.snapshot()[1].lost = True  # as the heartbeat marks an attempt it could not renew
+    assert not table.take(lost)
+    assert lost.stage is Stage.LOST
+    # Its lease ran out and this worker's next claim took the job's next attempt.
+    stale = table.hold(lane, claimed(2, attempt=1))
+    fresh = table.hold(lane, claimed(2, attempt=2))
+    assert not table.take(stale)
+    assert table.take(fresh)
+    assert table.snapshot()[2].attempt == 2
 
 
 def test_starting_arms_the_timeout_and_a_grouped_job_keeps_its_lease_until_forgotten() -> None:
@@ -151,9 +176,12 @@ def test_renewals_are_spaced_a_third_of_the_lease_and_retried_sooner() -> None:
     held = table.snapshot()
     assert not renewal_due(held, 0.0)
     assert renewal_due(held, held[2].renew_at)
+    expires = held[2].expires
     schedule_renewals(held, 100.0, busy={2})
     assert held[1].renew_at == 110.0
+    assert held[1].expires == 130.0  # renewed at 100: its lease runs to 100 + 30
     assert held[2].renew_at == 100.0 + HEARTBEAT_RETRY
+    assert held[2].expires == expires  # not renewed: its lease runs out as before
     schedule_retries(held, 200.0)
     assert held[1].renew_at == 203.0  # a tenth of the lease
     assert held[2].renew_at == 200.5  # at least half a second
