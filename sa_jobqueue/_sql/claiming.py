@@ -15,6 +15,7 @@ from sqlalchemy import (
     CTE,
     BindParameter,
     ColumnElement,
+    DateTime,
     Integer,
     Text,
     Update,
@@ -209,9 +210,9 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
     ``few``: the picked rows' LIMIT is not a constant (the limited claim's room), so the
     planner cannot tell they are few and may join them to the whole jobs table with a hash or
     merge join, reading all of it. Matched as ``id = ANY (ARRAY(...))`` instead, each is one
-    primary-key probe; the row's ``visible_at`` before the claim is then read back from the
-    picked rows by id, a few rows each (the limited claim, always from the head, needs no
-    claim position, but a job handed back unstarted takes its place again with it: see
+    primary-key probe; the row's ``visible_at`` before the claim is then looked up among the
+    picked rows (see :func:`_visible_before`; the limited claim, always from the head, needs
+    no claim position, but a job handed back unstarted takes its place again with it: see
     ``transitions.release``).
 
     ``durable``: the claim commits with others' writes that must reach the disk before the
@@ -269,18 +270,20 @@ def start_picked(picked: CTE, *, few: bool = False, durable: bool = False) -> Up
             # For the handler's context (``JobContext.created_at``): read here, not queried.
             j.created_at,
             j.priority if few else picked.c.priority,
-            (
-                select(picked.c.visible_at)
-                .where(picked.c.id == j.id)
-                .scalar_subquery()
-                .label("visible_at")
-                if few
-                else picked.c.visible_at
-            ),
+            _visible_before(picked).label("visible_at") if few else picked.c.visible_at,
             # A lost last attempt ends here (dead, or cancelled): what waits for it is settled.
             settled_here(),
         )
     )
+
+
+def _visible_before(picked: CTE) -> ColumnElement[datetime]:
+    """A claimed row's ``visible_at`` before the claim, for an UPDATE matched by ``id = ANY``
+    (``start_picked``'s ``few``): looked up by id in one JSON object built once from the
+    picked rows (an InitPlan), a binary search per row. A subquery per row over the picked
+    rows would read all of them for each: n x n for a batch fill of thousands."""
+    before = select(func.jsonb_object_agg(picked.c.id, picked.c.visible_at)).scalar_subquery()
+    return cast(before.op("->>")(cast(j.id, Text)), DateTime(timezone=True))
 
 
 def _claim(*, after: bool) -> Update:

@@ -166,9 +166,10 @@ class LeaseTable:
         attempt is no longer this worker's to start (then :attr:`Stage.LOST`, let go here).
 
         No longer its own: a renewal found it lost, or its lease ran out while it waited in
-        the buffer (the worker stalled, or its renewals failed, for longer than the lease).
-        Its job is someone else's to run, or soon will be: started here, its handler would
-        run beside that attempt, its outcome refused by the fence.
+        the buffer (the worker stalled, or its renewals failed, for longer than the lease, by
+        ``time.monotonic()``, which a suspended machine's clock does not count: then only a
+        renewal finds it). Its job is someone else's to run, or soon will be: started here,
+        its handler would run beside that attempt. The caller hands it back (fenced).
         """
         with self._lock:
             if ticket.stage is not Stage.WAITING:

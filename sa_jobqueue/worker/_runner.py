@@ -104,7 +104,8 @@ class Runner:
         if job.task in self._async_tasks:
             # Straight to the event loop: an async handler needs no thread, so it starts even
             # while every thread is busy.
-            self._leases.take(ticket)
+            if not self._taken(ticket):
+                return
             attempt = self._execute(job, ThreadState(lane))
             if attempt is None:
                 self._finished(ticket)
@@ -116,6 +117,21 @@ class Runner:
                 self._loop.start_soon(self._on_loop(attempt, ticket), slots)
             return
         lane.put(ticket)
+
+    def _taken(self, ticket: Ticket) -> bool:
+        """Whether the ticket's job may start now (see ``LeaseTable.take``).
+
+        Not if shutdown handed it back first. Not if its lease ran out while it waited (or a
+        renewal found it lost): it is handed back, fenced, as at shutdown, so that its attempt
+        is not counted and it keeps its place in the claim order; a no-op if another claim has
+        taken the job over meanwhile.
+        """
+        if self._leases.take(ticket):
+            return True
+        if ticket.stage is Stage.LOST:
+            self._recorder.hand_back([ticket.job], "their leases ran out before they started")
+            self._wake.set()
+        return False
 
     async def _on_loop(self, attempt: Coroutine[Any, Any, None], ticket: Ticket) -> None:
         """An async handler's attempt, on the event loop; its slot is free once it is over."""
@@ -142,16 +158,7 @@ class Runner:
                 self._groups.commit(here)
                 drop_connection(here)
                 return
-            if not self._leases.take(ticket):
-                # Handed back on shutdown before it started, or no longer this worker's.
-                if ticket.stage is Stage.LOST:
-                    log.warning(
-                        "job %d: attempt %d lost its lease before it started; not started",
-                        ticket.job.id,
-                        ticket.job.attempts,
-                    )
-                    self._recorder.lost([ticket.job])
-                    self._wake.set()
+            if not self._taken(ticket):
                 continue
             try:
                 self._execute(ticket.job, here)

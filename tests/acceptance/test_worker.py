@@ -17,6 +17,7 @@ from sa_jobqueue._backoff import UNKNOWN_TASK_BACKOFF
 from sa_jobqueue._sql import claiming, leases, transitions
 from sa_jobqueue.models import Job
 from sa_jobqueue.worker import _claimer
+from sa_jobqueue.worker._heartbeat import Heartbeat
 from tests.helpers.jobs import burst, handler, job
 from tests.helpers.waiting import running, wait_for
 
@@ -214,6 +215,45 @@ def test_a_buffered_job_another_worker_took_over_is_not_started_here(db: sa.Engi
     assert ran == [(long_id, 1)]  # attempt 1 of the buffered job never started here
     row = job(db, buffered)
     assert (row.status, row.attempts, row.worker) == ("running", 2, "other")
+
+
+def test_a_buffered_job_whose_lease_ran_out_is_handed_back_uncounted_then_runs(
+    db: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By the worker's count the job's lease ran out while it waited behind a long one (no
+    renewal went out), and nobody took it over: it goes back to the queue as if never
+    claimed, and runs, its only attempt not spent."""
+    monkeypatch.setattr(Heartbeat, "turn", lambda self, now: None)  # renews nothing
+    queue = JobQueue()
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[tuple[int, int]] = []
+
+    @queue.task(max_attempts=1)
+    def work(ctx: JobContext, payload: str) -> None:
+        ran.append((ctx.job_id, ctx.attempt))
+        if payload == "long":
+            started.set()
+            assert release.wait(30)
+
+    with Session(db) as session, session.begin():
+        long_id = queue.enqueue(session, "work", "long")
+        buffered = queue.enqueue(session, "work", "short")
+    worker = Worker(queue, db, concurrency=1, listen=False, prefetch=1)
+    with running(worker):
+        try:
+            assert started.wait(10)
+            wait_for(lambda: job(db, buffered).status == "running")  # claimed into the buffer
+            # The worker's count runs out (its clock jumped as after a freeze); the database
+            # still holds the 30 s lease, so no claim takes the job meanwhile.
+            worker._leases.snapshot()[buffered].expires = 0.0
+            release.set()
+            wait_for(lambda: job(db, buffered).status == "succeeded", timeout=20)
+        finally:
+            release.set()
+    assert ran == [(long_id, 1), (buffered, 1)]
+    row = job(db, buffered)
+    assert (row.attempts, row.attempt_history) == (1, None)  # no attempt ended before
 
 
 def test_stale_attempt_cannot_record_a_failure(db: sa.Engine) -> None:
