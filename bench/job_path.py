@@ -9,10 +9,13 @@ enqueued, claimed, run and completed, and stops tracing once the job has succeed
 
 It prints, for each thread that ran the package's code in that window, the modules in the
 order it was in them (a module is left when its frame calls into another of the package's
-modules or returns to one), and three counts over the threads that carried the job: the
-distinct modules, the visits (each entry into a module), and the returns to a module already
-left earlier in the same thread. A worker's idle work in the same window (the heartbeat's
-tick, the upkeep loop) is shown apart, under the thread that ran it: it is not the job's.
+modules or returns to one; ``(handler)`` is the handler's own code, which the package's code
+such as a session's events may be called from), and three counts over the threads that
+carried the job: the distinct modules, the visits (each entry into a module), and the returns
+to a module already left earlier in the same thread. A worker's idle work in the same window
+(the heartbeat's tick, the upkeep loop) is shown apart, under the thread that ran it: it is
+not the job's. The counts are given twice: over every module, and over the modules that own a
+step of the job, without the leaves of :data:`LEAVES` (each with the reason it is one).
 
 The counts are of the code as it runs, not of wall time: they do not depend on the machine's
 load, and a run repeats them call for call, up to which thread wins a race.
@@ -45,6 +48,22 @@ RESULTS = sa.table("path_results", sa.column("job_id"))
 #: Threads whose work is the worker's own upkeep, whatever the job does: shown, not counted.
 IDLE_THREADS = ("heartbeat", "upkeep", "listener", "pulse", "history")
 STATUS = sa.text("SELECT status FROM sa_jobqueue_jobs WHERE id = :id")
+#: Modules a reader of the job's path does not follow into, by prefix, and why.
+LEAVES: dict[str, str] = {
+    "sa_jobqueue._sql.": "statement builders: a statement is read by its name",
+    "sa_jobqueue._deadlines": "connection plumbing: a guard around a statement",
+    "sa_jobqueue._driver": "connection plumbing: the driver's statement text",
+    "sa_jobqueue.database": "connection plumbing: the engine's checkout events",
+    "sa_jobqueue._context": "data: the handler's context",
+    "sa_jobqueue.worker._claimed": "data: a claimed row",
+    "sa_jobqueue.queue": "lookup: the task of a name",
+    "sa_jobqueue._registry": "lookup: the task of a name",
+    "sa_jobqueue._backoff": "lookup: the job's retry policy",
+    "sa_jobqueue.observability.": "the observers' hooks",
+    "sa_jobqueue.worker._settlement": "a pure function: the verdict of an attempt",
+}
+#: What a trail shows for code outside the package.
+OUTSIDE = ("(outside)", "(handler)")
 
 
 class Tracer:
@@ -54,17 +73,19 @@ class Tracer:
         self.active = False
         self.events: dict[str, list[str]] = defaultdict(list)
 
-    def _innermost(self, frame: FrameType | None) -> str | None:
+    def _innermost(self, frame: FrameType | None) -> str:
+        """The package module, or the handler, that the code at ``frame`` runs for."""
         while frame is not None:
             name = frame.f_globals.get("__name__", "")
             if name.startswith(PACKAGE):
                 return str(name)
+            if name == "__main__":  # this script: the handlers
+                return "(handler)"
             frame = frame.f_back
-        return None
+        return "(outside)"
 
-    def _note(self, module: str | None) -> None:
+    def _note(self, here: str) -> None:
         trail = self.events[threading.current_thread().name]
-        here = module or "(outside)"
         if not trail or trail[-1] != here:
             trail.append(here)
 
@@ -84,9 +105,21 @@ class Tracer:
         return self._local
 
 
+def counted(trail: list[str], *, leaves: bool = True) -> list[str]:
+    """``trail`` without what is outside the package and, unless ``leaves``, without the
+    leaves (a module entered again after a leaf it called is one visit, not two)."""
+    kept: list[str] = []
+    for module in trail:
+        if module in OUTSIDE or (not leaves and module.startswith(tuple(LEAVES))):
+            continue
+        if not kept or kept[-1] != module:
+            kept.append(module)
+    return kept
+
+
 def counts(trail: list[str]) -> tuple[set[str], int, int]:
     """The distinct modules of ``trail``, its visits, and its returns to a module left before."""
-    modules = [m for m in trail if m != "(outside)"]
+    modules = [m for m in trail if m not in OUTSIDE]
     seen: set[str] = set()
     returns = 0
     for module in modules:
@@ -132,10 +165,12 @@ def main() -> int:
         runner.start()
         watcher = create_engine(dsn, pool_size=1)
         try:
-            # One warm-up job, untraced: a worker's first job pays its imports and caches.
-            with Session(engine) as session, session.begin():
-                warm = queue.enqueue(session, args.handler, {"n": 0})
-            _wait_succeeded(watcher, int(warm))
+            # Warm-up jobs, untraced, one after another: a worker's first jobs pay its imports
+            # and caches, and a task's first run has no run time yet to be grouped by.
+            for n in range(3):
+                with Session(engine) as session, session.begin():
+                    warm = queue.enqueue(session, args.handler, {"n": -n})
+                _wait_succeeded(watcher, int(warm))
             with Session(engine) as session, session.begin():
                 job = queue.enqueue(session, args.handler, {"n": 1})
                 # Traced from the enqueue's commit (the application's, on this thread: not
@@ -168,26 +203,31 @@ def _wait_succeeded(engine: sa.Engine, job_id: int, timeout: float = 30.0) -> No
 
 
 def _report(tracer: Tracer, args: argparse.Namespace) -> None:
-    job_modules: set[str] = set()
-    visits = returns = 0
-    for thread, trail in sorted(tracer.events.items()):
-        modules, n, back = counts(trail)
-        idle = any(word in thread.lower() for word in IDLE_THREADS)
-        label = "idle work, not counted" if idle else "the job's path"
-        print(f"{thread} ({label}): {len(modules)} modules, {n} visits, {back} returns")
-        if args.show:
-            short = [m.removeprefix(PACKAGE + ".") for m in trail]
-            print("    " + " > ".join(short))
-        if not idle:
-            job_modules |= modules
-            visits += n
-            returns += back
-    print(
-        f"one {args.handler} job: {len(job_modules)} modules on the job's threads,"
-        f" {visits} visits, {returns} returns to a module already left"
-    )
-    for module in sorted(job_modules):
-        print(f"    {module}")
+    for leaves, what in ((True, "every module"), (False, "the modules owning a step")):
+        job_modules: set[str] = set()
+        visits = returns = 0
+        print(f"-- {what}")
+        for thread, trail in sorted(tracer.events.items()):
+            modules, n, back = counts(counted(trail, leaves=leaves))
+            idle = any(word in thread.lower() for word in IDLE_THREADS)
+            label = "idle work, not counted" if idle else "the job's path"
+            print(f"{thread} ({label}): {len(modules)} modules, {n} visits, {back} returns")
+            if args.show and leaves:
+                short = [m.removeprefix(PACKAGE + ".") for m in trail]
+                print("    " + " > ".join(short))
+            if not idle:
+                job_modules |= modules
+                visits += n
+                returns += back
+        print(
+            f"one {args.handler} job, {what}: {len(job_modules)} modules on the job's threads,"
+            f" {visits} visits, {returns} returns to a module already left"
+        )
+        for module in sorted(job_modules):
+            print(f"    {module}")
+    print("leaves (not counted in the second count):")
+    for prefix, why in LEAVES.items():
+        print(f"    {prefix}: {why}")
 
 
 if __name__ == "__main__":
