@@ -258,7 +258,10 @@ ALL_CHECKS = [
 def test_check_all_ok_with_a_live_worker(conn: sa.Connection) -> None:
     add_worker(conn, "w1")
     add_job(conn)  # due now: no wait to speak of
-    found = findings(conn)
+    # The tier's tests share one database and roll back: the rows earlier tests inserted are
+    # dead versions in its jobs table until autovacuum comes (hundreds of thousands, on a
+    # process whose tests ran the statement-cost ones first), not a state this test sets up.
+    found = findings(conn, max_dead_tuples=10**9)
     assert list(found) == ALL_CHECKS
     assert {f.severity for f in found.values()} == {"ok"}, found
     assert SCHEMA_REVISION in found["schema"].message
