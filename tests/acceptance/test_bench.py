@@ -73,14 +73,16 @@ def test_every_scenario_runs_and_verifies_with_tiny_sizes(server_url: URL, tmp_p
                 assert sum(run["worker_cpu_seconds"] for run in row["runs"]) > 0, row
     backlog = {row["system"]: row for row in scenarios["backlog"]}
     for row in backlog.values():
-        # The small backlog is drained whole; out of the larger one, up to about 1,000 jobs:
-        # those whose completion had committed when the workers were stopped once 1,000 had
-        # started (in a window of tens of milliseconds, many have not).
+        # The small backlog is drained whole; the larger one is not: the workers are stopped
+        # once 1,000 have started, as the harness sees it by reading the handlers' records
+        # every few milliseconds. On a loaded machine it sees that late, and a drain of
+        # thousands of jobs a second starts many more meanwhile (2,251 of 3,000 once, with a
+        # model-checker run beside the suite).
         *small, large = row["runs"]
         assert len(small) == 2, small  # 1,000 jobs to drain: two drains of the 500
         assert {(r["measure"], r["finished"]) for r in small} == {("500", 500)}, small
         assert large["measure"] == "3k", large
-        assert large["finished"] <= 1_500, large
+        assert large["finished"] < large["jobs"], large
         assert large["db_cpu_seconds"] is not None, large
     # The scale scenario: each drain at each count, with the backends' waits sampled.
     for row in scenarios["scale"]:
