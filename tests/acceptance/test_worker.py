@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -178,42 +179,63 @@ def test_stale_attempt_cannot_complete_and_its_writes_roll_back(db: sa.Engine) -
     assert job(db, job_id).status == "succeeded"
 
 
+@dataclass
+class BehindALongJob:
+    """Two jobs of one task, for a worker of one thread: a long one, and one that waits in
+    the worker's buffer while the long one runs (until ``release`` is set)."""
+
+    queue: JobQueue
+    started: threading.Event
+    release: threading.Event
+    ran: list[tuple[int, int]]  # (job id, attempt) of each handler start
+    long_id: int
+    buffered: int
+
+    @classmethod
+    def enqueue(cls, db: sa.Engine, **task_options: Any) -> BehindALongJob:
+        queue = JobQueue()
+        started, release = threading.Event(), threading.Event()
+        ran: list[tuple[int, int]] = []
+
+        @queue.task(**task_options)
+        def work(ctx: JobContext, payload: str) -> None:
+            ran.append((ctx.job_id, ctx.attempt))
+            if payload == "long":
+                started.set()
+                assert release.wait(30)
+
+        with Session(db) as session, session.begin():
+            long_id = queue.enqueue(session, "work", "long")
+            buffered = queue.enqueue(session, "work", "short")
+        return cls(queue, started, release, ran, long_id, buffered)
+
+    def waiting(self, db: sa.Engine) -> None:
+        """Once the long job runs and the other is claimed into the buffer."""
+        assert self.started.wait(10)
+        wait_for(lambda: job(db, self.buffered).status == "running")
+
+
 def test_a_buffered_job_another_worker_took_over_is_not_started_here(db: sa.Engine) -> None:
     """The job waited in the worker's buffer behind a long one while its lease was taken over
     (the worker had frozen past it): the heartbeat finds it lost, and no thread starts it."""
-    queue = JobQueue()
-    started = threading.Event()
-    release = threading.Event()
-    ran: list[tuple[int, int]] = []
-
-    @queue.task(lease=timedelta(seconds=3))
-    def work(ctx: JobContext, payload: str) -> None:
-        ran.append((ctx.job_id, ctx.attempt))
-        if payload == "long":
-            started.set()
-            assert release.wait(30)
-
-    with Session(db) as session, session.begin():
-        long_id = queue.enqueue(session, "work", "long")
-        buffered = queue.enqueue(session, "work", "short")
-    worker = Worker(queue, db, concurrency=1, listen=False, prefetch=2)
+    jobs = BehindALongJob.enqueue(db, lease=timedelta(seconds=3))
+    worker = Worker(jobs.queue, db, concurrency=1, listen=False, prefetch=2)
     with running(worker):
         try:
-            assert started.wait(10)
-            wait_for(lambda: job(db, buffered).status == "running")  # claimed into the buffer
-            make_due(db, buffered)
+            jobs.waiting(db)
+            make_due(db, jobs.buffered)
             with db.begin() as conn:
                 params = {"from_queue": "default", "limit": 10, "worker": "other"}
                 taken = [(r.id, r.attempts) for r in conn.execute(claiming.claim(), params)]
-            assert taken == [(buffered, 2)]
+            assert taken == [(jobs.buffered, 2)]
             leases_ = worker._leases
-            wait_for(lambda: leases_.snapshot()[buffered].lost, timeout=10)  # its renewal
-            release.set()
+            wait_for(lambda: leases_.snapshot()[jobs.buffered].lost, timeout=10)  # its renewal
+            jobs.release.set()
             wait_for(lambda: not worker._tickets, timeout=10)
         finally:
-            release.set()
-    assert ran == [(long_id, 1)]  # attempt 1 of the buffered job never started here
-    row = job(db, buffered)
+            jobs.release.set()
+    assert jobs.ran == [(jobs.long_id, 1)]  # attempt 1 of the buffered job never started here
+    row = job(db, jobs.buffered)
     assert (row.status, row.attempts, row.worker) == ("running", 2, "other")
 
 
@@ -224,35 +246,20 @@ def test_a_buffered_job_whose_lease_ran_out_is_handed_back_uncounted_then_runs(
     renewal went out), and nobody took it over: it goes back to the queue as if never
     claimed, and runs, its only attempt not spent."""
     monkeypatch.setattr(Heartbeat, "turn", lambda self, now: None)  # renews nothing
-    queue = JobQueue()
-    started = threading.Event()
-    release = threading.Event()
-    ran: list[tuple[int, int]] = []
-
-    @queue.task(max_attempts=1)
-    def work(ctx: JobContext, payload: str) -> None:
-        ran.append((ctx.job_id, ctx.attempt))
-        if payload == "long":
-            started.set()
-            assert release.wait(30)
-
-    with Session(db) as session, session.begin():
-        long_id = queue.enqueue(session, "work", "long")
-        buffered = queue.enqueue(session, "work", "short")
-    worker = Worker(queue, db, concurrency=1, listen=False, prefetch=1)
+    jobs = BehindALongJob.enqueue(db, max_attempts=1)
+    worker = Worker(jobs.queue, db, concurrency=1, listen=False, prefetch=1)
     with running(worker):
         try:
-            assert started.wait(10)
-            wait_for(lambda: job(db, buffered).status == "running")  # claimed into the buffer
+            jobs.waiting(db)
             # The worker's count runs out (its clock jumped as after a freeze); the database
             # still holds the 30 s lease, so no claim takes the job meanwhile.
-            worker._leases.snapshot()[buffered].expires = 0.0
-            release.set()
-            wait_for(lambda: job(db, buffered).status == "succeeded", timeout=20)
+            worker._leases.snapshot()[jobs.buffered].expires = 0.0
+            jobs.release.set()
+            wait_for(lambda: job(db, jobs.buffered).status == "succeeded", timeout=20)
         finally:
-            release.set()
-    assert ran == [(long_id, 1), (buffered, 1)]
-    row = job(db, buffered)
+            jobs.release.set()
+    assert jobs.ran == [(jobs.long_id, 1), (jobs.buffered, 1)]
+    row = job(db, jobs.buffered)
     assert (row.attempts, row.attempt_history) == (1, None)  # no attempt ended before
 
 
