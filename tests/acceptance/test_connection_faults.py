@@ -90,7 +90,12 @@ def assert_all_succeeded_once(engine: sa.Engine, ids: list[int], workers: Worker
 def during_drain(
     engine: sa.Engine, ids: list[int], workers: Workers, fault: Callable[[], object], times: int
 ) -> None:
-    """Inject ``fault`` ``times`` times while the workers are part way through ``ids``."""
+    """Inject ``fault`` ``times`` times while the workers are part way through ``ids``.
+
+    Not before every worker has started: a worker whose first connection fails refuses to
+    start, as it should, and on a loaded machine one was still starting when the first
+    fault came (the others had drained the first part without it)."""
+    workers.wait_registered(workers.procs, timeout=60)
     for k in range(1, times + 1):
         part = k * len(ids) // (times + 2)
         workers.wait(lambda: succeeded(engine, ids) >= part, timeout=60)  # noqa: B023
