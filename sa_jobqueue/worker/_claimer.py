@@ -322,7 +322,9 @@ class ClaimLoop:
     """Claims until ``stopping`` is set (or, in a burst, until nothing is left to run).
 
     Between rounds it sleeps until ``wake`` (a NOTIFY, a freed slot, a periodic job) or the
-    jittered poll; ``between_rounds`` runs before each round (pruning, when due). ``limits``
+    jittered poll; ``between_rounds`` (pruning) runs before a round once it is due, and says
+    when it is next due (``time.monotonic()``). ``last_turn`` is when the loop last went round,
+    for the liveness probe (see ``_pulse``). ``limits``
     are read again when due after each round, not before it: a claim woken by a NOTIFY goes
     out at once, its job's pickup not held up by that round trip.
     """
@@ -335,13 +337,12 @@ class ClaimLoop:
         poll_interval: timedelta,
         wake: threading.Event,
         stopping: threading.Event,
-        between_rounds: Callable[[], None],
+        between_rounds: Callable[[], float],
         completing: Callable[[], bool] = lambda: False,
         limits: LimitedQueues | None = None,
-        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._claimers = claimers
-        self._beat = beat  # each turn, for the liveness probe (see _pulse)
+        self.last_turn: float | None = None
         self._limits = limits
         self._lanes = [c.lane for c in claimers]
         self._leases = leases
@@ -349,17 +350,19 @@ class ClaimLoop:
         self._wake = wake
         self._stopping = stopping
         self._between_rounds = between_rounds
+        self._next_between = 0.0  # time.monotonic() when between_rounds is next due
         self._completing = completing
 
     def run(self, burst: bool) -> None:
         """Claim and wait, round after round."""
         outage = 0  # claims failed in a row
         while not self._stopping.is_set():
-            self._beat()
+            self.last_turn = now = time.monotonic()
             # Clear before claiming: a NOTIFY that lands after the claim's snapshot sets the
             # event again and the wait below returns at once, so no wake-up is lost.
             self._wake.clear()
-            self._between_rounds()
+            if now >= self._next_between:
+                self._next_between = self._between_rounds()
             changed = False  # which queues have a limit, as read after this round
             try:
                 more = self._round()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -49,10 +49,9 @@ class Heartbeat:
         recorder: Recorder,
         observe: Observers,
         halt: threading.Event,
-        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._single = single
-        self._beat = beat  # each turn, for the liveness probe (see _pulse)
+        self.last_turn: float | None = None  # time.monotonic(), for the liveness probe (_pulse)
         self._leases = leases
         self._recorder = recorder
         self._observe = observe
@@ -69,8 +68,8 @@ class Heartbeat:
         row can fail (a slow statement, a brief network blip) before its lease runs out.
         """
         while not self._halt.wait(HEARTBEAT_TICK):
-            self._beat()
-            self.turn(time.monotonic())
+            self.last_turn = now = time.monotonic()
+            self.turn(now)
 
     def turn(self, now: float) -> None:
         """One look at the held attempts: time out the overdue, renew leases if one is due.

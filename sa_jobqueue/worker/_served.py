@@ -71,6 +71,9 @@ class Served:
             )
             or r"(?!)"
         )
+        #: Whether the lane claims with the many-queue claim (a pattern, or two names or
+        #: more) rather than with one claim for its one queue.
+        self.many = bool(self.patterns) or len(self.names) > 1
         # The names in order, as one text with a comma before and after each, and where in
         # it each name's leading comma is (the last entry: the closing comma): a claim's
         # ``:near`` is a slice of it, cut without joining anything again.
@@ -83,12 +86,6 @@ class Served:
             "queues": ",".join(self._sorted),
             "patterns": [like_pattern(p) for p in self.patterns],
         }
-
-    @property
-    def many(self) -> bool:
-        """Whether the lane claims with the many-queue claim (a pattern, or two names or
-        more) rather than with one claim for its one queue."""
-        return bool(self.patterns) or len(self.names) > 1
 
     def __contains__(self, queue: object) -> bool:
         return isinstance(queue, str) and (

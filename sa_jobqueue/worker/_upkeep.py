@@ -53,11 +53,11 @@ class Pruner:
         self._history = HistoryFolder(engine)
         self._next = 0.0  # time.monotonic() of the next pruning round
 
-    def maybe(self) -> None:
+    def maybe(self) -> float:
         """Fold the history and prune, when due; a failure is logged and tried again at the
-        next round."""
+        next round. Returns when the next round is due (``time.monotonic()``)."""
         if time.monotonic() < self._next:
-            return
+            return self._next
         # Every minute, or at every poll when finished jobs are to go at once; jittered so
         # workers started together do not all try at the same moment.
         at_once = self.retention == timedelta(0)
@@ -72,9 +72,10 @@ class Pruner:
             deleted = self.prune()
         except SQLAlchemyError as exc:
             log.warning("pruning failed: %s", one_line(exc))
-            return
+            return self._next
         if deleted:
             log.info("pruned %d finished job(s)", deleted)
+        return self._next
 
     def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
         """Delete succeeded and cancelled jobs older than ``retention``, and counts of starts

@@ -106,7 +106,6 @@ def wire(worker: Worker, burst: bool) -> Wired:
         between_rounds=worker._pruner.maybe,
         completing=recorder.completing,
         limits=limits,
-        beat=lambda: worker._pulse.beat(CLAIM_LOOP),
     )
     heartbeat = Heartbeat(
         worker._single,
@@ -114,8 +113,8 @@ def wire(worker: Worker, burst: bool) -> Wired:
         recorder,
         worker._observe,
         worker._halt,
-        beat=lambda: worker._pulse.beat(HEARTBEAT),
     )
+    worker._pulse.watch({CLAIM_LOOP: claims, HEARTBEAT: heartbeat})
     upkeep = Upkeep(
         worker.queue,
         worker._single,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import namedtuple
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -264,6 +265,11 @@ class FakeLaneClaimer:
         return None
 
 
+def every_round(_: object = None) -> float:
+    """A ``between_rounds`` result: due again at once, so called before every round."""
+    return 0.0
+
+
 def test_a_burst_claims_until_a_round_finds_nothing_and_nothing_runs() -> None:
     lane = Lane(["a"], 1, 0)
     fake = FakeLaneClaimer(lane, [True, True, False, True])
@@ -274,7 +280,7 @@ def test_a_burst_claims_until_a_round_finds_nothing_and_nothing_runs() -> None:
         poll_interval=timedelta(milliseconds=1),
         wake=threading.Event(),
         stopping=threading.Event(),
-        between_rounds=lambda: rounds.append(fake.rounds),
+        between_rounds=lambda: every_round(rounds.append(fake.rounds)),
     )
     loop.run(burst=True)  # "more" claims again; an empty round with nothing running ends it
     assert fake.rounds == 3
@@ -303,7 +309,7 @@ def test_a_burst_claims_again_after_a_completion_written_during_its_empty_round(
         poll_interval=timedelta(milliseconds=1),
         wake=wake,
         stopping=threading.Event(),
-        between_rounds=lambda: None,
+        between_rounds=lambda: 0.0,
         completing=lambda: False,  # by the idle check, nothing is pending any more
     )
     loop.run(burst=True)
@@ -323,7 +329,7 @@ def test_a_failed_claim_is_retried_and_said_once(caplog: pytest.LogCaptureFixtur
         poll_interval=timedelta(milliseconds=1),
         wake=threading.Event(),
         stopping=stopping,
-        between_rounds=lambda: stopping.set() if fake.rounds >= 3 else None,
+        between_rounds=lambda: every_round(stopping.set() if fake.rounds >= 3 else None),
     )
     with caplog.at_level(logging.INFO, logger="sa_jobqueue.worker"):
         loop.run(burst=False)
@@ -342,7 +348,7 @@ def test_the_loop_ends_when_stopped() -> None:
         poll_interval=timedelta(milliseconds=1),
         wake=threading.Event(),
         stopping=stopping,
-        between_rounds=lambda: stopping.set() if fake.rounds >= 2 else None,
+        between_rounds=lambda: every_round(stopping.set() if fake.rounds >= 2 else None),
     )
     loop.run(burst=False)
     assert fake.rounds == 3  # the round under way when it was stopped still ran
@@ -412,7 +418,7 @@ def test_a_limit_changed_since_the_last_read_claims_again_at_once() -> None:
         poll_interval=timedelta(seconds=60),
         wake=Wake(),
         stopping=stopping,
-        between_rounds=lambda: None,
+        between_rounds=lambda: 0.0,
         limits=Limits(),  # type: ignore[arg-type]
     )
     loop.run(burst=False)
@@ -420,7 +426,7 @@ def test_a_limit_changed_since_the_last_read_claims_again_at_once() -> None:
     assert len(waits) == 1  # the second round went out at once, not after the poll's wait
 
 
-def test_the_loop_beats_each_turn_failed_claims_included() -> None:
+def test_the_loop_notes_each_turn_failed_claims_included() -> None:
     """The liveness probe's pulse: a turn whose claim failed (the database out) is a turn."""
     from sqlalchemy.exc import OperationalError
 
@@ -428,15 +434,57 @@ def test_the_loop_beats_each_turn_failed_claims_included() -> None:
     lane = Lane(["a"], 1, 0)
     down = OperationalError("claim", {}, Exception("down"))
     fake = FakeLaneClaimer(lane, [down, False, down])
-    beats: list[int] = []
+    turns: list[tuple[int, float | None]] = []
+
+    def between_rounds() -> float:
+        turns.append((fake.rounds, loop.last_turn))
+        if fake.rounds >= 3:
+            stopping.set()
+        return 0.0
+
     loop = ClaimLoop(
         [fake],  # type: ignore[list-item]
         LeaseTable(),
         poll_interval=timedelta(milliseconds=1),
         wake=threading.Event(),
         stopping=stopping,
-        between_rounds=lambda: stopping.set() if fake.rounds >= 3 else None,
-        beat=lambda: beats.append(fake.rounds),
+        between_rounds=between_rounds,
+    )
+    assert loop.last_turn is None
+    loop.run(burst=False)
+    # Before every round, and before the one that stopped; each turn's time later than the last.
+    assert [rounds for rounds, _ in turns] == [0, 1, 2, 3]
+    times = [at for _, at in turns]
+    assert all(at is not None for at in times)
+    assert times == sorted(set(times))  # type: ignore[type-var]
+
+
+def test_between_rounds_runs_only_once_due() -> None:
+    """Pruning says when it is next due; the rounds before then do not call it."""
+    stopping = threading.Event()
+    calls: list[int] = []
+
+    class Stopping(FakeLaneClaimer):
+        def claim(self) -> bool:
+            found = super().claim()
+            if self.rounds >= 4:
+                stopping.set()
+            return found
+
+    fake = Stopping(Lane(["a"], 1, 0), [])
+
+    def between_rounds() -> float:
+        calls.append(fake.rounds)
+        return time.monotonic() + 3600
+
+    loop = ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=stopping,
+        between_rounds=between_rounds,
     )
     loop.run(burst=False)
-    assert beats == [0, 1, 2, 3]  # before every round, and before the one that stopped
+    assert fake.rounds == 4
+    assert calls == [0]  # before the first round only: the next is an hour away

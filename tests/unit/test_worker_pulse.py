@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sa_jobqueue.worker._pulse import CLAIM_LOOP, HEARTBEAT, Pulse, stall_bound
@@ -16,16 +17,22 @@ def test_the_default_bound_covers_an_outage_wait_and_two_statement_deadlines_twi
     assert stall_bound(timedelta(seconds=60)) == timedelta(seconds=204)
 
 
-def test_a_loop_is_stalled_once_its_last_beat_is_older_than_the_bound() -> None:
+@dataclass
+class Loop:
+    last_turn: float | None = None
+
+
+def test_a_loop_is_stalled_once_its_last_turn_is_older_than_the_bound() -> None:
     pulse = Pulse()
-    assert pulse.stalled(timedelta(0)) == {}  # nothing before the loops start
-    pulse.beat(CLAIM_LOOP)
-    pulse.beat(HEARTBEAT)
+    assert pulse.stalled(timedelta(0)) == {}  # nothing before the loops are watched
+    claims, heartbeat = Loop(), Loop()
+    pulse.watch({CLAIM_LOOP: claims, HEARTBEAT: heartbeat})
+    assert pulse.stalled(timedelta(0)) == {}  # nor before their first turns
+    claims.last_turn = heartbeat.last_turn = time.monotonic()
     assert pulse.stalled(timedelta(seconds=60)) == {}
-    time.sleep(0.01)  # the bound below must lie in the past: not a synchronisation
-    pulse.beat(HEARTBEAT)
-    stalled = pulse.stalled(timedelta(seconds=0.005))
+    claims.last_turn = time.monotonic() - 10  # its last turn ten seconds ago
+    stalled = pulse.stalled(timedelta(seconds=5))
     assert list(stalled) == [CLAIM_LOOP]
-    assert stalled[CLAIM_LOOP] >= 0.01
+    assert stalled[CLAIM_LOOP] >= 10
     pulse.clear()
     assert pulse.stalled(timedelta(0)) == {}
