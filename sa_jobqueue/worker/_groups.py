@@ -14,16 +14,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from sqlalchemy import Connection, Engine, RootTransaction
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from ..tasks import JobContext, Task
 from ._claimed import Claimed
 from ._lanes import Lane
 from ._leases import LeaseTable
 from ._recorder import Recorder
 from ._sessions import GroupSession, aborted, broken, deadline, group_engine
+from ._settlement import Complete, settle, shutting_down
 
 log = logging.getLogger("sa_jobqueue.worker")
 
@@ -81,7 +84,7 @@ class ThreadState:
 
 
 class Groups:
-    """Opens, fills and commits the job threads' groups.
+    """Opens, fills, settles the jobs of, and commits the job threads' groups.
 
     What it does not promise: that a group's jobs complete. A job that cannot (cancelled,
     lease lost) takes the others' writes down with it; they are handed back to run again.
@@ -111,12 +114,42 @@ class Groups:
             self._leases.group_opened()
         return GroupSession(here.group.conn, until)
 
-    def join(self, here: ThreadState, job: Claimed) -> None:
-        """A job succeeded in its savepoint: its completion goes out with the group's."""
-        # Until then its lease is renewed.
-        self._leases.await_group(job)
-        assert here.group is not None
-        here.group.done.append(job)
+    def settle(
+        self,
+        here: ThreadState,
+        job: Claimed,
+        task: Task,
+        ctx: JobContext,
+        failure: Exception | None,
+    ) -> None:
+        """A grouped job's outcome: its savepoint joins the group (its completion goes out
+        with the group's commit), or is rolled back and its verdict recorded now."""
+        session = cast(GroupSession, ctx.session)
+        try:
+            assert here.group is not None
+            stop = ctx._stop  # lost, timed out, cancelled; a shutdown lets it complete
+            verdict = settle(
+                failure,
+                wrote=True,
+                grouped=True,
+                stop_requested=stop,
+                shutting_down=shutting_down(ctx),
+                aborted=failure is None and not stop and aborted(here.group.conn),
+            )
+            if isinstance(verdict, Complete):
+                try:
+                    session.commit_for_real()  # ends its savepoint; the server keeps it
+                except SQLAlchemyError as exc:
+                    verdict = settle(exc, wrote=True, grouped=True)
+                else:
+                    # Its lease is renewed until the group commits.
+                    self._leases.await_group(job)
+                    here.group.done.append(job)
+                    return
+            session.rollback()
+        finally:
+            session.close()
+        self._recorder.record(job, verdict, task)
 
     def commit(self, here: ThreadState) -> None:
         """Complete the group's jobs in one fenced statement and commit their work with it.

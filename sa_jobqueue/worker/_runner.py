@@ -37,13 +37,7 @@ from ._isolation import Isolation, child_session
 from ._lanes import Intake, Lane
 from ._leases import LeaseTable, Stage, Ticket
 from ._recorder import Recorder
-from ._sessions import (
-    GroupSession,
-    HandlerSession,
-    aborted,
-    decode,
-    handler_session,
-)
+from ._sessions import HandlerSession, decode, handler_session
 from ._settlement import ABANDON, Complete, settle, shutting_down
 
 if TYPE_CHECKING:
@@ -234,7 +228,7 @@ class Runner:
             return self._run_async(job, task, payload, ctx)
         _, failure = self._pipeline.run(job, task, ctx, payload, self._handler(task))
         if grouped and ctx.session_used:
-            self._settle_grouped(job, task, ctx, failure, here)
+            self._groups.settle(here, job, task, ctx, failure)
         else:
             self._settle_alone(job, task, ctx, failure)
         return None
@@ -297,40 +291,6 @@ class Runner:
                 session.close()
         # The handler's connection is back in the pool before the outcome is recorded, so a
         # job never holds two connections at once.
-        self._recorder.record(job, verdict, task)
-
-    def _settle_grouped(
-        self,
-        job: Claimed,
-        task: Task,
-        ctx: JobContext,
-        failure: Exception | None,
-        here: ThreadState,
-    ) -> None:
-        """A grouped job's outcome: its savepoint joins the group, or is rolled back."""
-        session = cast(GroupSession, ctx.session)
-        try:
-            assert here.group is not None
-            stop = ctx._stop  # lost, timed out, cancelled; a shutdown lets it complete
-            verdict = settle(
-                failure,
-                wrote=True,
-                grouped=True,
-                stop_requested=stop,
-                shutting_down=shutting_down(ctx),
-                aborted=failure is None and not stop and aborted(here.group.conn),
-            )
-            if isinstance(verdict, Complete):
-                try:
-                    session.commit_for_real()  # ends its savepoint; the server keeps it
-                except SQLAlchemyError as exc:
-                    verdict = settle(exc, wrote=True, grouped=True)
-                else:
-                    self._groups.join(here, job)
-                    return
-            session.rollback()
-        finally:
-            session.close()
         self._recorder.record(job, verdict, task)
 
     # -- async handlers, on the event loop ------------------------------------------------

@@ -63,13 +63,12 @@ class Setup:
         return jobs
 
     def run_in_group(self, job: Claimed) -> None:
-        """What a grouped handler does: write in its savepoint, which then joins the group."""
-        session = self.groups.session(self.here)
-        assert isinstance(session, GroupSession)
-        session.execute(NOTES.insert().values(job_id=job.id))
-        session.commit_for_real()  # RELEASE SAVEPOINT
-        session.close()
-        self.groups.join(self.here, job)
+        """What a grouped job does: its handler writes in its savepoint, which then joins
+        the group as it settles."""
+        ctx = job.context(lambda: self.groups.session(self.here))
+        assert isinstance(ctx.session, GroupSession)
+        ctx.session.execute(NOTES.insert().values(job_id=job.id))
+        self.groups.settle(self.here, job, QUEUE.tasks["work"], ctx, None)
 
     def statuses(self) -> dict[int, str]:
         with Session(self.db) as session:
