@@ -23,7 +23,8 @@ modules are internal, not a stable API:
   result, run time) that every path below runs through;
 - ``_runner``: runs a claimed attempt on a job thread, the event loop (``_event_loop``) or in a
   child process (``_isolation``), in the handler's session (``_sessions``) or its thread's
-  group transaction (``_groups``);
+  group transaction (``_groups``, which also settles a grouped job: its savepoint joins the
+  group or rolls back);
 - ``_batches``: a batch task's batch, formed around a claimed job on its thread (the claim
   that fills it, its leases), run once and settled together in one transaction;
 - ``_settlement``: the one pure function from how a handler ended to a verdict, and the
@@ -38,8 +39,9 @@ modules are internal, not a stable API:
   the lock under which lanes count their jobs);
 - ``_heartbeat``: renews leases, stops lost, cancelled and timed-out handlers;
 - ``_upkeep``: the worker registry, periodic schedules and pruning; ``_listener``: LISTEN;
-- ``_pulse``: when the claim loop and the heartbeat last went round (``Worker.stalled``, the
-  liveness probe); ``_embedding``: the engines ``Worker.from_url`` builds, and ``arun``.
+- ``_pulse``: reads when the claim loop and the heartbeat last went round (each notes its
+  own ``last_turn``) for ``Worker.stalled`` and the liveness probe; ``_embedding``: the
+  engines ``Worker.from_url`` builds, and ``arun``.
 
 Several worker processes: :class:`Supervisor` (``_supervisor``) starts, restarts and stops
 them; ``_child`` is what runs in each (its signals, the recycler, its exit status).
