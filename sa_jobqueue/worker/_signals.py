@@ -12,6 +12,7 @@ other thread would.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import signal
 import socket
@@ -20,6 +21,10 @@ from collections.abc import Callable, Collection, Iterator
 from types import FrameType
 
 log = logging.getLogger("sa_jobqueue.worker")
+
+#: How long a signalled worker process may take, past its shutdown grace and STOP_MARGIN, to
+#: dispose of its engines and exit (seconds) before :func:`exit_by` ends it.
+EXIT_SLACK = 5.0
 
 
 @contextlib.contextmanager
@@ -62,3 +67,15 @@ def _relay(
                     callback(signum)
                 except Exception:
                     log.exception("handling signal %d failed", signum)
+
+
+def exit_by(seconds: float) -> None:
+    """End this process with status 1 if it is still running ``seconds`` from now, its
+    threads' stacks written to stderr first (``faulthandler``).
+
+    For a worker process told to stop: :meth:`Worker.run` returns within its grace and
+    STOP_MARGIN whatever the network does, but a process can still be held up past that,
+    by a thread it cannot interrupt; it exits all the same, saying where each thread was.
+    Its running jobs are reclaimed once their leases expire, as after a second signal.
+    """
+    faulthandler.dump_traceback_later(seconds, exit=True)

@@ -22,10 +22,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from sa_jobqueue._sql.claiming import LEASE_EXPIRED
 from sa_jobqueue.models import jobs_table
+from sa_jobqueue.worker import STOP_MARGIN
+from sa_jobqueue.worker._signals import EXIT_SLACK
 from tests.apps import lifecycle
 from tests.apps.lifecycle import effects, runs
 from tests.helpers import jobs
@@ -374,3 +377,23 @@ def test_prompt_return_after_a_timeout_does_not_complete_the_job(
     assert (row.status, row.attempts) == ("dead", 1), (row, workers.all_output())
     assert error_type(row) == TIMEOUT_ERROR, row.last_error
     assert effect_rows(engine, job_id) == []
+
+
+@pytest.mark.slow
+def test_a_stopping_worker_held_up_past_its_margin_exits_saying_where_it_was(
+    tables: sa.Engine, database_url: URL, tmp_path: Path
+) -> None:
+    """SIGTERM, and the process is held up after the worker stopped (here an application's
+    ``atexit`` hook that never returns): it exits with status 1 once its grace, STOP_MARGIN
+    and EXIT_SLACK have passed, its threads' stacks written to its log first."""
+    app = WorkerApp("tests.apps.stuck_exit:queue", log_level="INFO")
+    workers = Workers(app, database_url, tmp_path)
+    try:
+        worker = workers.start("--shutdown-grace", "1s", concurrency=1)
+        workers.wait_registered([worker])
+        workers.signal(worker, signal.SIGTERM)
+        code = workers.wait_exit(worker, timeout=1 + STOP_MARGIN + EXIT_SLACK + 30)
+        assert code == 1, workers.output(worker)
+        assert "flush_for_ever" in workers.output(worker)  # where the main thread was
+    finally:
+        workers.kill_all()
