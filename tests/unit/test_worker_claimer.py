@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import namedtuple
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -426,6 +427,20 @@ def test_a_limit_changed_since_the_last_read_claims_again_at_once() -> None:
     assert len(waits) == 1  # the second round went out at once, not after the poll's wait
 
 
+def steady_loop(
+    fake: FakeLaneClaimer, stopping: threading.Event, between_rounds: Callable[[], float]
+) -> ClaimLoop:
+    """A claim loop (not a burst) of one scripted lane, polling every millisecond."""
+    return ClaimLoop(
+        [fake],  # type: ignore[list-item]
+        LeaseTable(),
+        poll_interval=timedelta(milliseconds=1),
+        wake=threading.Event(),
+        stopping=stopping,
+        between_rounds=between_rounds,
+    )
+
+
 def test_the_loop_notes_each_turn_failed_claims_included() -> None:
     """The liveness probe's pulse: a turn whose claim failed (the database out) is a turn."""
     from sqlalchemy.exc import OperationalError
@@ -442,14 +457,7 @@ def test_the_loop_notes_each_turn_failed_claims_included() -> None:
             stopping.set()
         return 0.0
 
-    loop = ClaimLoop(
-        [fake],  # type: ignore[list-item]
-        LeaseTable(),
-        poll_interval=timedelta(milliseconds=1),
-        wake=threading.Event(),
-        stopping=stopping,
-        between_rounds=between_rounds,
-    )
+    loop = steady_loop(fake, stopping, between_rounds)
     assert loop.last_turn is None
     loop.run(burst=False)
     # Before every round, and before the one that stopped; each turn's time later than the last.
@@ -477,14 +485,7 @@ def test_between_rounds_runs_only_once_due() -> None:
         calls.append(fake.rounds)
         return time.monotonic() + 3600
 
-    loop = ClaimLoop(
-        [fake],  # type: ignore[list-item]
-        LeaseTable(),
-        poll_interval=timedelta(milliseconds=1),
-        wake=threading.Event(),
-        stopping=stopping,
-        between_rounds=between_rounds,
-    )
+    loop = steady_loop(fake, stopping, between_rounds)
     loop.run(burst=False)
     assert fake.rounds == 4
     assert calls == [0]  # before the first round only: the next is an hour away
