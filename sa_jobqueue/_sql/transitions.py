@@ -178,15 +178,11 @@ def release() -> Update:
     )
 
 
-def release_params(held: Iterable[tuple[int, int, datetime | str | None]]) -> dict[str, Any]:
+def release_params(held: Iterable[tuple[int, int, datetime | None]]) -> dict[str, Any]:
     """The parameters of :func:`release` for ``(job id, attempt, visible_at before the claim)``
     triples, as the claim returned them (None: due at once)."""
     held = list(held)
-    due = {
-        job_id: moment if isinstance(moment, str) else moment.isoformat()
-        for job_id, _, moment in held
-        if moment is not None
-    }
+    due = {job_id: moment.isoformat() for job_id, _, moment in held if moment is not None}
     return {
         **held_many((job_id, attempt) for job_id, attempt, _ in held),
         "due_list": json.dumps(due),
