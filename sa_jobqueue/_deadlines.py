@@ -61,6 +61,9 @@ DEADLINE_OPTION = "sa_jobqueue_deadline"
 CLOCK_OPTION = "sa_jobqueue_stop_clock"
 
 _INFO_KEY = "sa_jobqueue_deadline_token"
+#: Connection info key: the deadline and clock for the COMMIT or ROLLBACK about to be sent
+#: (see guard_statements), set by the engine's event and taken by the dialect's method.
+_ENDING_KEY = "sa_jobqueue_deadline_ending"
 
 
 class StopClock:
@@ -258,6 +261,52 @@ def guard_statements(
         token = None if info is None else info.pop(_INFO_KEY, None)
         if token is not None and DEADLINES.disarm(token):
             context.is_disconnect = True  # never back into the pool
+
+    # A transaction's COMMIT and ROLLBACK go to the driver without a cursor, so no statement
+    # event sees them, and on a silent connection they too would wait for ever: the engine's
+    # events (which fire just before, for this engine's connections only) leave the
+    # deadline for the dialect's method to arm around the call.
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def ending(conn: Any) -> None:
+        if conn.invalidated or conn.closed:
+            return  # nothing goes to the driver (and its info would raise)
+        conn.info[_ENDING_KEY] = (conn.get_execution_options()[DEADLINE_OPTION], clock)
+
+    _guard_endings(engine.dialect)
+
+
+def _guard_endings(dialect: Any) -> None:
+    """Arm a deadline around the dialect's COMMIT and ROLLBACK where an engine's event asked
+    for one (see :func:`guard_statements`); once per dialect, which an engine and the option
+    engines made from it share."""
+    if getattr(dialect, "_sa_jobqueue_endings", False):
+        return
+    dialect._sa_jobqueue_endings = True
+    for name in ("do_commit", "do_rollback"):
+        setattr(dialect, name, _armed_ending(getattr(dialect, name)))
+
+
+def _armed_ending(end: Any) -> Any:
+    def armed(proxied: Any) -> None:
+        try:
+            wanted = proxied.info.pop(_ENDING_KEY, None)
+        except NotImplementedError:  # the engine's first connection's setup (no info)
+            wanted = None
+        raw = proxied.dbapi_connection
+        # In autocommit (the worker's own engine) psycopg sends nothing: no deadline to arm.
+        fd = None if wanted is None or raw is None or raw.autocommit else socket_of(raw)
+        if fd is None:
+            end(proxied)
+            return
+        seconds, clock = wanted
+        proxied.info[_INFO_KEY] = DEADLINES.arm(fd, seconds, clock)
+        end(proxied)  # on an error the engine's handle_error disarms (see discard)
+        token = proxied.info.pop(_INFO_KEY, None)
+        if token is not None:
+            DEADLINES.disarm(token)
+
+    return armed
 
 
 def failed_connection_info(context: ExceptionContext) -> dict[Any, Any] | None:

@@ -29,6 +29,7 @@ from sa_jobqueue.database import CONTROL_SETTINGS, create_control_engine, create
 from sa_jobqueue.models import jobs_table, workers_table
 from sa_jobqueue.worker import STOP_MARGIN
 from sa_jobqueue.worker._sessions import GroupSession, group_engine
+from sa_jobqueue.worker._signals import EXIT_SLACK
 from tests.apps import network
 from tests.helpers.jobs import statuses
 from tests.helpers.poolers import PGBOUNCER, PgBouncer, SilentProxy, pgbouncer
@@ -183,12 +184,14 @@ def test_pruning_is_one_at_a_time_behind_a_transaction_pooler(
         direct.dispose()
 
 
+@pytest.mark.parametrize("moment", ["delete", "commit"])
 def test_pruning_on_a_connection_gone_silent_is_cut_at_the_statement_deadline(
-    tables: sa.Engine, database_url: URL, monkeypatch: pytest.MonkeyPatch
+    tables: sa.Engine, database_url: URL, monkeypatch: pytest.MonkeyPatch, moment: str
 ) -> None:
     """Pruning runs on the claim loop's thread, between claim rounds: a pruning statement
-    that waits for ever on a silent connection would stop the worker claiming. It is cut
-    at the worker's statement deadline, as every statement of the worker's own is."""
+    that waits for ever on a silent connection would stop the worker claiming (and, once
+    told to stop, exiting). It is cut at the worker's statement deadline, as every statement
+    of the worker's own is: its DELETE, and the COMMIT that ends its transaction."""
     monkeypatch.setattr(_deadlines, "STATEMENT_DEADLINE", 1.0)
     queue = JobQueue()
     proxy = SilentProxy(database_url)
@@ -197,10 +200,16 @@ def test_pruning_on_a_connection_gone_silent_is_cut_at_the_statement_deadline(
         worker = Worker(queue, engine, retention=timedelta(0))
 
         # The network goes silent inside the pruning transaction, once its lock is taken
-        # (before that, the pool's ping at checkout finds a connection gone silent).
+        # (before that, the pool's ping at checkout finds a connection gone silent): at its
+        # DELETE, or as it commits.
         @sa.event.listens_for(engine, "before_cursor_execute")
         def silence_at_the_delete(*args: object) -> None:
-            if "DELETE" in str(args[2]):
+            if moment == "delete" and "DELETE" in str(args[2]):
+                proxy.silence()
+
+        @sa.event.listens_for(engine, "commit")
+        def silence_at_the_commit(conn: object) -> None:
+            if moment == "commit":
                 proxy.silence()
 
         pruned: list[BaseException | int] = []
@@ -282,9 +291,11 @@ def test_workers_ride_out_connections_that_go_silent(
         with tables.connect() as conn:
             attempts = set(conn.execute(sa.select(j.attempts).where(j.id.in_(ids))).scalars())
         assert attempts == {1}
-        # How soon a stopping worker exits is the next test's; here it need only exit cleanly.
-        # Its grace and STOP_MARGIN are 40 s together, and a loaded machine was once past them.
-        workers.terminate_all(timeout=60)
+        # How soon a stopping worker exits is the next test's; here it need only exit cleanly,
+        # within its grace (30 s), STOP_MARGIN and EXIT_SLACK. It once did not exit at all:
+        # its claim loop's pruning sent its COMMIT as the network went silent, and a COMMIT
+        # had no deadline (test_pruning_on_a_connection_gone_silent_... shows it).
+        workers.terminate_all(timeout=30 + STOP_MARGIN + EXIT_SLACK)
     finally:
         workers.kill_all()
         proxy.close()
