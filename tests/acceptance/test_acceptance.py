@@ -62,8 +62,11 @@ def effect_rows(engine: sa.Engine, job_id: int) -> list[sa.Row[tuple[object, ...
 def test_ten_thousand_jobs_on_four_workers(tables: sa.Engine, workers: Workers) -> None:
     engine = tables
     total = 10_000
-    # Ten times what a claim loop that keeps its slots full needs on a 2-core machine.
-    deadline = 60.0
+    # Twenty times what a claim loop that keeps its slots full needs on a 2-core machine: the
+    # test is of every job getting done, exactly once; how fast is bench/'s. At ten times, a
+    # machine running several times slower than usual, with a model checker beside the
+    # suite, was 13 jobs short (161 jobs/s).
+    deadline = 120.0
     procs = [workers.start(concurrency=8, poll=0.5) for _ in range(4)]
 
     started = time.monotonic()
