@@ -293,9 +293,9 @@ def _armed_ending(end: Any) -> Any:
             wanted = proxied.info.pop(_ENDING_KEY, None)
         except NotImplementedError:  # the engine's first connection's setup (no info)
             wanted = None
-        raw = proxied.dbapi_connection
+        raw = None if wanted is None else proxied.dbapi_connection
         # In autocommit (the worker's own engine) psycopg sends nothing: no deadline to arm.
-        fd = None if wanted is None or raw is None or raw.autocommit else socket_of(raw)
+        fd = None if raw is None or raw.autocommit else socket_of(raw)
         if fd is None:
             end(proxied)
             return
