@@ -161,7 +161,7 @@ def run_worker(args: argparse.Namespace) -> int:
     """Run a worker until it is stopped (or, with ``--burst``, until it can start nothing more)."""
     if not usable(args):
         return EXIT_USAGE
-    from ..worker._signals import EXIT_SLACK, exit_by, relayed
+    from ..worker._signals import exit_by, relayed
 
     app = load_app(args.app)
     metrics: MetricsServer | None = None
@@ -185,7 +185,7 @@ def run_worker(args: argparse.Namespace) -> int:
             signal.Signals(signum).name,
             args.shutdown_grace.total_seconds(),
         )
-        exit_by(worker._stop_seconds + EXIT_SLACK)
+        exit_by(worker._stop_seconds)
         worker.stop()
 
     try:

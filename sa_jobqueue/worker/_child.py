@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .._error_text import one_line
 from ..errors import JobQueueError
 from ..observability import JobRun, Observer
-from ._signals import EXIT_SLACK, exit_by, relayed
+from ._signals import exit_by, relayed
 from ._worker import Worker
 
 log = logging.getLogger("sa_jobqueue.worker")
@@ -132,7 +132,7 @@ def child_main(make_worker: WorkerFactory, options: ChildOptions) -> None:
     def on_term(signum: int) -> None:
         stopping.set()
         if worker is not None:
-            exit_by(worker._stop_seconds + EXIT_SLACK)
+            exit_by(worker._stop_seconds)
             worker.stop()
 
     with relayed((signal.SIGTERM,), on_term):

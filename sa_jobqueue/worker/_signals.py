@@ -69,13 +69,14 @@ def _relay(
                     log.exception("handling signal %d failed", signum)
 
 
-def exit_by(seconds: float) -> None:
-    """End this process with status 1 if it is still running ``seconds`` from now, its
-    threads' stacks written to stderr first (``faulthandler``).
+def exit_by(stop_seconds: float) -> None:
+    """End this process with status 1 if it is still running EXIT_SLACK seconds after
+    ``stop_seconds`` from now (by when its stopped worker's :meth:`Worker.run` has returned),
+    its threads' stacks written to stderr first (``faulthandler``).
 
     For a worker process told to stop: :meth:`Worker.run` returns within its grace and
     STOP_MARGIN whatever the network does, but a process can still be held up past that,
     by a thread it cannot interrupt; it exits all the same, saying where each thread was.
     Its running jobs are reclaimed once their leases expire, as after a second signal.
     """
-    faulthandler.dump_traceback_later(seconds, exit=True)
+    faulthandler.dump_traceback_later(stop_seconds + EXIT_SLACK, exit=True)
