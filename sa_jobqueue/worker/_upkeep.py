@@ -51,18 +51,16 @@ class Pruner:
         self.retention = retention
         self._poll_interval = poll_interval
         self._history = HistoryFolder(engine)
-        self._next = 0.0  # time.monotonic() of the next pruning round
 
-    def maybe(self) -> float:
-        """Fold the history and prune, when due; a failure is logged and tried again at the
-        next round. Returns when the next round is due (``time.monotonic()``)."""
-        if time.monotonic() < self._next:
-            return self._next
+    def round(self) -> float:
+        """Fold the history and prune; a failure is logged and tried again at the next round.
+        Returns when the next round is due (``time.monotonic()``): its caller, the claim
+        loop, calls again only then."""
         # Every minute, or at every poll when finished jobs are to go at once; jittered so
         # workers started together do not all try at the same moment.
         at_once = self.retention == timedelta(0)
         interval = self._poll_interval.total_seconds() if at_once else PRUNE_INTERVAL
-        self._next = time.monotonic() + interval * random.uniform(0.8, 1.2)
+        next_round = time.monotonic() + interval * random.uniform(0.8, 1.2)
         try:
             self._history.fold()
             self._history.prune()
@@ -72,10 +70,10 @@ class Pruner:
             deleted = self.prune()
         except SQLAlchemyError as exc:
             log.warning("pruning failed: %s", one_line(exc))
-            return self._next
+            return next_round
         if deleted:
             log.info("pruned %d finished job(s)", deleted)
-        return self._next
+        return next_round
 
     def prune(self, *, max_batches: int = PRUNE_MAX_BATCHES) -> int:
         """Delete succeeded and cancelled jobs older than ``retention``, and counts of starts

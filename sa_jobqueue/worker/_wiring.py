@@ -103,7 +103,7 @@ def wire(worker: Worker, burst: bool) -> Wired:
         poll_interval=worker.poll_interval,
         wake=worker._wake,
         stopping=worker._stopping,
-        between_rounds=worker._pruner.maybe,
+        between_rounds=worker._pruner.round,
         completing=recorder.completing,
         limits=limits,
     )
